@@ -1,0 +1,262 @@
+"""`phalanx agent`: one per node. Registers, heartbeats, and reconciles tasks.
+
+The agent keeps no state in memory that matters: each task lives in its own directory under
+`<state-dir>/tasks/<attempt-id>/` and is run by a detached shepherd (shepherd.py). A restarted
+agent re-reads those directories, re-adopts running shepherds and reports exits that happened
+while it was away. The protocol is level-triggered (DESIGN.md §4): every heartbeat carries the
+full list of tasks this node has; the reply says what to start, stop and forget.
+
+Two threads talk to the controllers: the poller (a long-poll heartbeat loop that also receives
+new work at once) and the watcher (which notices a task's exit file within ~50 ms and reports
+it immediately). Both apply replies under one lock, and launching is idempotent per attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from phalanx import __version__
+from phalanx.agent import shepherd
+from phalanx.agent.resources import NodeResources
+from phalanx.client import Client
+from phalanx.errors import PhalanxError
+
+log = logging.getLogger("phalanx.agent")
+
+WATCH_INTERVAL = 0.05
+
+
+class Agent:
+    def __init__(
+        self,
+        *,
+        name: str,
+        state_dir: Path,
+        client: Client,
+        resources: NodeResources,
+        addr: str | None = None,
+    ) -> None:
+        self.name = name
+        self.state_dir = state_dir
+        self.tasks_dir = state_dir / "tasks"
+        self.fence_file = state_dir / "heartbeat"
+        self.client = client
+        self.resources = resources
+        self.addr = addr or socket.gethostname()
+        self.boot_id = uuid.uuid4().hex
+        self.timing: dict[str, Any] = {"heartbeat_interval": 1.0, "fence_timeout": 5.0, "fence_kill_grace": 2.0}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._known_exited: set[str] = set()
+        self._registered = False
+        self._last_reply = 0.0
+
+    # ------------------------------------------------------------------ lifecycle
+    def prepare(self) -> None:
+        self.tasks_dir.mkdir(parents=True, exist_ok=True)
+
+    def run(self) -> None:
+        """Register (retrying forever), then heartbeat until stopped."""
+        self.prepare()
+        watcher = threading.Thread(target=self._watch, name="phx-watch", daemon=True)
+        watcher.start()
+        backoff = 0.2
+        while not self._stop.is_set():
+            try:
+                if not self._registered:
+                    self.register()
+                self.heartbeat(wait=float(self.timing["heartbeat_interval"]))
+                backoff = 0.2
+            except PhalanxError as e:
+                log.warning("controllers unreachable: %s", e.message)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, float(self.timing["heartbeat_interval"]))
+            except Exception:
+                log.exception("unexpected error in the heartbeat loop; going on")
+                self._stop.wait(1.0)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def register(self) -> None:
+        r = self.resources
+        reply = self.client.post(
+            f"/v1/agents/{self.name}/register",
+            {
+                "cpus": r.cpus,
+                "mem_mb": r.mem_mb,
+                "gpus": [list(g) for g in r.gpus],
+                "features": r.features,
+                "addr": self.addr,
+                "boot_id": self.boot_id,
+                "version": __version__,
+            },
+        )
+        self.timing.update(reply.get("timing") or {})
+        self._registered = True
+        self._touch_fence()
+        log.info(
+            "registered %s with controller %s: %d cpus, %d MB, %d gpus",
+            self.name, reply.get("controller"), r.cpus, r.mem_mb, len(r.gpus),
+        )
+
+    # ------------------------------------------------------------------ protocol
+    def heartbeat(self, wait: float = 0.0) -> dict[str, Any]:
+        taken_at = time.time()
+        with self._lock:
+            tasks = self.snapshot()
+        reply = self.client.post(
+            f"/v1/agents/{self.name}/heartbeat", {"tasks": tasks, "taken_at": taken_at, "wait": wait}
+        )
+        self._touch_fence()
+        with self._lock:
+            self.apply(reply)
+        return reply  # type: ignore[no-any-return]
+
+    def _touch_fence(self) -> None:
+        """Shepherds stop their jobs when this file goes stale (self-fencing, DESIGN.md §4)."""
+        self._last_reply = time.monotonic()
+        try:
+            self.fence_file.touch()
+        except OSError as e:
+            log.warning("cannot touch %s: %s", self.fence_file, e)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        out = []
+        if not self.tasks_dir.is_dir():
+            return out
+        for d in sorted(self.tasks_dir.iterdir()):
+            meta = _read_json(d / "meta.json")
+            if meta is None:
+                continue
+            status = shepherd.read_status(d)
+            st = status.get("state")
+            rep: dict[str, Any] = {"attempt_id": meta["attempt_id"], "token": meta["token"]}
+            if st == "exited":
+                rep["state"] = "exited"
+                rep["exit"] = {k: v for k, v in status.items() if k != "state"}
+                rep["started_at"] = status.get("started_at")
+            elif st == "running":
+                rep["state"] = "running"
+                rep["started_at"] = status.get("started_at") or meta.get("launched_at")
+            elif st == "starting":
+                rep["state"] = "starting"
+            elif st == "lost":
+                rep["state"] = "lost"
+                rep["exit"] = {"error": status.get("reason") or "shepherd vanished", "ended_at": time.time()}
+            else:  # absent: the launch never happened (agent died in between)
+                rep["state"] = "lost"
+                rep["exit"] = {"error": "the shepherd was never started", "ended_at": time.time()}
+            out.append(rep)
+        return out
+
+    def apply(self, reply: dict[str, Any]) -> None:
+        for launch in reply.get("start", []):
+            self._launch(launch)
+        for stop in reply.get("stop", []):
+            d = self.tasks_dir / str(stop["attempt_id"])
+            if d.is_dir():
+                log.info("stopping attempt %s: %s", stop["attempt_id"], stop.get("reason"))
+                shepherd.request_stop(d)
+        for aid in reply.get("forget", []):
+            d = self.tasks_dir / str(aid)
+            if d.is_dir():
+                shutil.rmtree(d, ignore_errors=True)
+            self._known_exited.discard(str(aid))
+
+    def _launch(self, launch: dict[str, Any]) -> None:
+        d = self.tasks_dir / str(launch["attempt_id"])
+        if d.exists():
+            return  # already launched (replies may repeat)
+        tmp = self.tasks_dir / f".{launch['attempt_id']}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        cmd = launch["command"]
+        if "script" in cmd:
+            script = tmp / "script"
+            script.write_text(cmd["script"])
+            script.chmod(0o700)
+            argv = [str(d / "script"), *cmd.get("args", [])]
+        else:
+            argv = list(cmd["argv"])
+        env = dict(launch["env"])
+        env["PHX_TASK_DIR"] = str(d)
+        stdout = launch["stdout"]
+        stderr = launch["stderr"]
+        open_mode = launch["open_mode"]
+        if int(env.get("PHX_NNODES", "1")) > 1:
+            open_mode = "append"  # every node writes the same file: never truncate a peer's lines
+        spec = {
+            "attempt_id": launch["attempt_id"],
+            "job_id": launch["job_id"],
+            "token": launch["token"],
+            "node": self.name,
+            "rank": launch["rank"],
+            "argv": argv,
+            "env": env,
+            "cwd": launch["cwd"],
+            "stdout": stdout,
+            "stderr": stderr,
+            "open_mode": open_mode,
+            "time_limit_s": launch["time_limit_s"],
+            "kill_grace_s": launch["kill_grace_s"],
+            "signal": launch.get("signal"),
+            "fence": {"heartbeat_file": str(self.fence_file), "timeout_s": float(self.timing["fence_timeout"])},
+        }
+        (tmp / "spec.json").write_text(json.dumps(spec))
+        (tmp / "meta.json").write_text(
+            json.dumps({"attempt_id": launch["attempt_id"], "token": launch["token"],
+                        "job_id": launch["job_id"], "launched_at": time.time()})
+        )
+        os.replace(tmp, d)
+        try:
+            shepherd.launch(d)
+            log.info("started job %s attempt %s rank %s", launch["job_id"], launch["attempt_id"], launch["rank"])
+        except Exception as e:
+            log.error("could not start a shepherd for attempt %s: %s", launch["attempt_id"], e)
+            _write_json(d / "exit.json", {
+                "exit_code": None, "signal": None, "timed_out": False, "cancelled": False,
+                "fenced": False, "launch_failed": True, "error": f"cannot start the shepherd: {e}",
+                "started_at": None, "ended_at": time.time(),
+            })
+
+    def _watch(self) -> None:
+        """Report a task's exit as soon as its exit file appears."""
+        while not self._stop.wait(WATCH_INTERVAL):
+            try:
+                if not self._registered or not self.tasks_dir.is_dir():
+                    continue
+                fresh = [
+                    d.name
+                    for d in self.tasks_dir.iterdir()
+                    if d.name not in self._known_exited and (d / "exit.json").exists()
+                ]
+                if fresh:
+                    self._known_exited.update(fresh)
+                    self.heartbeat(wait=0.0)
+            except PhalanxError as e:
+                log.debug("exit report failed (the poller will retry): %s", e.message)
+            except Exception:
+                log.exception("watcher error; going on")
+
+
+def _read_json(p: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(p.read_text())  # type: ignore[no-any-return]
+    except (OSError, ValueError):
+        return None
+
+
+def _write_json(p: Path, data: dict[str, Any]) -> None:
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, p)

@@ -1,0 +1,68 @@
+"""Start-up of `phalanx agent`: resolve resources, check the state dir, run the loop."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import sys
+from pathlib import Path
+from types import FrameType
+
+from phalanx.agent.agent import Agent
+from phalanx.agent.resources import detect, parse_gpu_override
+from phalanx.client import Client
+from phalanx.controller.server import StartupError, check_state_dir, setup_logging
+from phalanx.domain.values import parse_memory_mb
+from phalanx.errors import PhalanxError
+
+log = logging.getLogger("phalanx.agent")
+
+
+def run_agent(
+    *,
+    name: str | None,
+    state_dir: Path,
+    url: str | None,
+    cpus: int | None,
+    mem: str | None,
+    gpus: str | None,
+    features: str,
+    log_level: str = "info",
+) -> int:
+    name = name or socket.gethostname().split(".")[0]
+    setup_logging(log_level, f"agent[{name}]")
+    try:
+        check_state_dir(state_dir)
+        res = detect()
+        if cpus is not None:
+            if cpus < 1:
+                raise StartupError("--cpus must be at least 1")
+            res.cpus = cpus
+        if mem is not None:
+            try:
+                res.mem_mb = parse_memory_mb(mem)
+            except ValueError as e:
+                raise StartupError(f"--mem: {e}") from None
+        if gpus is not None:
+            try:
+                res.gpus = parse_gpu_override(gpus)
+            except ValueError as e:
+                raise StartupError(f"--gpus: {e}") from None
+        res.features = [f.strip() for f in features.split(",") if f.strip()]
+        client = Client(url, user=f"agent:{name}")
+    except (StartupError, PhalanxError) as e:
+        print(f"phalanx agent: {e}", file=sys.stderr)
+        return 2
+    agent = Agent(name=name, state_dir=state_dir, client=client, resources=res)
+
+    def _stop(_sig: int, _frame: FrameType | None) -> None:
+        agent.stop()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    log.info("agent %s starting (state dir %s; jobs keep running if the agent stops)", name, state_dir)
+    agent.run()
+    client.close()
+    log.info("agent %s stopped", name)
+    return 0

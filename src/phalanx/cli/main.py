@@ -1,0 +1,384 @@
+"""The `phalanx` command: daemons, a local cluster, and a Slurm-like user interface.
+
+Every user command takes `--json` and `--url` (or $PHALANX_URL, a comma list of controllers
+tried in turn). Errors are one line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from phalanx.cli import render
+from phalanx.client import Client
+from phalanx.errors import PhalanxError
+
+app = typer.Typer(
+    name="phalanx",
+    help="Phalanx: a fault-tolerant cluster job scheduler with Slurm's habits.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+UrlOpt = typer.Option(None, "--url", help="controller URL(s), comma separated (default: $PHALANX_URL)")
+JsonOpt = typer.Option(False, "--json", help="print JSON")
+
+
+def _client(url: str | None) -> Client:
+    return Client(url)
+
+
+def _fail(message: str, code: int = 1) -> None:
+    err_console.print(f"[red]error:[/red] {message}", highlight=False, markup=True)
+    raise typer.Exit(code)
+
+
+def _emit(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _run(fn: Any) -> Any:
+    try:
+        return fn()
+    except PhalanxError as e:
+        _fail(e.message)
+
+
+# ---------------------------------------------------------------------- daemons
+@app.command()
+def controller(
+    state_dir: Path = typer.Option(Path(".phalanx"), "--state-dir", help="where the SQLite store and logs live"),
+    db: str | None = typer.Option(None, "--db", help="database URL (default: sqlite in the state dir)"),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(6817, "--port"),
+    cid: str | None = typer.Option(None, "--id", help="controller id (default: host-port-random)"),
+    config: Path | None = typer.Option(None, "--config", help="TOML configuration file"),
+    log_level: str = typer.Option("info", "--log-level"),
+) -> None:
+    """Run a controller (HTTP API, scheduler, failure detector)."""
+    from phalanx.config import load_config
+    from phalanx.controller.server import run_controller
+
+    try:
+        cfg = load_config(config)
+    except PhalanxError as e:
+        _fail(e.message, 2)
+    raise typer.Exit(
+        run_controller(config=cfg, state_dir=state_dir, db_url=db, host=host, port=port, cid=cid,
+                       log_level=log_level)
+    )
+
+
+@app.command()
+def agent(
+    name: str | None = typer.Option(None, "--name", help="node name (default: host name)"),
+    state_dir: Path = typer.Option(Path(".phalanx/agent"), "--state-dir"),
+    url: str | None = UrlOpt,
+    cpus: int | None = typer.Option(None, "--cpus", help="override detected CPUs"),
+    mem: str | None = typer.Option(None, "--mem", help="override detected memory (e.g. 64G)"),
+    gpus: str | None = typer.Option(None, "--gpus", help="override detected GPUs, e.g. h100:8"),
+    features: str = typer.Option("", "--features", help="comma list of node features"),
+    log_level: str = typer.Option("info", "--log-level"),
+) -> None:
+    """Run a node agent (registers the node, runs its jobs through shepherds)."""
+    from phalanx.agent.main import run_agent
+
+    raise typer.Exit(
+        run_agent(name=name, state_dir=state_dir, url=url, cpus=cpus, mem=mem, gpus=gpus,
+                  features=features, log_level=log_level)
+    )
+
+
+@app.command()
+def up(
+    nodes: int = typer.Option(4, "--nodes", min=1, max=64, help="agents to start on this host"),
+    controllers: int = typer.Option(1, "--controllers", min=1, max=9),
+    state_dir: Path = typer.Option(Path(".phalanx"), "--state-dir"),
+    port: int = typer.Option(6817, "--port", help="first controller port (the next ones follow)"),
+    db: str | None = typer.Option(None, "--db", help="database URL (default: SQLite in the state dir)"),
+    cpus: int = typer.Option(4, "--cpus", help="CPUs each local node offers"),
+    mem: str = typer.Option("8G", "--mem", help="memory each local node offers"),
+    gpus: str = typer.Option("", "--gpus", help="GPUs each local node offers, e.g. h100:8 (no devices behind them)"),
+    config: Path | None = typer.Option(None, "--config", help="TOML configuration file"),
+    detach: bool = typer.Option(False, "--detach", help="return once the cluster is ready"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Start a local cluster: controllers and agents on this host."""
+    from phalanx.local import LocalCluster
+
+    cluster = LocalCluster(state_dir, nodes=nodes, controllers=controllers, port=port, db=db,
+                           cpus=cpus, mem=mem, gpus=gpus, config=config)
+    try:
+        cluster.start()
+    except PhalanxError as e:
+        cluster.stop(quiet=True)
+        _fail(e.message)
+    if as_json:
+        _emit({"url": cluster.url, "pids": cluster.pids(), "state_dir": str(state_dir.absolute())})
+    else:
+        console.print(f"Phalanx cluster up: {controllers} controller(s), {nodes} node(s), state in {state_dir}")
+        console.print(f"export PHALANX_URL={cluster.url}", highlight=False, soft_wrap=True)
+    if detach:
+        return
+    console.print("Running in the foreground; Ctrl-C stops the cluster.")
+    try:
+        cluster.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        cluster.stop()
+        console.print("cluster stopped")
+
+
+@app.command()
+def down(
+    state_dir: Path = typer.Option(Path(".phalanx"), "--state-dir"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Stop the local cluster started with `phalanx up --detach` (only the processes it started)."""
+    from phalanx.local import stop_from_pidfiles
+
+    stopped = stop_from_pidfiles(state_dir)
+    if as_json:
+        _emit({"stopped": stopped})
+    elif stopped:
+        console.print(f"stopped {len(stopped)} processes: {', '.join(stopped)}")
+    else:
+        console.print(f"nothing to stop in {state_dir}")
+
+
+# ---------------------------------------------------------------------- jobs
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    help="Submit a batch script: phalanx submit [OPTIONS] SCRIPT [ARGS...]. Reads #SBATCH/#PHX "
+    "lines; options on the command line override them. Run `phalanx submit --help-options` "
+    "for the list of sbatch options understood.",
+)
+def submit(
+    ctx: typer.Context,
+    url: str | None = UrlOpt,
+    as_json: bool = JsonOpt,
+    help_options: bool = typer.Option(False, "--help-options", help="list the sbatch options understood"),
+) -> None:
+    from phalanx.cli.submitting import build_spec, options_help
+
+    if help_options:
+        console.print(options_help(), highlight=False)
+        return
+    try:
+        spec, warnings, ignored = build_spec(list(ctx.args))
+    except PhalanxError as e:
+        _fail(e.message)
+    for w in warnings:
+        err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+    if ignored:
+        err_console.print(
+            f"[yellow]note:[/yellow] accepted with no effect here: {', '.join(ignored)}", highlight=False
+        )
+    with _client(url) as c:
+        res = _run(lambda: c.submit(spec))
+    if as_json:
+        _emit({**res, "warnings": warnings, "ignored": ignored})
+    else:
+        console.print(f"Submitted batch job {res['job_id']}", highlight=False)
+
+
+@app.command()
+def queue(
+    url: str | None = UrlOpt,
+    as_json: bool = JsonOpt,
+    all_states: bool = typer.Option(False, "--all", "-a", help="include finished jobs"),
+    state: str | None = typer.Option(None, "--state", "-t", help="comma list of states"),
+    user: str | None = typer.Option(None, "--user", "-u"),
+    partition: str | None = typer.Option(None, "--partition", "-p"),
+    name: str | None = typer.Option(None, "--name", "-n"),
+) -> None:
+    """List jobs (pending and running by default), like squeue."""
+    states = state.split(",") if state else None
+    if states is None and not all_states:
+        states = ["PENDING", "HELD", "STARTING", "RUNNING", "COMPLETING"]
+    with _client(url) as c:
+        jobs = _run(lambda: c.jobs(state=states, user=user, partition=partition, name=name))
+    if as_json:
+        _emit(jobs)
+    else:
+        console.print(render.jobs_table(jobs))
+
+
+@app.command()
+def show(
+    ref: str = typer.Argument(..., help="job id (123, 123_4) or 'node NAME'"),
+    name: str | None = typer.Argument(None),
+    url: str | None = UrlOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Show a job in detail (or `show node NAME`), like scontrol show job."""
+    with _client(url) as c:
+        if ref == "node":
+            if not name:
+                _fail("usage: phalanx show node NAME")
+            n = _run(lambda: c.node(str(name)))
+            if as_json:
+                _emit(n)
+            else:
+                console.print(render.node_detail(n), highlight=False)
+            return
+        jobs = _run(lambda: c.job(ref))
+    if as_json:
+        _emit(jobs)
+    else:
+        for j in jobs:
+            console.print(render.job_detail(j), highlight=False)
+
+
+@app.command()
+def cancel(
+    refs: list[str] = typer.Argument(..., help="job ids (123, 123_4, or an array id for all of it)"),
+    url: str | None = UrlOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Cancel jobs, like scancel."""
+    with _client(url) as c:
+        res = _run(lambda: c.cancel(refs))
+    _print_results(res, as_json)
+
+
+@app.command()
+def hold(refs: list[str] = typer.Argument(...), url: str | None = UrlOpt, as_json: bool = JsonOpt) -> None:
+    """Hold pending jobs (they are not scheduled until released)."""
+    with _client(url) as c:
+        res = _run(lambda: c.hold(refs))
+    _print_results(res, as_json)
+
+
+@app.command()
+def release(refs: list[str] = typer.Argument(...), url: str | None = UrlOpt, as_json: bool = JsonOpt) -> None:
+    """Release held jobs."""
+    with _client(url) as c:
+        res = _run(lambda: c.release(refs))
+    _print_results(res, as_json)
+
+
+def _print_results(res: dict[str, str], as_json: bool) -> None:
+    if as_json:
+        _emit(res)
+        return
+    for jid, outcome in res.items():
+        console.print(f"job {jid}: {outcome}", highlight=False)
+
+
+@app.command()
+def wait(
+    refs: list[str] = typer.Argument(...),
+    url: str | None = UrlOpt,
+    timeout: float = typer.Option(0, "--timeout", help="give up after this many seconds (0 = never)"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Wait until jobs end; exit 0 only if every one COMPLETED."""
+    from phalanx.domain.states import TERMINAL
+
+    terminal = {s.value for s in TERMINAL}
+    deadline = time.monotonic() + timeout if timeout > 0 else None
+    with _client(url) as c:
+        while True:
+            jobs = [j for r in refs for j in _run(lambda r=r: c.job(r))]
+            if all(j["state"] in terminal for j in jobs):
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                _fail(f"timed out after {timeout:g}s waiting for {', '.join(refs)}", 2)
+            time.sleep(0.25)
+    if as_json:
+        _emit([{"job_id": j["job_id"], "state": j["state"], "exit_code": j["exit_code"]} for j in jobs])
+    else:
+        for j in jobs:
+            extra = f" exit code {j['exit_code']}" if j["exit_code"] is not None else ""
+            why = f" ({j['reason']})" if j["reason"] and j["state"] != "COMPLETED" else ""
+            console.print(f"job {j['job_id']}: {j['state']}{extra}{why}", highlight=False)
+    if not all(j["state"] == "COMPLETED" for j in jobs):
+        raise typer.Exit(1)
+
+
+@app.command()
+def events(
+    ref: str | None = typer.Argument(None, help="job id; all events when omitted"),
+    url: str | None = UrlOpt,
+    limit: int = typer.Option(100, "--limit"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Show the event history of a job, or of the cluster."""
+    with _client(url) as c:
+        evs = _run(lambda: c.job_events(ref) if ref else c.events(limit=100_000))
+    evs = evs[-limit:]
+    if as_json:
+        _emit(evs)
+    else:
+        console.print(render.events_table(evs))
+
+
+# ---------------------------------------------------------------------- nodes & cluster
+@app.command()
+def nodes(url: str | None = UrlOpt, as_json: bool = JsonOpt) -> None:
+    """List nodes with their state and usage, like sinfo -N."""
+    with _client(url) as c:
+        ns = _run(c.nodes)
+    if as_json:
+        _emit(ns)
+    else:
+        console.print(render.nodes_table(ns))
+
+
+@app.command()
+def drain(
+    node: str = typer.Argument(...),
+    reason: str = typer.Option(..., "--reason", help="why (shown in `phalanx nodes`)"),
+    url: str | None = UrlOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Drain a node: no new work; running jobs finish."""
+    with _client(url) as c:
+        n = _run(lambda: c.drain(node, reason))
+    if as_json:
+        _emit(n)
+    else:
+        console.print(f"node {node}: {n['state']} ({reason})", highlight=False)
+
+
+@app.command()
+def resume(node: str = typer.Argument(...), url: str | None = UrlOpt, as_json: bool = JsonOpt) -> None:
+    """Return a drained or down node to service."""
+    with _client(url) as c:
+        n = _run(lambda: c.resume(node))
+    if as_json:
+        _emit(n)
+    else:
+        console.print(f"node {node}: {n['state']}", highlight=False)
+
+
+@app.command()
+def cluster(url: str | None = UrlOpt, as_json: bool = JsonOpt) -> None:
+    """Cluster status: controllers, leases, partitions, job and node counts."""
+    with _client(url) as c:
+        st = _run(c.cluster)
+    if as_json:
+        _emit(st)
+    else:
+        console.print(render.cluster_summary(st), highlight=False)
+
+
+def main() -> None:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    app()
+
+
+if __name__ == "__main__":
+    main()

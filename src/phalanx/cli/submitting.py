@@ -1,0 +1,57 @@
+"""Turn `phalanx submit` arguments and a batch script into a JobSpec body (client side)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from phalanx.domain.directives import OPTIONS, Effect, parse_submission, split_cli_args
+from phalanx.errors import InvalidSpec
+
+
+def build_spec(argv: list[str], *, cwd: str | None = None, environ: dict[str, str] | None = None
+               ) -> tuple[dict[str, Any], list[str], list[str]]:
+    """Return (spec body, warnings, options accepted without effect)."""
+    opts, rest = split_cli_args(argv)
+    script_text: str | None = None
+    script_path: str | None = None
+    args: list[str] = []
+    cwd = cwd or os.getcwd()
+    if rest:
+        path = Path(rest[0])
+        if not path.is_absolute():
+            path = Path(cwd) / path
+        try:
+            script_text = path.read_text()
+        except FileNotFoundError:
+            raise InvalidSpec(f"batch script {rest[0]} does not exist") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise InvalidSpec(f"cannot read batch script {rest[0]}: {e}") from None
+        script_path = str(path)
+        args = rest[1:]
+    parsed = parse_submission(script_text, opts, script_name=rest[0] if rest else "script")
+    fields = dict(parsed.fields)
+    spec: dict[str, Any] = {k: v for k, v in fields.items() if v is not None}
+    spec["submit_dir"] = cwd
+    if script_text is not None:
+        spec["script"] = script_text
+        spec["script_path"] = script_path
+        spec["argv"] = args
+    spec["env"] = dict(environ if environ is not None else os.environ)
+    if spec.get("workdir") and not os.path.isabs(spec["workdir"]):
+        spec["workdir"] = os.path.join(cwd, spec["workdir"])
+    return spec, list(parsed.warnings), list(parsed.ignored)
+
+
+def options_help() -> str:
+    lines = ["sbatch options understood by `phalanx submit` (and in #SBATCH / #PHX lines):", ""]
+    for opt in OPTIONS:
+        if opt.effect is Effect.APPLIED:
+            lines.append(f"  {opt.usage:<36} {opt.help}")
+    lines += ["", "Accepted with no effect here (site bookkeeping):"]
+    lines.append("  " + ", ".join(o.flag for o in OPTIONS if o.effect in (Effect.STORED, Effect.IGNORED)))
+    refused = [o for o in OPTIONS if o.effect is Effect.REFUSED]
+    if refused:
+        lines += ["", "Refused (not supported):", "  " + ", ".join(o.flag for o in refused)]
+    return "\n".join(lines)

@@ -1,0 +1,167 @@
+"""HTTP client for the REST API with client-side failover over a list of controllers.
+
+Requests go to the controller that answered last; on a connection failure or a 503 the client
+tries the next one. A POST is retried elsewhere only when it surely never reached a server
+(connection refused/failed) or the server said it could not reach the store (503), so a
+submission is never made twice. Errors come back as the same exception classes the server
+raised (phalanx.errors).
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from phalanx.errors import BY_CODE, ControllerUnavailable, PhalanxError
+
+DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=3.0)
+ENV_URL = "PHALANX_URL"
+DEFAULT_URL = "http://127.0.0.1:6817"
+
+
+def urls_from(value: str | Sequence[str] | None) -> list[str]:
+    if value is None:
+        value = os.environ.get(ENV_URL) or DEFAULT_URL
+    parts = value.split(",") if isinstance(value, str) else list(value)
+    out = [p.strip().rstrip("/") for p in parts if p.strip()]
+    for u in out:
+        if not u.startswith(("http://", "https://")):
+            raise PhalanxError(f"controller address '{u}' must start with http:// or https://")
+    if not out:
+        raise PhalanxError(f"no controller address: use --url or set {ENV_URL}")
+    return out
+
+
+class Client:
+    def __init__(
+        self,
+        urls: str | Sequence[str] | None = None,
+        *,
+        user: str | None = None,
+        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.urls = urls_from(urls)
+        self.user = user or _whoami()
+        self._http = httpx.Client(
+            timeout=timeout, transport=transport, headers={"X-Phalanx-User": self.user}
+        )
+        self._current = 0
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ transport
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        errors: list[str] = []
+        n = len(self.urls)
+        for i in range(n):
+            idx = (self._current + i) % n
+            base = self.urls[idx]
+            try:
+                resp = self._http.request(method, base + path, **kw)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+                errors.append(f"{base}: {e or type(e).__name__}")
+                continue
+            except httpx.TransportError as e:
+                if method != "GET":
+                    raise ControllerUnavailable(
+                        f"{base} did not answer ({type(e).__name__}); the request may or may not "
+                        "have been applied: check before retrying"
+                    ) from None
+                errors.append(f"{base}: {type(e).__name__}")
+                continue
+            if resp.status_code == 503:
+                errors.append(f"{base}: {_message(resp)}")
+                continue
+            self._current = idx
+            if resp.status_code >= 400:
+                raise _to_error(resp)
+            return resp.json()
+        raise ControllerUnavailable("no controller answered: " + "; ".join(errors))
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})
+
+    def post(self, path: str, body: Any = None) -> Any:
+        return self.request("POST", path, json=body if body is not None else {})
+
+    # ------------------------------------------------------------------ API
+    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self.post("/v1/jobs", spec)  # type: ignore[no-any-return]
+
+    def submit_batch(self, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return self.post("/v1/jobs/batch", {"jobs": specs})["jobs"]  # type: ignore[no-any-return]
+
+    def jobs(self, **filters: Any) -> list[dict[str, Any]]:
+        return self.get("/v1/jobs", **filters)["jobs"]  # type: ignore[no-any-return]
+
+    def job(self, ref: str | int) -> list[dict[str, Any]]:
+        return self.get(f"/v1/jobs/{ref}")["jobs"]  # type: ignore[no-any-return]
+
+    def cancel(self, refs: Sequence[str | int], reason: str | None = None) -> dict[str, str]:
+        return self.post("/v1/jobs/cancel", {"jobs": [str(r) for r in refs], "reason": reason})["results"]  # type: ignore[no-any-return]
+
+    def hold(self, refs: Sequence[str | int]) -> dict[str, str]:
+        return self.post("/v1/jobs/hold", {"jobs": [str(r) for r in refs]})["results"]  # type: ignore[no-any-return]
+
+    def release(self, refs: Sequence[str | int]) -> dict[str, str]:
+        return self.post("/v1/jobs/release", {"jobs": [str(r) for r in refs]})["results"]  # type: ignore[no-any-return]
+
+    def job_events(self, ref: str | int) -> list[dict[str, Any]]:
+        return self.get(f"/v1/jobs/{ref}/events")["events"]  # type: ignore[no-any-return]
+
+    def events(self, since: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
+        return self.get("/v1/events", since=since, limit=limit)["events"]  # type: ignore[no-any-return]
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return self.get("/v1/nodes")["nodes"]  # type: ignore[no-any-return]
+
+    def node(self, name: str) -> dict[str, Any]:
+        return self.get(f"/v1/nodes/{name}")  # type: ignore[no-any-return]
+
+    def drain(self, name: str, reason: str) -> dict[str, Any]:
+        return self.post(f"/v1/nodes/{name}/drain", {"reason": reason})  # type: ignore[no-any-return]
+
+    def resume(self, name: str) -> dict[str, Any]:
+        return self.post(f"/v1/nodes/{name}/resume")  # type: ignore[no-any-return]
+
+    def cluster(self) -> dict[str, Any]:
+        return self.get("/v1/cluster")  # type: ignore[no-any-return]
+
+    def health(self) -> dict[str, Any]:
+        return self.get("/healthz")  # type: ignore[no-any-return]
+
+
+def _message(resp: httpx.Response) -> str:
+    try:
+        return str(resp.json()["error"]["message"])
+    except Exception:
+        return f"HTTP {resp.status_code}"
+
+
+def _to_error(resp: httpx.Response) -> PhalanxError:
+    try:
+        body = resp.json()["error"]
+        cls = BY_CODE.get(body.get("code"), PhalanxError)
+        err = cls(body.get("message", f"HTTP {resp.status_code}"), **(body.get("details") or {}))
+    except Exception:
+        err = PhalanxError(f"HTTP {resp.status_code}: {resp.text[:200]}")
+    return err
+
+
+def _whoami() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:
+        return str(os.getuid())

@@ -1,0 +1,180 @@
+"""Configuration: defaults < TOML file < environment < command-line flags.
+
+Every timing parameter has a default, a documented meaning (docs/configuration.md) and a check
+here. Rules that tie parameters together are checked when the configuration loads; a config
+that breaks one is refused with a ConfigError naming the rule.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from phalanx.errors import ConfigError
+
+
+class Timing(BaseModel):
+    """Timeouts shared by controllers and agents (both must load the same values)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    heartbeat_interval: float = Field(
+        1.0, gt=0, le=300, description="agent: seconds between heartbeats; also the longest long-poll"
+    )
+    node_down_timeout: float = Field(
+        10.0, gt=0, le=3600, description="controller: a node without heartbeat this long is DOWN"
+    )
+    fence_timeout: float = Field(
+        5.0, gt=0, le=3600, description="shepherd: stop the job after this long without a controller reply"
+    )
+    fence_kill_grace: float = Field(
+        2.0, ge=0, le=600, description="shepherd: SIGTERM→SIGKILL grace when self-fencing"
+    )
+    fence_margin: float = Field(
+        1.0, ge=0, le=600, description="safety margin between self-fencing and the node being declared DOWN"
+    )
+    kill_wait: float = Field(
+        10.0, ge=0, le=3600, description="SIGTERM→SIGKILL grace on cancel and time limit (Slurm KillWait)"
+    )
+    lease_ttl: float = Field(6.0, gt=0, le=3600, description="a duty lease expires this long after its last renewal")
+    renew_interval: float = Field(1.0, gt=0, le=600, description="how often a lease holder renews")
+    db_retry_timeout: float = Field(
+        1.0, gt=0, le=600, description="deadline for retrying one store operation"
+    )
+    scheduler_interval: float = Field(
+        1.0, gt=0, le=600, description="a scheduling pass runs at least this often, and at once on new work"
+    )
+    heartbeat_flush_interval: float = Field(
+        0.5, gt=0, le=60, description="controller: heartbeats are written to the store in one batch this often"
+    )
+    launch_timeout: float = Field(
+        60.0, gt=0, le=3600, description="a STARTING attempt that no agent confirms in this long is requeued"
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> Timing:
+        rules = [
+            (
+                self.renew_interval * 3 <= self.lease_ttl,
+                "renew_interval * 3 <= lease_ttl",
+            ),
+            (
+                self.renew_interval + 2 * self.db_retry_timeout <= self.lease_ttl,
+                "renew_interval + 2 * db_retry_timeout <= lease_ttl",
+            ),
+            (
+                self.fence_timeout + self.fence_kill_grace + self.fence_margin
+                < self.node_down_timeout,
+                "fence_timeout + fence_kill_grace + fence_margin < node_down_timeout",
+            ),
+            (
+                self.heartbeat_interval * 2 <= self.fence_timeout,
+                "heartbeat_interval * 2 <= fence_timeout",
+            ),
+            (
+                self.heartbeat_flush_interval < self.node_down_timeout / 2,
+                "heartbeat_flush_interval < node_down_timeout / 2",
+            ),
+        ]
+        broken = [text for ok, text in rules if not ok]
+        if broken:
+            values = self.model_dump()
+            raise ValueError(
+                "timing rule broken: "
+                + "; ".join(broken)
+                + " (values: "
+                + ", ".join(f"{k}={values[k]}" for k in sorted(values))
+                + ")"
+            )
+        return self
+
+
+class PartitionConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    default: bool = False
+    nodes: str = Field("*", description="node names: a glob (fnmatch) or a comma list of globs")
+    default_time: str = "1:00:00"
+    max_time: str = "UNLIMITED"
+    priority: int = 0
+
+
+class ClusterConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "phalanx"
+    default_requeue: bool = True
+    default_mem_per_cpu_mb: int = Field(512, ge=1)
+    partitions: list[PartitionConfig] = Field(
+        default_factory=lambda: [PartitionConfig(name="batch", default=True)]
+    )
+
+    @model_validator(mode="after")
+    def _partitions(self) -> ClusterConfig:
+        from phalanx.domain import values
+
+        names = [p.name for p in self.partitions]
+        if len(set(names)) != len(names):
+            raise ValueError(f"partition names must be unique: {names}")
+        if not self.partitions:
+            raise ValueError("at least one partition is required")
+        if sum(p.default for p in self.partitions) > 1:
+            raise ValueError("only one partition may be the default")
+        for p in self.partitions:
+            for label, text in (("default_time", p.default_time), ("max_time", p.max_time)):
+                try:
+                    values.parse_duration(text)
+                except ValueError as e:
+                    raise ValueError(f"partition {p.name}: {label}: {e}") from None
+        return self
+
+
+class Config(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    timing: Timing = Field(default_factory=Timing)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+
+
+def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Read `path` (or $PHALANX_CONFIG), apply PHALANX_TIMING_<NAME> env overrides, validate."""
+    data: dict[str, Any] = {}
+    path = path or os.environ.get("PHALANX_CONFIG")
+    if path:
+        p = Path(path)
+        try:
+            data = tomllib.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {p} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
+    timing = dict(data.get("timing", {}))
+    for key in Timing.model_fields:
+        env = os.environ.get(f"PHALANX_TIMING_{key.upper()}")
+        if env is not None:
+            try:
+                timing[key] = float(env)
+            except ValueError:
+                raise ConfigError(f"PHALANX_TIMING_{key.upper()}={env!r} is not a number") from None
+    if timing:
+        data["timing"] = timing
+    for key, value in (overrides or {}).items():
+        data.setdefault(key, {}).update(value)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(f"invalid configuration{f' in {path}' if path else ''}: {_explain(e)}") from None
+
+
+def _explain(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts)

@@ -1,0 +1,338 @@
+"""The REST API (`/v1`), served by every controller. Errors mirror `phalanx.errors`:
+
+    {"error": {"code": "invalid_spec", "message": "nodes: ...", "details": {...}}}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from fastapi import FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+
+from phalanx import __version__
+from phalanx.controller.launch import default_output, expand_pattern
+from phalanx.controller.runtime import Controller
+from phalanx.domain.hostlist import compress_hostlist
+from phalanx.domain.spec import JobSpec
+from phalanx.domain.states import node_display_state
+from phalanx.domain.values import format_duration
+from phalanx.errors import InvalidSpec, NotFound, PhalanxError
+from phalanx.store.store import TaskReport
+
+MAX_BATCH = 10_000
+
+
+class BatchIn(BaseModel):
+    jobs: list[JobSpec] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class RefsIn(BaseModel):
+    jobs: list[str] = Field(min_length=1, max_length=MAX_BATCH)
+    reason: str | None = None
+
+
+class DrainIn(BaseModel):
+    reason: str = Field(min_length=1, max_length=1024)
+
+
+class RegisterIn(BaseModel):
+    cpus: int = Field(ge=1)
+    mem_mb: int = Field(ge=1)
+    gpus: list[tuple[int, str]] = Field(default_factory=list)
+    features: list[str] = Field(default_factory=list)
+    addr: str | None = None
+    boot_id: str | None = None
+    version: str | None = None
+
+
+class ReportIn(BaseModel):
+    attempt_id: int
+    token: str
+    state: str = Field(pattern="^(starting|running|exited|lost)$")
+    started_at: float | None = None
+    exit: dict[str, Any] | None = None
+
+
+class HeartbeatIn(BaseModel):
+    tasks: list[ReportIn] = Field(default_factory=list)
+    taken_at: float | None = None
+    wait: float = Field(default=0.0, ge=0, le=60)
+
+
+def job_view(row: dict[str, Any], *, detail: bool = False) -> dict[str, Any]:
+    arr = row["array_job_id"]
+    display = f"{arr}_{row['array_task_id']}" if arr is not None else str(row["id"])
+    view: dict[str, Any] = {
+        "id": row["id"],
+        "job_id": display,
+        "array_job_id": arr,
+        "array_task_id": row["array_task_id"],
+        "name": row["name"],
+        "user": row["user"],
+        "partition": row["partition"],
+        "state": row["state"],
+        "reason": row["reason"],
+        "priority": row["priority"],
+        "submit_time": row["submit_time"],
+        "start_time": row["start_time"],
+        "end_time": row["end_time"],
+        "time_limit_s": row["time_limit_s"],
+        "time_limit": format_duration(row["time_limit_s"]),
+        "nodes": row["nodes"],
+        "nodelist": compress_hostlist(row["nodelist_run"]) if row["nodelist_run"] else None,
+        "cpus_per_node": row["cpus_per_node"],
+        "mem_per_node_mb": row["mem_per_node_mb"],
+        "gpus_per_node": row["gpus_per_node"],
+        "gpu_type": row["gpu_type"],
+        "exclusive": bool(row["exclusive"]),
+        "requeue": bool(row["requeue"]),
+        "dependency": row["dependency"],
+        "exit_code": row["exit_code"],
+        "exit_signal": row["exit_signal"],
+        "restart_count": row["restart_count"],
+    }
+    if detail:
+        spec = row["spec"]
+        workdir = spec.get("workdir") or spec.get("submit_dir")
+        fmt = {
+            "job_id": row["id"],
+            "array_job_id": arr,
+            "array_task_id": row["array_task_id"],
+            "name": row["name"],
+            "user": row["user"],
+            "node": (row["nodelist_run"] or ["%N"])[0],
+            "rank": 0,
+        }
+        out = expand_pattern(spec.get("output") or default_output(arr), **fmt)
+        err = expand_pattern(spec["error"], **fmt) if spec.get("error") else out
+        view.update(
+            {
+                "command": spec.get("script_path") or (spec.get("argv") or [None])[0] or spec.get("wrap"),
+                "workdir": workdir,
+                "submit_dir": spec.get("submit_dir"),
+                "stdout": out if out.startswith("/") or not workdir else f"{workdir}/{out}",
+                "stderr": err if err.startswith("/") or not workdir else f"{workdir}/{err}",
+                "constraint": row["constraint_expr"],
+                "signal": spec.get("signal"),
+                "array": spec.get("array"),
+                "account": spec.get("account"),
+                "qos": spec.get("qos"),
+                "comment": spec.get("comment"),
+            }
+        )
+    return view
+
+
+def node_view(n: dict[str, Any]) -> dict[str, Any]:
+    used = n["used"]
+    busy = bool(used["jobs"])
+    return {
+        "name": n["name"],
+        "state": node_display_state(
+            registered=bool(n["registered"]),
+            down=bool(n["down"]),
+            drain=bool(n["drain"]),
+            used_cpus=used["cpus"],
+            total_cpus=n["cpus"],
+            busy=busy,
+        ),
+        "cpus": n["cpus"],
+        "cpus_alloc": used["cpus"],
+        "mem_mb": n["mem_mb"],
+        "mem_alloc_mb": used["mem_mb"],
+        "gpus": n["gpus"],
+        "gpus_alloc": used["gpus"],
+        "features": n["features"],
+        "down": bool(n["down"]),
+        "down_reason": n["down_reason"],
+        "drain": bool(n["drain"]),
+        "drain_reason": n["drain_reason"],
+        "drain_by": n["drain_by"],
+        "drain_time": n["drain_time"],
+        "last_heartbeat": n["last_heartbeat"],
+        "registered_at": n["registered_at"],
+        "addr": n["addr"],
+        "jobs": sorted(set(used["jobs"])),
+    }
+
+
+def _error(e: PhalanxError) -> JSONResponse:
+    return JSONResponse({"error": e.to_body()}, status_code=e.http_status)
+
+
+def create_app(ctl: Controller) -> FastAPI:
+    app = FastAPI(title="Phalanx", version=__version__, openapi_url="/v1/openapi.json", docs_url="/v1/docs")
+
+    @app.exception_handler(PhalanxError)
+    async def _phalanx_error(_req: Request, e: PhalanxError) -> JSONResponse:
+        return _error(e)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_req: Request, e: RequestValidationError) -> JSONResponse:
+        msgs = []
+        for err in e.errors():
+            loc = [str(x) for x in err["loc"] if x not in ("body",)]
+            msgs.append(f"{'.'.join(loc) or 'request'}: {err['msg']}")
+        first = e.errors()[0] if e.errors() else {}
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        return _error(InvalidSpec("; ".join(msgs), field=".".join(loc)))
+
+    @app.on_event("startup")
+    async def _bind_loop() -> None:
+        ctl.waiters.bind(asyncio.get_running_loop())
+
+    def user_of(x_phalanx_user: str | None) -> str:
+        return (x_phalanx_user or "unknown")[:128]
+
+    # ---------------------------------------------------------------- health
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        return {"status": "ok", "version": __version__, **ctl.status()}
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest().decode(), media_type=CONTENT_TYPE_LATEST)
+
+    # ---------------------------------------------------------------- jobs
+    @app.post("/v1/jobs", status_code=201)
+    def submit(spec: JobSpec, x_phalanx_user: str | None = Header(default=None)) -> dict[str, Any]:
+        ids = ctl.submit([spec], user_of(x_phalanx_user))[0]
+        return {"job_id": ids[0], "job_ids": ids, "array": bool(spec.array)}
+
+    @app.post("/v1/jobs/batch", status_code=201)
+    def submit_batch(body: BatchIn, x_phalanx_user: str | None = Header(default=None)) -> dict[str, Any]:
+        ids = ctl.submit(body.jobs, user_of(x_phalanx_user))
+        return {"jobs": [{"job_id": i[0], "job_ids": i} for i in ids]}
+
+    @app.get("/v1/jobs")
+    def list_jobs(
+        state: list[str] | None = Query(default=None),
+        user: str | None = None,
+        partition: str | None = None,
+        name: str | None = None,
+        node: str | None = None,
+        job: list[str] | None = Query(default=None),
+        limit: int = Query(default=10_000, ge=1, le=100_000),
+    ) -> dict[str, Any]:
+        states = [x.upper() for s in state or [] for x in s.split(",") if x]
+        ids = ctl.store.resolve_refs([x for j in job or [] for x in j.split(",") if x]) if job else None
+        rows = ctl.store.list_jobs(states=states, user=user, partition=partition, name=name, ids=ids,
+                                   node=node, limit=limit)
+        return {"jobs": [job_view(r) for r in rows]}
+
+    def _one(ref: str) -> list[int]:
+        ids = ctl.store.resolve_refs([ref])
+        if not ids:
+            raise NotFound(f"job {ref} does not exist", job=ref)
+        return ids
+
+    @app.get("/v1/jobs/{ref}")
+    def show_job(ref: str) -> dict[str, Any]:
+        ids = _one(ref)
+        out = []
+        for jid in ids:
+            view = job_view(ctl.store.get_job(jid), detail=True)
+            view["attempts"] = ctl.store.attempts_of(jid)
+            out.append(view)
+        return {"jobs": out}
+
+    def _bulk(refs: list[str], fn: Any, *args: Any) -> dict[str, Any]:
+        ids = ctl.store.resolve_refs(refs)
+        if not ids:
+            raise NotFound(f"no such job: {', '.join(refs)}", jobs=refs)
+        result = fn(ids, *args)
+        ctl.kick()
+        return {"results": {str(k): v for k, v in result.items()}}
+
+    @app.post("/v1/jobs/cancel")
+    def cancel(body: RefsIn, x_phalanx_user: str | None = Header(default=None)) -> dict[str, Any]:
+        return _bulk(body.jobs, ctl.store.cancel, user_of(x_phalanx_user), body.reason or "cancelled")
+
+    @app.post("/v1/jobs/hold")
+    def hold(body: RefsIn, x_phalanx_user: str | None = Header(default=None)) -> dict[str, Any]:
+        return _bulk(body.jobs, ctl.store.hold, user_of(x_phalanx_user))
+
+    @app.post("/v1/jobs/release")
+    def release(body: RefsIn, x_phalanx_user: str | None = Header(default=None)) -> dict[str, Any]:
+        return _bulk(body.jobs, ctl.store.release, user_of(x_phalanx_user))
+
+    @app.get("/v1/jobs/{ref}/events")
+    def job_events(ref: str) -> dict[str, Any]:
+        out = []
+        for jid in _one(ref):
+            out.extend(ctl.store.events(job_id=jid))
+        out.sort(key=lambda e: e["id"])
+        return {"events": out}
+
+    # ---------------------------------------------------------------- nodes
+    @app.get("/v1/nodes")
+    def nodes() -> dict[str, Any]:
+        return {"nodes": [node_view(n) for n in ctl.store.list_nodes()]}
+
+    @app.get("/v1/nodes/{name}")
+    def node(name: str) -> dict[str, Any]:
+        view = node_view(ctl.store.get_node(name))
+        view["events"] = ctl.store.events(node=name)[-50:]
+        return view
+
+    @app.post("/v1/nodes/{name}/drain")
+    def drain(name: str, body: DrainIn, x_phalanx_user: str | None = Header(default=None)) -> dict[str, Any]:
+        ctl.store.drain(name, body.reason, user_of(x_phalanx_user))
+        ctl.kick()
+        return node_view(ctl.store.get_node(name))
+
+    @app.post("/v1/nodes/{name}/resume")
+    def resume(name: str, x_phalanx_user: str | None = Header(default=None)) -> dict[str, Any]:
+        ctl.store.resume(name, user_of(x_phalanx_user))
+        ctl.kick()
+        return node_view(ctl.store.get_node(name))
+
+    # ---------------------------------------------------------------- cluster
+    @app.get("/v1/cluster")
+    def cluster() -> dict[str, Any]:
+        return {
+            **ctl.store.cluster_counts(),
+            "partitions": list(ctl.store.partitions().values()),
+            "controllers": ctl.store.list_controllers(),
+            "leases": ctl.store.list_leases(),
+            "this_controller": ctl.status(),
+        }
+
+    @app.get("/v1/events")
+    def events(since: int = 0, limit: int = Query(default=1000, ge=1, le=10_000),
+               node: str | None = None) -> dict[str, Any]:
+        return {"events": ctl.store.events(since_id=since, limit=limit, node=node)}
+
+    # ---------------------------------------------------------------- agents
+    @app.post("/v1/agents/{node}/register")
+    def register(node: str, body: RegisterIn) -> dict[str, Any]:
+        ctl.register(node, body.model_dump())
+        return {"node": node, "timing": ctl.timing.model_dump(), "controller": ctl.cid}
+
+    @app.post("/v1/agents/{node}/heartbeat")
+    async def heartbeat(node: str, body: HeartbeatIn) -> dict[str, Any]:
+        ctl.seen(node)
+        reports = [TaskReport(**r.model_dump()) for r in body.tasks]
+        deadline = time.monotonic() + min(body.wait, ctl.timing.heartbeat_interval)
+        reply = await run_in_threadpool(ctl.exchange, node, reports, body.taken_at)
+        while reply.empty and time.monotonic() < deadline:
+            woke = await ctl.waiters.wait(node, deadline - time.monotonic())
+            if not woke:
+                break
+            reply = await run_in_threadpool(ctl.exchange, node, reports, body.taken_at)
+        return {
+            "start": await run_in_threadpool(ctl.launch_specs, reply, node),
+            "stop": reply.stop,
+            "forget": reply.forget,
+            "controller": ctl.cid,
+            "terms": ctl.leases.terms(),
+        }
+
+    return app

@@ -1,0 +1,179 @@
+"""What an agent needs to start one task: argv, environment, paths, limits (pure).
+
+The environment carries Phalanx's own variables and the Slurm names scripts already use, so a
+Slurm batch script runs unchanged (SLURM-HABITS.md).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from phalanx.domain.hostlist import compress_hostlist
+from phalanx.domain.values import parse_export
+
+BASE_MASTER_PORT = 29500
+
+
+def expand_pattern(pattern: str, *, job_id: int, array_job_id: int | None, array_task_id: int | None,
+                   name: str, user: str, node: str, rank: int) -> str:
+    """Slurm filename patterns: %j %A %a %x %u %N %n %t %% (with optional zero padding, %4a)."""
+
+    def repl(m: re.Match[str]) -> str:
+        width, ch = m.group(1), m.group(2)
+        if ch == "%":
+            return "%"
+        num: int | None = None
+        if ch == "j":
+            num = job_id
+        elif ch == "A":
+            num = array_job_id if array_job_id is not None else job_id
+        elif ch == "a":
+            num = array_task_id if array_task_id is not None else 4294967294
+        elif ch in ("n", "t"):
+            num = rank
+        elif ch == "x":
+            return name
+        elif ch == "u":
+            return user
+        elif ch == "N":
+            return node
+        else:
+            return m.group(0)
+        return str(num).zfill(int(width)) if width else str(num)
+
+    return re.sub(r"%(\d*)([jAaxuNnt%])", repl, pattern)
+
+
+def default_output(array_job_id: int | None) -> str:
+    return "phalanx-%A_%a.out" if array_job_id is not None else "phalanx-%j.out"
+
+
+def build_launch(work: dict[str, Any], *, node: str, kill_wait: float) -> dict[str, Any]:
+    """Turn one row of Store.node_work into the agent's launch request."""
+    spec = work["spec"]
+    job_id = int(work["job_id"])
+    nodes: list[str] = list(work["attempt_nodes"])
+    rank = int(work["rank"])
+    workdir = spec.get("workdir") or spec.get("submit_dir") or "/"
+    fmt = {
+        "job_id": job_id,
+        "array_job_id": work["array_job_id"],
+        "array_task_id": work["array_task_id"],
+        "name": work["name"],
+        "user": work["user"],
+        "node": node,
+        "rank": rank,
+    }
+
+    def path(p: str | None) -> str | None:
+        if p is None:
+            return None
+        p = expand_pattern(p, **fmt)
+        return p if os.path.isabs(p) else os.path.join(workdir, p)
+
+    stdout = path(spec.get("output") or default_output(work["array_job_id"]))
+    stderr = path(spec.get("error"))
+    env = job_environment(work, node=node)
+    if spec.get("script") is not None:
+        command: dict[str, Any] = {"script": spec["script"], "args": list(spec.get("argv") or [])}
+    elif spec.get("wrap"):
+        command = {"script": "#!/bin/sh\n" + spec["wrap"] + "\n", "args": []}
+    else:
+        command = {"argv": list(spec.get("argv") or [])}
+    return {
+        "attempt_id": int(work["attempt_id"]),
+        "token": work["token"],
+        "job_id": job_id,
+        "rank": rank,
+        "node": node,
+        "command": command,
+        "env": env,
+        "cwd": workdir,
+        "stdout": stdout,
+        "stderr": stderr,
+        "open_mode": spec.get("open_mode") or ("append" if int(work["seq"]) > 0 else "truncate"),
+        "time_limit_s": work["time_limit_s"],
+        "kill_grace_s": kill_wait,
+        "signal": spec.get("signal_parsed"),
+        "gpu_ids": list(work["gpu_ids"] or []),
+        "fence_term": int(work["fence_term"]),
+    }
+
+
+def job_environment(work: dict[str, Any], *, node: str) -> dict[str, str]:
+    """The job's environment: the submitter's (per --export) plus PHX_* and SLURM_* variables."""
+    spec = work["spec"]
+    submitted: dict[str, str] = dict(spec.get("env") or {})
+    mode, extra = parse_export(spec.get("export") or "ALL")
+    if mode == "ALL":
+        env = dict(submitted)
+    else:
+        env = {k: submitted[k] for k in ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "TERM") if k in submitted}
+    for k, v in extra.items():
+        if v is not None:
+            env[k] = v
+        elif k in submitted:
+            env[k] = submitted[k]
+    job_id = int(work["job_id"])
+    nodes: list[str] = list(work["attempt_nodes"])
+    rank = int(work["rank"])
+    hostlist = compress_hostlist(nodes)
+    cpus_per_task = int(spec.get("cpus_per_task") or 1)
+    arr_job = work["array_job_id"]
+    arr_task = work["array_task_id"]
+    master_port = BASE_MASTER_PORT + job_id % 20000
+    gpus = [str(g) for g in (work["gpu_ids"] or [])]
+    phx = {
+        "PHX_JOB_ID": str(job_id),
+        "PHX_JOB_NAME": str(work["name"]),
+        "PHX_ATTEMPT": str(work["attempt_id"]),
+        "PHX_RESTART_COUNT": str(work["seq"]),
+        "PHX_NODELIST": hostlist,
+        "PHX_NNODES": str(len(nodes)),
+        "PHX_NODE_RANK": str(rank),
+        "PHX_NODENAME": node,
+        "PHX_PARTITION": str(work["attempt_partition"]),
+        "PHX_SUBMIT_DIR": str(spec.get("submit_dir") or ""),
+        "PHX_CPUS_ON_NODE": str(work["cpus"]),
+        "PHX_CPUS_PER_TASK": str(cpus_per_task),
+        "MASTER_ADDR": nodes[0],
+        "MASTER_PORT": str(master_port),
+    }
+    if arr_job is not None:
+        phx["PHX_ARRAY_JOB_ID"] = str(arr_job)
+        phx["PHX_ARRAY_TASK_ID"] = str(arr_task)
+    if spec.get("checkpoint_dir"):
+        phx["PHX_CHECKPOINT_DIR"] = str(spec["checkpoint_dir"])
+    slurm = {
+        "SLURM_JOB_ID": str(job_id),
+        "SLURM_JOBID": str(job_id),
+        "SLURM_JOB_NAME": str(work["name"]),
+        "SLURM_JOB_USER": str(work["user"]),
+        "SLURM_JOB_NODELIST": hostlist,
+        "SLURM_NODELIST": hostlist,
+        "SLURM_JOB_NUM_NODES": str(len(nodes)),
+        "SLURM_NNODES": str(len(nodes)),
+        "SLURM_NODEID": str(rank),
+        "SLURM_PROCID": str(rank),
+        "SLURM_LOCALID": "0",
+        "SLURM_NTASKS": str(spec.get("ntasks") or len(nodes)),
+        "SLURM_RESTART_COUNT": str(work["seq"]),
+        "SLURM_SUBMIT_DIR": str(spec.get("submit_dir") or ""),
+        "SLURM_CPUS_PER_TASK": str(cpus_per_task),
+        "SLURM_CPUS_ON_NODE": str(work["cpus"]),
+        "SLURM_JOB_PARTITION": str(work["attempt_partition"]),
+        "SLURMD_NODENAME": node,
+        "SLURM_CLUSTER_NAME": "phalanx",
+    }
+    if arr_job is not None:
+        slurm["SLURM_ARRAY_JOB_ID"] = str(arr_job)
+        slurm["SLURM_ARRAY_TASK_ID"] = str(arr_task)
+    if gpus:
+        phx["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        slurm["SLURM_JOB_GPUS"] = ",".join(gpus)
+        slurm["SLURM_GPUS_ON_NODE"] = str(len(gpus))
+    env.update(phx)
+    env.update(slurm)
+    return env

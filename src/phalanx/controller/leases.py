@@ -1,0 +1,115 @@
+"""Holding duty leases: a local monotonic deadline that only a successful renewal extends.
+
+`LeaseKeeper.held(name)` is what a duty checks before (and during) its work: past the deadline
+it is False at once, even if the renewal thread is stuck, so a paused controller stops acting
+before anyone else can take over (the store's fencing check catches anything in flight).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from phalanx.clock import Clock, SystemClock
+from phalanx.errors import PhalanxError
+from phalanx.store.store import Fence, Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Held:
+    term: int
+    deadline: float  # monotonic
+
+
+class LeaseKeeper:
+    def __init__(
+        self,
+        store: Store,
+        holder: str,
+        names: list[str],
+        *,
+        ttl: float,
+        renew_interval: float,
+        clock: Clock | None = None,
+        on_change: Callable[[str, int | None], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.holder = holder
+        self.names = names
+        self.ttl = ttl
+        self.renew_interval = renew_interval
+        self.clock = clock or SystemClock()
+        self.on_change = on_change
+        self._held: dict[str, _Held] = {}
+        self._lock = threading.Lock()
+
+    def fence(self, name: str) -> Fence | None:
+        """The fence for a duty if it is held right now, else None."""
+        with self._lock:
+            h = self._held.get(name)
+            if h is None or self.clock.monotonic() >= h.deadline:
+                return None
+            return Fence(name, self.holder, h.term)
+
+    def held(self, name: str) -> bool:
+        return self.fence(name) is not None
+
+    def terms(self) -> dict[str, int]:
+        with self._lock:
+            now = self.clock.monotonic()
+            return {n: h.term for n, h in self._held.items() if now < h.deadline}
+
+    def tick(self) -> str:
+        """Try to take or renew every lease once; return one sentence for the log."""
+        parts = []
+        for name in self.names:
+            start = self.clock.monotonic()
+            with self._lock:
+                h = self._held.get(name)
+            try:
+                if h is not None and start < h.deadline:
+                    ok = self.store.renew_lease(name, self.holder, h.term, self.ttl)
+                    term: int | None = h.term if ok else None
+                else:
+                    term = self.store.acquire_lease(name, self.holder, self.ttl)
+            except PhalanxError as e:
+                log.warning("lease %s: store error: %s", name, e)
+                term = None if h is None or start >= h.deadline else -1
+            if term == -1:
+                parts.append(f"{name}: kept until deadline (store error)")
+                continue
+            with self._lock:
+                before = self._held.get(name)
+                if term is None:
+                    self._held.pop(name, None)
+                else:
+                    # the deadline counts from before the call: the database may have
+                    # stamped expiry at any moment during it
+                    self._held[name] = _Held(term, start + self.ttl)
+            if term is None:
+                if before is not None:
+                    log.warning("lost lease %s (term %s)", name, before.term)
+                    parts.append(f"{name}: lost")
+                    if self.on_change:
+                        self.on_change(name, None)
+            else:
+                if before is None or before.term != term:
+                    log.info("took lease %s term %s", name, term)
+                    parts.append(f"{name}: took term {term}")
+                    if self.on_change:
+                        self.on_change(name, term)
+        return "; ".join(parts) or "leases unchanged"
+
+    def release_all(self) -> None:
+        with self._lock:
+            held = dict(self._held)
+            self._held.clear()
+        for name, h in held.items():
+            try:
+                self.store.release_lease(name, self.holder, h.term)
+            except PhalanxError as e:
+                log.warning("could not release lease %s: %s", name, e)

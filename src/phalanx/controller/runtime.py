@@ -1,0 +1,372 @@
+"""A controller's moving parts: duty leases, the scheduling loop, the cluster duty, heartbeats.
+
+Every loop is a thread running `tick()` functions that read, decide (pure), apply, and return one
+sentence for the log; an unexpected exception is logged at the tick boundary and the loop goes
+on. The HTTP side (api.py) runs on the asyncio loop and talks to this object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from phalanx.config import Config
+from phalanx.controller.exchange import Reply, decide, needs_write
+from phalanx.controller.launch import build_launch
+from phalanx.controller.leases import LeaseKeeper
+from phalanx.domain import scheduling, values
+from phalanx.domain.spec import JobSpec, normalize
+from phalanx.domain.states import JobState
+from phalanx.errors import Fenced, PhalanxError, StoreUnavailable, Unsatisfiable
+from phalanx.store.store import Store, TaskReport
+
+log = logging.getLogger("phalanx.controller")
+
+SCHED_LEASE = "sched"
+CLUSTER_LEASE = "cluster"
+
+
+class Waiters:
+    """Long-poll wake-ups for agents, per node, safe to trigger from any thread."""
+
+    def __init__(self) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._events: dict[str, set[asyncio.Event]] = {}
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+
+    def waiting_nodes(self) -> list[str]:
+        return [n for n, evs in list(self._events.items()) if evs]
+
+    async def wait(self, node: str, timeout: float) -> bool:
+        ev = asyncio.Event()
+        self._events.setdefault(node, set()).add(ev)
+        try:
+            await asyncio.wait_for(ev.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._events.get(node, set()).discard(ev)
+
+    def _wake(self, nodes: list[str]) -> None:
+        for n in nodes:
+            for ev in list(self._events.get(n, ())):
+                ev.set()
+
+    def notify(self, nodes: list[str]) -> None:
+        if self.loop is not None and nodes:
+            self.loop.call_soon_threadsafe(self._wake, list(nodes))
+
+
+class Controller:
+    def __init__(self, store: Store, config: Config, *, cid: str, url: str | None = None) -> None:
+        self.store = store
+        self.config = config
+        self.timing = config.timing
+        self.cid = cid
+        self.url = url
+        self.leases = LeaseKeeper(
+            store,
+            cid,
+            [CLUSTER_LEASE, SCHED_LEASE],
+            ttl=self.timing.lease_ttl,
+            renew_interval=self.timing.renew_interval,
+            on_change=self._lease_changed,
+        )
+        self.waiters = Waiters()
+        self._kick = threading.Event()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._beats: dict[str, float] = {}  # node -> monotonic time last seen
+        self._beats_lock = threading.Lock()
+        self._gens: dict[str, int] = {}
+        self._cluster_since: float | None = None  # monotonic time the cluster duty was taken
+        self.last_tick: dict[str, float] = {}
+        self._partitions_cache: tuple[float, Any] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self.store.register_controller(self.cid, self.url)
+        loops: list[tuple[str, Callable[[], str], Callable[[], float]]] = [
+            ("leases", self.leases.tick, lambda: self.timing.renew_interval),
+            ("scheduler", self.schedule_tick, lambda: self.timing.scheduler_interval),
+            ("cluster", self.cluster_tick, lambda: min(1.0, self.timing.node_down_timeout / 4)),
+            ("heartbeats", self.flush_heartbeats, lambda: self.timing.heartbeat_flush_interval),
+            ("gens", self.gen_tick, lambda: 0.2),
+        ]
+        for name, fn, interval in loops:
+            t = threading.Thread(target=self._loop, args=(name, fn, interval), name=f"phx-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._kick.set()
+        for t in self._threads:
+            t.join(timeout=5)
+        try:
+            self.flush_heartbeats()
+        except PhalanxError:
+            pass
+        self.leases.release_all()
+
+    def _loop(self, name: str, fn: Callable[[], str], interval: Callable[[], float]) -> None:
+        quiet = {"leases unchanged", "", "idle"}
+        while not self._stop.is_set():
+            start = time.monotonic()
+            try:
+                sentence = fn()
+                if sentence not in quiet:
+                    log.info("%s: %s", name, sentence)
+            except StoreUnavailable as e:
+                log.warning("%s: store unavailable: %s", name, e.message)
+            except Fenced as e:
+                log.warning("%s: fenced, stepping down: %s", name, e.message)
+            except Exception:
+                log.exception("%s: unexpected error; the loop goes on", name)
+            self.last_tick[name] = time.monotonic()
+            took = time.monotonic() - start
+            wait = interval() - took
+            if name == "scheduler":
+                self._kick.wait(max(0.0, wait))
+                self._kick.clear()
+            elif wait > 0:
+                self._stop.wait(wait)
+
+    def _lease_changed(self, name: str, term: int | None) -> None:
+        if name == CLUSTER_LEASE:
+            self._cluster_since = time.monotonic() if term is not None else None
+        if term is not None:
+            try:
+                self.store.add_event("lease.take", f"{self.cid} took lease {name} term {term}", term=term)
+            except PhalanxError:
+                pass
+            self.kick()
+
+    def kick(self) -> None:
+        self._kick.set()
+
+    # ------------------------------------------------------------------ submit
+    def partitions(self) -> Any:
+        cached = self._partitions_cache
+        if cached and time.monotonic() - cached[0] < 5.0:
+            return cached[1]
+        parts = self.store.partition_infos()
+        self._partitions_cache = (time.monotonic(), parts)
+        return parts
+
+    def submit(self, specs: list[JobSpec], user: str) -> list[list[int]]:
+        parts = self.partitions()
+        items = []
+        nodes: list[dict[str, Any]] | None = None
+        for i, spec in enumerate(specs):
+            try:
+                resolved = normalize(
+                    spec,
+                    parts,
+                    default_mem_per_cpu_mb=self.config.cluster.default_mem_per_cpu_mb,
+                    default_requeue=self.config.cluster.default_requeue,
+                )
+                if nodes is None:
+                    nodes = self.store.list_nodes()
+                self._check_satisfiable(resolved, nodes)
+            except PhalanxError as e:
+                if len(specs) > 1:
+                    e.message = f"job {i}: {e.message}"
+                    e.details["index"] = i
+                raise
+            items.append((resolved, spec.model_dump(exclude={"ignored"})))
+        ids = self.store.submit(items, user)
+        self.kick()
+        return ids
+
+    def _check_satisfiable(self, resolved: Any, nodes: list[dict[str, Any]]) -> None:
+        from phalanx.domain.placement import unsatisfiable_reason
+
+        parts = self.store.partitions()
+        views = scheduling.node_views([n for n in nodes if n["registered"]], parts)
+        if not views:
+            return  # no node has registered yet: nothing to judge against
+        req = scheduling.job_request(
+            {
+                "id": 0,
+                "partitions": ",".join(resolved.partitions),
+                "nodes": resolved.nodes,
+                "cpus_per_node": resolved.cpus_per_node,
+                "mem_per_node_mb": resolved.mem_per_node_mb,
+                "gpus_per_node": resolved.gpus_per_node,
+                "gpu_type": resolved.gpu_type,
+                "exclusive": resolved.exclusive,
+                "constraint_expr": resolved.constraint,
+                "nodelist": resolved.nodelist,
+                "exclude": resolved.exclude,
+                "time_limit_s": resolved.time_limit_s,
+            }
+        )
+        reason = unsatisfiable_reason(req, views)
+        if reason:
+            raise Unsatisfiable(f"this job can never run here: {reason}")
+
+    # ------------------------------------------------------------------ scheduling
+    def schedule_tick(self) -> str:
+        fence = self.leases.fence(SCHED_LEASE)
+        if fence is None:
+            return "idle"
+        snap = self.store.sched_snapshot()
+        plan = scheduling.plan(snap, time.time())
+        for jid, why in plan.never:
+            self.store.end_pending(jid, JobState.CANCELLED, why, fence)
+        started: list[int] = []
+        if plan.starts:
+            if self.leases.fence(SCHED_LEASE) is None:  # the deadline passed mid-cycle
+                return "lease deadline passed mid-cycle; nothing applied"
+            started = self.store.start_attempts(
+                [
+                    {
+                        "job_id": p.job_id,
+                        "partition": p.partition,
+                        "nodes": p.nodes,
+                        "cpus_per_node": p.cpus_per_node,
+                        "mem_per_node_mb": p.mem_per_node_mb,
+                        "gpu_ids": p.gpu_ids,
+                        "exclusive": next(
+                            (bool(j["exclusive"]) for j in snap.pending if j["id"] == p.job_id), False
+                        ),
+                    }
+                    for p in plan.starts
+                ],
+                fence,
+            )
+            self.waiters.notify(sorted({n for p in plan.starts for n in p.nodes}))
+        current = {int(j["id"]): j["reason"] for j in snap.pending}
+        changed = {jid: r for jid, r in plan.reasons.items() if current.get(jid) != r}
+        self.store.set_pending_reasons(changed)
+        if not (plan.starts or plan.never):
+            return "idle"
+        return plan.sentence() + (f" (applied {len(started)})" if len(started) != len(plan.starts) else "")
+
+    # ------------------------------------------------------------------ cluster duty
+    def cluster_tick(self) -> str:
+        """Failure detector and reaper; only the holder of the `cluster` lease acts."""
+        fence = self.leases.fence(CLUSTER_LEASE)
+        if fence is None or self._cluster_since is None:
+            return "idle"
+        # A new holder first waits one full timeout: an outage of the control plane must
+        # never look like a dead cluster.
+        if time.monotonic() - self._cluster_since < self.timing.node_down_timeout:
+            return "idle"
+        said = []
+        db_now = self.store.db_time()
+        for n in self.store.list_nodes():
+            if not n["registered"] or n["down"] or n["last_heartbeat"] is None:
+                continue
+            silent = db_now - n["last_heartbeat"]
+            if silent > self.timing.node_down_timeout:
+                reason = f"no heartbeat for {silent:.1f}s (node_down_timeout {self.timing.node_down_timeout:g}s)"
+                if self.store.mark_down(n["name"], reason, fence):
+                    said.append(f"{n['name']} DOWN")
+                    self.store.fail_node_tasks(n["name"], f"node {n['name']} is DOWN: {reason}", fence)
+                    self.kick()
+        for att in self.store.stale_starting_attempts(time.time() - self.timing.launch_timeout):
+            if self.store.requeue_lost_launch(
+                att["id"], f"no agent confirmed the launch within {self.timing.launch_timeout:g}s", fence
+            ):
+                said.append(f"attempt {att['id']} launch timed out")
+                self.kick()
+        return ", ".join(said) or "idle"
+
+    # ------------------------------------------------------------------ agents
+    def seen(self, node: str) -> None:
+        with self._beats_lock:
+            self._beats[node] = time.monotonic()
+
+    def flush_heartbeats(self) -> str:
+        with self._beats_lock:
+            beats, self._beats = self._beats, {}
+        if not beats:
+            return "idle"
+        now = time.monotonic()
+        try:
+            self.store.record_heartbeats({n: now - t for n, t in beats.items()})
+        except StoreUnavailable:
+            with self._beats_lock:
+                for n, t in beats.items():
+                    self._beats.setdefault(n, t)
+            raise
+        return "idle"
+
+    def gen_tick(self) -> str:
+        """Wake this controller's long-polls when another controller gave their nodes work."""
+        waiting = self.waiters.waiting_nodes()
+        if not waiting:
+            return "idle"
+        gens = self.store.node_gens()
+        changed = [n for n in waiting if gens.get(n) is not None and gens[n] != self._gens.get(n)]
+        self._gens.update(gens)
+        if changed:
+            self.waiters.notify(changed)
+        return "idle"
+
+    def register(self, node: str, info: dict[str, Any]) -> dict[str, Any]:
+        row = self.store.register_node(
+            node,
+            cpus=info["cpus"],
+            mem_mb=info["mem_mb"],
+            gpus=info["gpus"],
+            features=info["features"],
+            addr=info.get("addr"),
+            boot_id=info.get("boot_id"),
+            version=info.get("version"),
+        )
+        self.seen(node)
+        self.kick()
+        return row
+
+    def exchange(self, node: str, reports: list[TaskReport], taken_at: float | None) -> Reply:
+        """Apply an agent's report and compute its reply (runs in a worker thread)."""
+        work = self.store.node_work(node)
+        if needs_write(work, reports, taken_at):
+            self.store.apply_reports(node, reports, taken_at)
+            work = self.store.node_work(node)
+            self.kick()
+        ended = self.store.finished_attempts(
+            [r.attempt_id for r in reports if r.state in ("exited", "lost")]
+        )
+        return decide(work, reports, ended)
+
+    def launch_specs(self, reply: Reply, node: str) -> list[dict[str, Any]]:
+        return [build_launch(w, node=node, kill_wait=self.timing.kill_wait) for w in reply.start]
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "controller": self.cid,
+            "url": self.url,
+            "leases": self.leases.terms(),
+            "timing": self.timing.model_dump(),
+            "ticks_ago": {k: round(time.monotonic() - v, 3) for k, v in self.last_tick.items()},
+        }
+
+
+def partition_rows(config: Config) -> list[dict[str, Any]]:
+    """The partitions table rows from the configuration."""
+    rows = []
+    parts = config.cluster.partitions
+    has_default = any(p.default for p in parts)
+    for i, p in enumerate(parts):
+        rows.append(
+            {
+                "name": p.name,
+                "is_default": p.default or (not has_default and i == 0),
+                "nodes": p.nodes,
+                "default_time_s": values.parse_duration(p.default_time),
+                "max_time_s": values.parse_duration(p.max_time),
+                "priority": p.priority,
+            }
+        )
+    return rows

@@ -1,0 +1,111 @@
+"""`phalanx controller`: start checks, then the HTTP server and the controller's loops.
+
+Start-up problems (unwritable state dir, unreachable database, port in use) stop the daemon
+with one clear line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import uuid
+from pathlib import Path
+
+import uvicorn
+
+from phalanx.config import Config
+from phalanx.controller.api import create_app
+from phalanx.controller.runtime import Controller, partition_rows
+from phalanx.errors import PhalanxError
+from phalanx.store.engine import describe_url
+from phalanx.store.store import Store
+
+log = logging.getLogger("phalanx.controller")
+
+
+class StartupError(Exception):
+    """A problem that stops the daemon at start, with a one-line explanation."""
+
+
+def check_state_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise StartupError(f"state dir {path} is not writable: {e.strerror or e}") from None
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if e.errno in (98, 48):  # EADDRINUSE
+            raise StartupError(f"port {port} on {host} is already in use: choose another with --port") from None
+        raise StartupError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def setup_logging(level: str, name: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def run_controller(
+    *,
+    config: Config,
+    state_dir: Path,
+    db_url: str | None,
+    host: str,
+    port: int,
+    cid: str | None,
+    log_level: str = "info",
+) -> int:
+    cid = cid or f"{socket.gethostname()}-{port}-{uuid.uuid4().hex[:4]}"
+    setup_logging(log_level, f"controller[{cid}]")
+    try:
+        check_state_dir(state_dir)
+        url = db_url or f"sqlite:///{state_dir.absolute() / 'phalanx.db'}"
+        sock = bind_socket(host, port)
+        try:
+            store = Store(url, actor=cid)
+            store.migrate()
+            store.sync_partitions(partition_rows(config))
+        except PhalanxError as e:
+            sock.close()
+            raise StartupError(f"cannot use the database {describe_url(url)}: {e.message}") from None
+    except StartupError as e:
+        print(f"phalanx controller: {e}", file=sys.stderr)
+        return 2
+    actual_port = sock.getsockname()[1]
+    public = f"http://{host}:{actual_port}"
+    ctl = Controller(store, config, cid=cid, url=public)
+    app = create_app(ctl)
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30, lifespan="on")
+    )
+    try:
+        ctl.start()
+    except PhalanxError as e:
+        print(f"phalanx controller: cannot start: {e.message}", file=sys.stderr)
+        return 2
+    log.info("controller %s serving %s (store %s)", cid, public, describe_url(url))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        ctl.stop()
+        store.close()
+    log.info("controller %s stopped", cid)
+    return 0

@@ -1,0 +1,133 @@
+"""One scheduling pass as a pure function: snapshot in, plan out.
+
+The controller's loop reads a `SchedSnapshot` from the store, calls `plan`, and applies the plan
+in one fenced transaction. Nothing here reads a clock or touches I/O, so every rule (dependency
+verdicts, array concurrency limits, singleton, placement) is unit-testable on plain data.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from phalanx.domain import values
+from phalanx.domain.deps import DepVerdict, evaluate
+from phalanx.domain.placement import Allocation, JobRequest, NodeView, Placement, place
+
+
+@dataclass
+class Plan:
+    starts: list[Placement] = field(default_factory=list)
+    never: list[tuple[int, str]] = field(default_factory=list)  # (job id, why it can never run)
+    reasons: dict[int, str] = field(default_factory=dict)  # why a pending job still waits
+
+    def sentence(self) -> str:
+        return (
+            f"started {len(self.starts)} jobs, {len(self.reasons)} waiting, "
+            f"{len(self.never)} can never run"
+        )
+
+
+def node_partitions(node: str, partitions: Iterable[dict[str, Any]]) -> frozenset[str]:
+    """Partitions whose node pattern (globs, comma separated) matches this node name."""
+    out = set()
+    for p in partitions:
+        pats = [x.strip() for x in str(p["nodes"]).split(",") if x.strip()]
+        if any(fnmatch.fnmatchcase(node, pat) for pat in pats):
+            out.add(p["name"])
+    return frozenset(out)
+
+
+def node_views(nodes: list[dict[str, Any]], partitions: dict[str, dict[str, Any]]) -> list[NodeView]:
+    return [
+        NodeView(
+            name=n["name"],
+            cpus=int(n["cpus"]),
+            mem_mb=int(n["mem_mb"]),
+            gpus=tuple((int(i), str(t)) for i, t in (n["gpus"] or [])),
+            features=frozenset(n["features"] or []),
+            partitions=node_partitions(n["name"], partitions.values()),
+            schedulable=bool(n["registered"]) and not n["down"] and not n["drain"],
+        )
+        for n in nodes
+    ]
+
+
+def job_request(job: dict[str, Any]) -> JobRequest:
+    expr = job["constraint_expr"]
+
+    def _pred(features: frozenset[str], expr: str | None = expr) -> bool:
+        return expr is None or values.constraint_matches(expr, features)
+
+    return JobRequest(
+        job_id=int(job["id"]),
+        partitions=tuple(job["partitions"].split(",")),
+        nodes=int(job["nodes"]),
+        cpus_per_node=int(job["cpus_per_node"]),
+        mem_per_node_mb=int(job["mem_per_node_mb"]),
+        gpus_per_node=int(job["gpus_per_node"]),
+        gpu_type=job["gpu_type"],
+        exclusive=bool(job["exclusive"]),
+        constraint=_pred if expr else None,
+        nodelist=tuple(job["nodelist"] or ()),
+        exclude=tuple(job["exclude"] or ()),
+        time_limit_s=job["time_limit_s"],
+    )
+
+
+def plan(snap: Any, now: float, *, backfill: bool = True) -> Plan:
+    """Decide which pending jobs start where (snap: a store.SchedSnapshot)."""
+    out = Plan()
+    views = node_views(snap.nodes, snap.partitions)
+    allocs = [
+        Allocation(
+            job_id=int(a["job_id"]),
+            node=a["node"],
+            cpus=int(a["cpus"]),
+            mem_mb=int(a["mem_mb"]),
+            gpu_ids=tuple(a["gpu_ids"] or ()),
+            exclusive=bool(a["exclusive"]),
+            expected_end=a["expected_end"],
+        )
+        for a in snap.allocations
+    ]
+    array_active = dict(snap.array_active)
+    names_taken = set(snap.active_names)
+    eligible: list[JobRequest] = []
+    for job in snap.pending:
+        jid = int(job["id"])
+        key = (job["name"], job["user"])
+        singleton = any(d["type"] == "singleton" for d in job["dependency"])
+        verdict, why = evaluate(
+            job["dependency"],
+            snap.dep_states,
+            started=snap.dep_started,
+            singleton_busy=singleton and key in names_taken,
+        )
+        if verdict is DepVerdict.NEVER:
+            out.never.append((jid, why or "dependency can never be satisfied"))
+            continue
+        if verdict is DepVerdict.WAIT:
+            out.reasons[jid] = why or "Dependency"
+            continue
+        arr = job["array_job_id"]
+        if arr is not None and job["array_limit"]:
+            if array_active.get(int(arr), 0) >= int(job["array_limit"]):
+                out.reasons[jid] = f"JobArrayTaskLimit ({job['array_limit']} running at most)"
+                continue
+            # optimistic: counts as active if placed; corrected below if not placed
+            array_active[int(arr)] = array_active.get(int(arr), 0) + 1
+        if singleton:
+            names_taken.add(key)
+        eligible.append(job_request(job))
+    placed = place(eligible, views, allocs, now, backfill=backfill)
+    placed_ids = {p.job_id for p in placed}
+    out.starts = placed
+    first_blocked = True
+    for req in eligible:
+        if req.job_id not in placed_ids:
+            out.reasons[req.job_id] = "Resources" if first_blocked else "Priority"
+            first_blocked = False
+    return out

@@ -1,0 +1,280 @@
+"""The job specification a client submits, and its normalisation into what the scheduler needs.
+
+`JobSpec` is the wire format (the same field names the `#SBATCH` parser produces). `normalize`
+checks it against the cluster's partitions and turns it into a `ResolvedJob`: per-node resources,
+the partition list, the time limit after partition defaults, parsed arrays, dependencies and signal.
+Everything here is pure; refusals raise `InvalidSpec` naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from phalanx.domain import values
+from phalanx.errors import InvalidSpec
+
+MAX_SCRIPT_BYTES = 4 * 1024 * 1024
+
+
+class JobSpec(BaseModel):
+    """A job as submitted. Field names follow the `#SBATCH` option they come from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(default=None, max_length=256)
+    partition: str | None = Field(default=None, description="partition, or a comma list to try in order")
+    nodes: int = Field(default=1, ge=1, le=100_000)
+    nodes_max: int | None = Field(default=None, ge=1)
+    ntasks: int | None = Field(default=None, ge=1)
+    ntasks_per_node: int | None = Field(default=None, ge=1)
+    cpus_per_task: int = Field(default=1, ge=1, le=100_000)
+    mem_mb: int | None = Field(default=None, ge=0, description="per node; 0 = all of the node's memory")
+    mem_per_cpu_mb: int | None = Field(default=None, ge=1)
+    gpus_per_node: int | None = Field(default=None, ge=0)
+    gpus_total: int | None = Field(default=None, ge=0)
+    gpus_per_task: int | None = Field(default=None, ge=0)
+    gpu_type: str | None = Field(default=None, max_length=64)
+    time_limit_s: int | None = Field(default=None, ge=1)
+    output: str | None = None
+    error: str | None = None
+    open_mode: Literal["truncate", "append"] = "truncate"
+    array: str | None = None
+    dependency: str | None = None
+    requeue: bool | None = None
+    signal: str | None = None
+    exclusive: bool = False
+    constraint: str | None = None
+    nodelist: list[str] = Field(default_factory=list)
+    exclude: list[str] = Field(default_factory=list)
+    workdir: str | None = None
+    submit_dir: str | None = None
+    export: str | None = "ALL"
+    env: dict[str, str] = Field(default_factory=dict)
+    hold: bool = False
+    priority: int = Field(default=0, ge=-1_000_000, le=1_000_000)
+    script: str | None = Field(default=None, max_length=MAX_SCRIPT_BYTES)
+    script_path: str | None = Field(default=None, description="where the script was read from (shown as Command)")
+    argv: list[str] = Field(default_factory=list)
+    wrap: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    comment: str | None = None
+    mail_user: str | None = None
+    mail_type: str | None = None
+    spares: int | None = Field(default=None, ge=0)
+    progress_timeout_s: int | None = Field(default=None, ge=1)
+    checkpoint_dir: str | None = None
+    ignored: list[str] = Field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    name: str
+    default: bool
+    default_time_s: int | None
+    max_time_s: int | None
+
+
+@dataclass
+class ResolvedJob:
+    """What the store records for one job (one array task) besides the spec itself."""
+
+    name: str
+    partitions: list[str]
+    nodes: int
+    cpus_per_node: int
+    mem_per_node_mb: int
+    gpus_per_node: int
+    gpu_type: str | None
+    time_limit_s: int | None
+    exclusive: bool
+    constraint: str | None
+    nodelist: list[str]
+    exclude: list[str]
+    requeue: bool
+    priority: int
+    hold: bool
+    dependency: list[dict[str, Any]]
+    array_indices: list[int] | None
+    array_limit: int | None
+    signal: dict[str, Any] | None
+    workdir: str
+    launch: dict[str, Any] = field(default_factory=dict)
+
+
+def _field_error(fieldname: str, message: str) -> InvalidSpec:
+    return InvalidSpec(f"{fieldname}: {message}", field=fieldname)
+
+
+def normalize(
+    spec: JobSpec,
+    partitions: dict[str, PartitionInfo],
+    *,
+    default_mem_per_cpu_mb: int,
+    default_requeue: bool,
+) -> ResolvedJob:
+    """Validate a spec against the cluster's partitions and resolve per-node resources."""
+    if not partitions:
+        raise InvalidSpec("the cluster has no partitions configured")
+    if spec.partition:
+        names = [p.strip() for p in spec.partition.split(",") if p.strip()]
+        for n in names:
+            if n not in partitions:
+                known = ", ".join(sorted(partitions))
+                raise _field_error("partition", f"unknown partition '{n}' (partitions: {known})")
+    else:
+        default = [p.name for p in partitions.values() if p.default] or sorted(partitions)[:1]
+        names = default[:1]
+    if not names:
+        raise _field_error("partition", "empty partition list")
+
+    if spec.script is None and not spec.argv and not spec.wrap:
+        raise _field_error("script", "nothing to run: give a script, a command (argv) or --wrap")
+    if spec.script is not None and not spec.script.startswith("#!"):
+        raise _field_error(
+            "script",
+            "the batch script must start with an interpreter line such as '#!/bin/bash'",
+        )
+    if spec.nodes_max is not None and spec.nodes_max != spec.nodes:
+        raise _field_error("nodes", "elastic node ranges (--nodes=MIN-MAX) are not supported yet")
+
+    nodes = spec.nodes
+    if spec.ntasks is not None and spec.ntasks_per_node is not None:
+        if spec.ntasks > nodes * spec.ntasks_per_node:
+            nodes = math.ceil(spec.ntasks / spec.ntasks_per_node)
+        tasks_per_node = spec.ntasks_per_node
+    elif spec.ntasks_per_node is not None:
+        tasks_per_node = spec.ntasks_per_node
+    elif spec.ntasks is not None:
+        if spec.ntasks < nodes:
+            raise _field_error(
+                "ntasks", f"--ntasks={spec.ntasks} is fewer than --nodes={nodes}"
+            )
+        tasks_per_node = math.ceil(spec.ntasks / nodes)
+    else:
+        tasks_per_node = 1
+    cpus_per_node = tasks_per_node * spec.cpus_per_task
+
+    if spec.mem_mb is not None and spec.mem_per_cpu_mb is not None:
+        raise _field_error("mem_mb", "--mem and --mem-per-cpu are mutually exclusive")
+    if spec.mem_mb is not None:
+        mem = spec.mem_mb
+    else:
+        mem = cpus_per_node * (spec.mem_per_cpu_mb or default_mem_per_cpu_mb)
+
+    given = [
+        n
+        for n, v in (
+            ("gpus_per_node", spec.gpus_per_node),
+            ("gpus_total", spec.gpus_total),
+            ("gpus_per_task", spec.gpus_per_task),
+        )
+        if v is not None
+    ]
+    if len(given) > 1:
+        raise _field_error(given[1], f"give only one of --gres/--gpus-per-node, --gpus, --gpus-per-task (got {', '.join(given)})")
+    if spec.gpus_total is not None:
+        if spec.gpus_total % nodes:
+            raise _field_error(
+                "gpus_total", f"--gpus={spec.gpus_total} does not divide evenly over {nodes} nodes"
+            )
+        gpus = spec.gpus_total // nodes
+    elif spec.gpus_per_task is not None:
+        gpus = spec.gpus_per_task * tasks_per_node
+    else:
+        gpus = spec.gpus_per_node or 0
+    gpu_type = spec.gpu_type if gpus else None
+
+    limit_parts = [partitions[n] for n in names]
+    time_limit = spec.time_limit_s
+    if time_limit is None:
+        time_limit = limit_parts[0].default_time_s
+    for p in limit_parts:
+        if p.max_time_s is not None and (time_limit is None or time_limit > p.max_time_s):
+            shown = values.format_duration(time_limit)
+            raise _field_error(
+                "time_limit_s",
+                f"time limit {shown} exceeds the maximum of partition {p.name} "
+                f"({values.format_duration(p.max_time_s)})",
+            )
+
+    array_indices: list[int] | None = None
+    array_limit: int | None = None
+    if spec.array:
+        try:
+            array_indices, array_limit = values.parse_array(spec.array)
+        except ValueError as e:
+            raise _field_error("array", str(e)) from None
+    dependency: list[dict[str, Any]] = []
+    if spec.dependency:
+        try:
+            dependency = values.parse_dependency(spec.dependency)
+        except ValueError as e:
+            raise _field_error("dependency", str(e)) from None
+    signal = None
+    if spec.signal:
+        try:
+            signal = values.parse_signal(spec.signal)
+        except ValueError as e:
+            raise _field_error("signal", str(e)) from None
+        if time_limit is not None and signal["before_s"] >= time_limit:
+            raise _field_error(
+                "signal",
+                f"--signal asks for the signal {signal['before_s']} s before the limit, "
+                f"but the time limit is only {time_limit} s",
+            )
+    if spec.constraint:
+        try:
+            values.parse_constraint(spec.constraint)
+        except ValueError as e:
+            raise _field_error("constraint", str(e)) from None
+    if spec.export is not None:
+        try:
+            values.parse_export(spec.export)
+        except ValueError as e:
+            raise _field_error("export", str(e)) from None
+    overlap = set(spec.nodelist) & set(spec.exclude)
+    if overlap:
+        raise _field_error("nodelist", f"nodes both required and excluded: {', '.join(sorted(overlap))}")
+    if spec.nodelist and len(set(spec.nodelist)) > nodes:
+        raise _field_error(
+            "nodelist", f"--nodelist names {len(set(spec.nodelist))} nodes but the job asks for {nodes}"
+        )
+
+    submit_dir = spec.submit_dir or "/"
+    workdir = spec.workdir or submit_dir
+    name = spec.name or _default_name(spec)
+    return ResolvedJob(
+        name=name,
+        partitions=names,
+        nodes=nodes,
+        cpus_per_node=cpus_per_node,
+        mem_per_node_mb=mem,
+        gpus_per_node=gpus,
+        gpu_type=gpu_type,
+        time_limit_s=time_limit,
+        exclusive=spec.exclusive,
+        constraint=spec.constraint,
+        nodelist=sorted(set(spec.nodelist)),
+        exclude=sorted(set(spec.exclude)),
+        requeue=default_requeue if spec.requeue is None else spec.requeue,
+        priority=spec.priority,
+        hold=spec.hold,
+        dependency=dependency,
+        array_indices=array_indices,
+        array_limit=array_limit,
+        signal=signal,
+        workdir=workdir,
+    )
+
+
+def _default_name(spec: JobSpec) -> str:
+    if spec.wrap:
+        return "wrap"
+    if spec.argv:
+        return spec.argv[0].rsplit("/", 1)[-1] or "job"
+    return "script"

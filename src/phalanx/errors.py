@@ -1,0 +1,102 @@
+"""One exception tree for the whole of Phalanx, mirrored in REST error bodies.
+
+    PhalanxError                      code             HTTP
+    ├── InvalidSpec                   invalid_spec     422   a job spec or request field is wrong
+    ├── Unsatisfiable                 unsatisfiable    422   no node/partition could ever run it
+    ├── NotFound                      not_found        404
+    ├── InvalidTransition             invalid_state    409   illegal lifecycle edge
+    ├── Conflict                      conflict         409
+    ├── StoreUnavailable              store_unavailable 503  the database cannot be reached
+    ├── LeaseLost / Fenced            fenced           409   a duty's term is no longer current
+    ├── ConfigError                   config           -     refused at load with the broken rule
+    └── ControllerUnavailable         unavailable      -     client side: no controller answered
+
+"Cannot reach the database" raises StoreUnavailable; "lost a race" returns False from the store.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class PhalanxError(Exception):
+    """Base of every error Phalanx raises on purpose."""
+
+    code = "error"
+    http_status = 500
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.details:
+            body["details"] = self.details
+        return body
+
+
+class InvalidSpec(PhalanxError):
+    code = "invalid_spec"
+    http_status = 422
+
+
+class Unsatisfiable(PhalanxError):
+    code = "unsatisfiable"
+    http_status = 422
+
+
+class NotFound(PhalanxError):
+    code = "not_found"
+    http_status = 404
+
+
+class InvalidTransition(PhalanxError):
+    code = "invalid_state"
+    http_status = 409
+
+
+class Conflict(PhalanxError):
+    code = "conflict"
+    http_status = 409
+
+
+class StoreUnavailable(PhalanxError):
+    code = "store_unavailable"
+    http_status = 503
+
+
+class LeaseLost(PhalanxError):
+    code = "fenced"
+    http_status = 409
+
+
+class Fenced(LeaseLost):
+    """A write was attempted under a term that is no longer the lease's current term."""
+
+
+class ConfigError(PhalanxError):
+    code = "config"
+    http_status = 500
+
+
+class ControllerUnavailable(PhalanxError):
+    code = "unavailable"
+    http_status = 503
+
+
+BY_CODE: dict[str, type[PhalanxError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidSpec,
+        Unsatisfiable,
+        NotFound,
+        InvalidTransition,
+        Conflict,
+        StoreUnavailable,
+        LeaseLost,
+        ConfigError,
+        ControllerUnavailable,
+    )
+}

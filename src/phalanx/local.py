@@ -1,0 +1,214 @@
+"""`phalanx up` / `phalanx down`: a whole cluster on this host, as real processes.
+
+Controllers and agents are separate processes (as in production), each in its own session so a
+Ctrl-C in the terminal reaches only `phalanx up`, which then stops them in order. Every PID is
+written to `<state-dir>/run/<name>.pid`; `phalanx down` stops exactly those processes (after
+checking that each PID is still a phalanx process), and asks the shepherds of the local
+agents to stop their jobs, so nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from phalanx.agent import shepherd
+from phalanx.errors import PhalanxError
+
+READY_TIMEOUT = 60.0
+
+
+def _alive(pid: int) -> bool:
+    """Alive and not a zombie (PID 1 may take a while to reap orphans)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def _is_phalanx(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"phalanx" in f.read()
+    except OSError:
+        return False
+
+
+def _terminate(pids: dict[str, int], timeout: float = 15.0) -> list[str]:
+    stopped = []
+    for name, pid in pids.items():
+        if _alive(pid) and _is_phalanx(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            stopped.append(name)
+    deadline = time.monotonic() + timeout
+    for _name, pid in pids.items():
+        while _alive(pid) and time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            time.sleep(0.05)
+        if _alive(pid) and _is_phalanx(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    return stopped
+
+
+def _stop_shepherds(state_dir: Path) -> None:
+    for tasks in sorted((state_dir / "nodes").glob("*/tasks")):
+        for d in tasks.iterdir():
+            if d.is_dir():
+                shepherd.request_stop(d)
+
+
+def stop_from_pidfiles(state_dir: Path) -> list[str]:
+    run = state_dir / "run"
+    pids: dict[str, int] = {}
+    for p in sorted(run.glob("*.pid")):
+        try:
+            pids[p.stem] = int(p.read_text().strip())
+        except (OSError, ValueError):
+            continue
+    # agents first (so nothing reports to a dying controller), then controllers
+    ordered = dict(sorted(pids.items(), key=lambda kv: (not kv[0].startswith("agent"), kv[0])))
+    stopped = _terminate(ordered)
+    _stop_shepherds(state_dir)
+    for p in run.glob("*.pid"):
+        p.unlink(missing_ok=True)
+    return stopped
+
+
+class LocalCluster:
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        nodes: int,
+        controllers: int,
+        port: int,
+        db: str | None,
+        cpus: int,
+        mem: str,
+        gpus: str,
+        config: Path | None,
+        log_level: str = "info",
+    ) -> None:
+        self.state_dir = state_dir.absolute()
+        self.n_nodes = nodes
+        self.n_controllers = controllers
+        self.port = port
+        self.db = db or f"sqlite:///{self.state_dir / 'phalanx.db'}"
+        self.cpus, self.mem, self.gpus = cpus, mem, gpus
+        self.config = config
+        self.log_level = log_level
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.urls = [f"http://127.0.0.1:{port + i}" for i in range(controllers)]
+        self.url = ",".join(self.urls)
+
+    def node_names(self) -> list[str]:
+        width = max(2, len(str(self.n_nodes)))
+        return [f"node{i + 1:0{width}d}" for i in range(self.n_nodes)]
+
+    def pids(self) -> dict[str, int]:
+        return {n: p.pid for n, p in self.procs.items()}
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        logs = self.state_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log = open(logs / f"{name}.log", "ab")  # noqa: SIM115 (owned by the child)
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if self.config:
+            env["PHALANX_CONFIG"] = str(self.config.absolute())
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "phalanx", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+        )
+        log.close()
+        self.procs[name] = proc
+        run = self.state_dir / "run"
+        run.mkdir(parents=True, exist_ok=True)
+        (run / f"{name}.pid").write_text(f"{proc.pid}\n")
+
+    def _log_tail(self, name: str, lines: int = 5) -> str:
+        try:
+            text = (self.state_dir / "logs" / f"{name}.log").read_text().strip().splitlines()
+        except OSError:
+            return ""
+        return " | ".join(text[-lines:])
+
+    def start(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        existing = [p for p in (self.state_dir / "run").glob("*.pid")] if (self.state_dir / "run").is_dir() else []
+        live = [p.stem for p in existing if p.read_text().strip().isdigit()
+                and _alive(int(p.read_text().strip())) and _is_phalanx(int(p.read_text().strip()))]
+        if live:
+            raise PhalanxError(
+                f"a cluster is already running from {self.state_dir} ({', '.join(live)}): "
+                f"stop it with `phalanx down --state-dir {self.state_dir}`"
+            )
+        for i in range(self.n_controllers):
+            name = f"controller-{i + 1}"
+            self._spawn(name, ["controller", "--state-dir", str(self.state_dir), "--port", str(self.port + i),
+                               "--db", self.db, "--id", name, "--log-level", self.log_level])
+        for i, url in enumerate(self.urls):
+            self._wait(f"controller-{i + 1}", lambda url=url: httpx.get(url + "/healthz", timeout=2).status_code == 200)
+        for node in self.node_names():
+            name = f"agent-{node}"
+            self._spawn(name, ["agent", "--name", node, "--state-dir", str(self.state_dir / "nodes" / node),
+                               "--url", self.url, "--cpus", str(self.cpus), "--mem", self.mem,
+                               "--gpus", self.gpus, "--log-level", self.log_level])
+        want = set(self.node_names())
+
+        def registered() -> bool:
+            r = httpx.get(self.urls[0] + "/v1/nodes", timeout=5)
+            got = {n["name"] for n in r.json()["nodes"] if n["state"] not in ("UNKNOWN", "DOWN")}
+            return want <= got
+
+        self._wait("agents", registered)
+
+    def _wait(self, what: str, ready: object) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            for name, p in self.procs.items():
+                if p.poll() is not None:
+                    raise PhalanxError(f"{name} exited with code {p.returncode}: {self._log_tail(name)}")
+            try:
+                if ready():  # type: ignore[operator]
+                    return
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            time.sleep(0.1)
+        raise PhalanxError(f"{what} not ready after {READY_TIMEOUT:g}s; see {self.state_dir / 'logs'}")
+
+    def wait(self) -> None:
+        """Block until interrupted, or until a daemon dies (then report it and stop)."""
+        stop = {"flag": False}
+
+        def _term(_s: int, _f: object) -> None:
+            stop["flag"] = True
+
+        signal.signal(signal.SIGTERM, _term)
+        while not stop["flag"]:
+            for name, p in self.procs.items():
+                if p.poll() is not None:
+                    print(f"{name} exited with code {p.returncode}: {self._log_tail(name)}", file=sys.stderr)
+                    return
+            time.sleep(0.5)
+
+    def stop(self, quiet: bool = False) -> None:
+        stop_from_pidfiles(self.state_dir)
+        for p in self.procs.values():
+            with contextlib.suppress(Exception):
+                p.wait(timeout=5)

@@ -1,0 +1,183 @@
+"""The one schema, for SQLite and PostgreSQL (SQLAlchemy Core). Alembic migrations build it.
+
+Times are float seconds since the epoch. Lease expiry uses the database's clock; everything
+else is stamped by the controller that makes the change.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData()
+
+# SQLite: INTEGER PRIMARY KEY must be plain Integer to be the rowid alias.
+IdType = BigInteger().with_variant(Integer(), "sqlite")
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", IdType, primary_key=True, autoincrement=True),
+    Column("array_job_id", IdType, nullable=True),
+    Column("array_task_id", Integer, nullable=True),
+    Column("array_limit", Integer, nullable=True),
+    Column("name", String(256), nullable=False),
+    Column("user", String(128), nullable=False),
+    Column("partitions", String(512), nullable=False),  # comma list, in order of preference
+    Column("partition", String(64), nullable=True),  # where it last ran
+    Column("state", String(16), nullable=False),
+    Column("reason", Text, nullable=True),
+    Column("priority", Integer, nullable=False, default=0),
+    Column("submit_time", Float, nullable=False),
+    Column("eligible_time", Float, nullable=True),
+    Column("start_time", Float, nullable=True),
+    Column("end_time", Float, nullable=True),
+    Column("time_limit_s", Integer, nullable=True),
+    Column("nodes", Integer, nullable=False),
+    Column("cpus_per_node", Integer, nullable=False),
+    Column("mem_per_node_mb", Integer, nullable=False),
+    Column("gpus_per_node", Integer, nullable=False),
+    Column("gpu_type", String(64), nullable=True),
+    Column("exclusive", Boolean, nullable=False, default=False),
+    Column("constraint_expr", String(512), nullable=True),
+    Column("nodelist", JSON, nullable=False),
+    Column("exclude", JSON, nullable=False),
+    Column("dependency", JSON, nullable=False),
+    Column("requeue", Boolean, nullable=False),
+    Column("spec", JSON, nullable=False),
+    Column("exit_code", Integer, nullable=True),
+    Column("exit_signal", Integer, nullable=True),
+    Column("restart_count", Integer, nullable=False, default=0),
+    Column("attempt_id", IdType, nullable=True),  # current or last attempt
+    Column("nodelist_run", JSON, nullable=True),  # nodes of the current/last attempt
+    sqlite_autoincrement=True,
+)
+Index("ix_jobs_state", jobs.c.state)
+Index("ix_jobs_array", jobs.c.array_job_id)
+Index("ix_jobs_name_user", jobs.c.name, jobs.c.user)
+
+attempts = Table(
+    "attempts",
+    metadata,
+    Column("id", IdType, primary_key=True, autoincrement=True),
+    Column("job_id", IdType, ForeignKey("jobs.id"), nullable=False),
+    Column("seq", Integer, nullable=False),  # 0 for the first attempt: PHX_RESTART_COUNT
+    Column("token", String(64), nullable=False, unique=True),
+    Column("state", String(16), nullable=False),
+    Column("partition", String(64), nullable=False),
+    Column("nodes", JSON, nullable=False),  # names in rank order
+    Column("fence_term", Integer, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("start_time", Float, nullable=True),
+    Column("end_time", Float, nullable=True),
+    Column("expected_end", Float, nullable=True),
+    Column("stop_reason", Text, nullable=True),  # why it was asked to stop
+    Column("result", String(16), nullable=True),  # the job state this attempt produced
+    Column("exit_code", Integer, nullable=True),
+    Column("exit_signal", Integer, nullable=True),
+    sqlite_autoincrement=True,
+)
+Index("ix_attempts_job", attempts.c.job_id)
+Index("ix_attempts_state", attempts.c.state)
+
+# One row per node of an attempt: the resources it holds there and what that node reported.
+tasks = Table(
+    "tasks",
+    metadata,
+    Column("attempt_id", IdType, ForeignKey("attempts.id"), primary_key=True),
+    Column("node", String(128), primary_key=True),
+    Column("rank", Integer, nullable=False),
+    Column("cpus", Integer, nullable=False),
+    Column("mem_mb", Integer, nullable=False),
+    Column("gpu_ids", JSON, nullable=False),
+    Column("exclusive", Boolean, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("started_at", Float, nullable=True),
+    Column("ended_at", Float, nullable=True),
+    Column("exit_code", Integer, nullable=True),
+    Column("exit_signal", Integer, nullable=True),
+    Column("detail", JSON, nullable=True),  # the shepherd's exit record
+)
+Index("ix_tasks_node_state", tasks.c.node, tasks.c.state)
+
+nodes = Table(
+    "nodes",
+    metadata,
+    Column("name", String(128), primary_key=True),
+    Column("registered", Boolean, nullable=False, default=False),
+    Column("cpus", Integer, nullable=False, default=0),
+    Column("mem_mb", Integer, nullable=False, default=0),
+    Column("gpus", JSON, nullable=False),  # [[index, type], ...]
+    Column("features", JSON, nullable=False),
+    Column("addr", String(256), nullable=True),
+    Column("boot_id", String(64), nullable=True),
+    Column("agent_version", String(32), nullable=True),
+    Column("down", Boolean, nullable=False, default=False),
+    Column("down_reason", Text, nullable=True),
+    Column("drain", Boolean, nullable=False, default=False),
+    Column("drain_reason", Text, nullable=True),
+    Column("drain_by", String(128), nullable=True),
+    Column("drain_time", Float, nullable=True),
+    Column("registered_at", Float, nullable=True),
+    Column("last_heartbeat", Float, nullable=True),
+    Column("work_gen", Integer, nullable=False, default=0),  # bumped when its desired work changes
+)
+
+partitions = Table(
+    "partitions",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("is_default", Boolean, nullable=False),
+    Column("nodes", String(1024), nullable=False),
+    Column("default_time_s", Integer, nullable=True),
+    Column("max_time_s", Integer, nullable=True),
+    Column("priority", Integer, nullable=False, default=0),
+)
+
+events = Table(
+    "events",
+    metadata,
+    Column("id", IdType, primary_key=True, autoincrement=True),
+    Column("ts", Float, nullable=False),
+    Column("kind", String(64), nullable=False),
+    Column("job_id", IdType, nullable=True),
+    Column("node", String(128), nullable=True),
+    Column("actor", String(128), nullable=False),
+    Column("controller", String(128), nullable=True),
+    Column("term", Integer, nullable=True),
+    Column("message", Text, nullable=False),
+    Column("data", JSON, nullable=True),
+    sqlite_autoincrement=True,
+)
+Index("ix_events_job", events.c.job_id)
+Index("ix_events_node", events.c.node)
+
+leases = Table(
+    "leases",
+    metadata,
+    Column("name", String(128), primary_key=True),
+    Column("holder", String(128), nullable=True),
+    Column("term", Integer, nullable=False, default=0),
+    Column("expires_at", Float, nullable=False, default=0.0),
+)
+
+controllers = Table(
+    "controllers",
+    metadata,
+    Column("id", String(128), primary_key=True),
+    Column("url", String(256), nullable=True),
+    Column("started_at", Float, nullable=False),
+    Column("last_seen", Float, nullable=False),
+)

@@ -1,0 +1,1174 @@
+"""The store: the one place Phalanx touches persistence.
+
+Interface at a glance (every method is one transaction; every state change appends `events`):
+
+    schema      migrate()
+    leases      acquire_lease, renew_lease, release_lease, get_lease        (database clock)
+    jobs        submit, get_job, list_jobs, resolve_refs, attempts_of, cancel, hold, release
+    scheduler   sched_snapshot, start_attempts(fence), end_pending(fence)
+    agents      register_node, record_heartbeats, node_work, apply_reports, node_gens
+    nodes       list_nodes, drain, resume
+    events      events, add_event
+    cluster     register_controller, cluster_counts
+
+Outcomes are kept apart: a database that cannot be reached raises `StoreUnavailable`; a lost race
+(a lease someone else holds, a job that changed state under us) returns False/None or skips.
+Writes made on behalf of a single-owner duty take a `Fence` and check it inside the transaction,
+so a paused old leader can never write after its lease was taken over.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, and_, bindparam, func, insert, select, text, update
+
+from phalanx.domain.spec import PartitionInfo, ResolvedJob
+from phalanx.domain.states import (
+    AttemptState,
+    JobState,
+    TaskState,
+    check_job_transition,
+)
+from phalanx.errors import Fenced, InvalidSpec, InvalidTransition, NotFound
+from phalanx.store import schema as s
+from phalanx.store.engine import Engines
+
+ACTIVE_ATTEMPT = (AttemptState.STARTING, AttemptState.RUNNING, AttemptState.STOPPING)
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Proof that a write is made by the current holder of a duty lease."""
+
+    lease: str
+    holder: str
+    term: int
+
+
+@dataclass
+class TaskReport:
+    """What an agent says about one task (one attempt on its node)."""
+
+    attempt_id: int
+    token: str
+    state: str  # "starting" | "running" | "exited" | "lost"
+    started_at: float | None = None
+    exit: dict[str, Any] | None = None
+
+
+@dataclass
+class SchedSnapshot:
+    nodes: list[dict[str, Any]]
+    partitions: dict[str, dict[str, Any]]
+    allocations: list[dict[str, Any]]
+    pending: list[dict[str, Any]]
+    dep_states: dict[int, JobState]
+    dep_started: dict[int, bool]
+    active_names: set[tuple[str, str]]
+    array_active: dict[int, int]
+    singleton_first: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+def _now() -> float:
+    return time.time()
+
+
+class Store:
+    def __init__(self, url: str, *, actor: str = "phalanx", connect_timeout: float = 5.0) -> None:
+        self.db = Engines(url, connect_timeout=connect_timeout)
+        self.actor = actor  # default actor/controller id stamped on events
+        self.dialect = self.db.dialect
+
+    # ------------------------------------------------------------------ schema
+    def migrate(self) -> None:
+        """Bring the schema to the latest Alembic revision (safe to run from several controllers)."""
+        from alembic import command
+        from alembic.config import Config as AlembicConfig
+
+        cfg = AlembicConfig()
+        cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
+        with self.db.begin() as conn:
+            if self.dialect == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(7263501)"))
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+
+    def close(self) -> None:
+        self.db.dispose()
+
+    # ------------------------------------------------------------------ helpers
+    def _event(
+        self,
+        conn: Connection,
+        kind: str,
+        message: str,
+        *,
+        job_id: int | None = None,
+        node: str | None = None,
+        actor: str | None = None,
+        term: int | None = None,
+        data: dict[str, Any] | None = None,
+        ts: float | None = None,
+    ) -> None:
+        conn.execute(
+            insert(s.events).values(
+                ts=ts or _now(),
+                kind=kind,
+                job_id=job_id,
+                node=node,
+                actor=actor or self.actor,
+                controller=self.actor,
+                term=term,
+                message=message,
+                data=data,
+            )
+        )
+
+    def _events_many(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        base = {
+            "ts": _now(),
+            "job_id": None,
+            "node": None,
+            "actor": self.actor,
+            "controller": self.actor,
+            "term": None,
+            "data": None,
+        }
+        conn.execute(insert(s.events), [{**base, **r} for r in rows])
+
+    def _check_fence(self, conn: Connection, fence: Fence | None) -> None:
+        if fence is None:
+            return
+        q = select(s.leases.c.holder, s.leases.c.term).where(s.leases.c.name == fence.lease)
+        if self.dialect == "postgresql":
+            q = q.with_for_update()
+        row = conn.execute(q).first()
+        if row is None or row.holder != fence.holder or row.term != fence.term:
+            raise Fenced(
+                f"lease {fence.lease} term {fence.term} is no longer held by {fence.holder}",
+                lease=fence.lease,
+                term=fence.term,
+            )
+
+    def _set_job_state(
+        self,
+        conn: Connection,
+        job: dict[str, Any],
+        new: JobState,
+        reason: str | None,
+        *,
+        extra: dict[str, Any] | None = None,
+        actor: str | None = None,
+        term: int | None = None,
+        event_kind: str | None = None,
+        message: str | None = None,
+    ) -> bool:
+        """Conditional transition: only if the job is still in the state we read."""
+        old = JobState(job["state"])
+        check_job_transition(job["id"], old, new)
+        values: dict[str, Any] = {"state": new.value, "reason": reason, **(extra or {})}
+        if new.terminal and "end_time" not in values:
+            values["end_time"] = _now()
+        res = conn.execute(
+            update(s.jobs).where(s.jobs.c.id == job["id"], s.jobs.c.state == old.value).values(**values)
+        )
+        if res.rowcount != 1:
+            return False
+        self._event(
+            conn,
+            event_kind or f"job.{new.value.lower()}",
+            message or (f"{old.value} -> {new.value}" + (f": {reason}" if reason else "")),
+            job_id=job["id"],
+            actor=actor,
+            term=term,
+            data={"from": old.value, "to": new.value},
+        )
+        return True
+
+    def _bump_gen(self, conn: Connection, nodes: Iterable[str]) -> None:
+        names = sorted(set(nodes))
+        if names:
+            conn.execute(
+                update(s.nodes).where(s.nodes.c.name.in_(names)).values(work_gen=s.nodes.c.work_gen + 1)
+            )
+
+    # ------------------------------------------------------------------ leases
+    def acquire_lease(self, name: str, holder: str, ttl: float) -> int | None:
+        """Take or keep the lease; return its term, or None if someone else holds it."""
+        now = self.db.db_now_sql()
+        with self.db.begin() as conn:
+            if self.dialect == "postgresql":
+                conn.execute(
+                    text(
+                        "INSERT INTO leases (name, holder, term, expires_at) VALUES (:n, NULL, 0, 0) "
+                        "ON CONFLICT (name) DO NOTHING"
+                    ),
+                    {"n": name},
+                )
+            else:
+                conn.execute(
+                    text("INSERT OR IGNORE INTO leases (name, holder, term, expires_at) VALUES (:n, NULL, 0, 0)"),
+                    {"n": name},
+                )
+            res = conn.execute(
+                text(
+                    f"UPDATE leases SET "
+                    f"term = CASE WHEN holder = :me THEN term ELSE term + 1 END, "
+                    f"holder = :me, expires_at = {now.text} + :ttl "
+                    f"WHERE name = :n AND (holder = :me OR holder IS NULL OR expires_at < {now.text})"
+                ),
+                {"n": name, "me": holder, "ttl": ttl},
+            )
+            if res.rowcount != 1:
+                return None
+            row = conn.execute(select(s.leases.c.term).where(s.leases.c.name == name)).one()
+            return int(row.term)
+
+    def renew_lease(self, name: str, holder: str, term: int, ttl: float) -> bool:
+        now = self.db.db_now_sql()
+        with self.db.begin() as conn:
+            res = conn.execute(
+                text(
+                    f"UPDATE leases SET expires_at = {now.text} + :ttl "
+                    "WHERE name = :n AND holder = :me AND term = :term"
+                ),
+                {"n": name, "me": holder, "term": term, "ttl": ttl},
+            )
+            return res.rowcount == 1
+
+    def release_lease(self, name: str, holder: str, term: int) -> bool:
+        with self.db.begin() as conn:
+            res = conn.execute(
+                update(s.leases)
+                .where(s.leases.c.name == name, s.leases.c.holder == holder, s.leases.c.term == term)
+                .values(expires_at=0.0)
+            )
+            return res.rowcount == 1
+
+    def get_lease(self, name: str) -> dict[str, Any] | None:
+        with self.db.begin(write=False) as conn:
+            row = conn.execute(select(s.leases).where(s.leases.c.name == name)).mappings().first()
+            return dict(row) if row else None
+
+    def list_leases(self) -> list[dict[str, Any]]:
+        now = self.db.db_now_sql()
+        with self.db.begin(write=False) as conn:
+            db_now = conn.execute(select(now)).scalar_one()
+            rows = conn.execute(select(s.leases).order_by(s.leases.c.name)).mappings().all()
+            return [{**dict(r), "valid": r["expires_at"] > db_now} for r in rows]
+
+    # ------------------------------------------------------------------ partitions & controllers
+    def sync_partitions(self, parts: Sequence[dict[str, Any]]) -> None:
+        """Make the partitions table match the controller's configuration."""
+        with self.db.begin() as conn:
+            existing = {r.name for r in conn.execute(select(s.partitions.c.name))}
+            for p in parts:
+                if p["name"] in existing:
+                    conn.execute(update(s.partitions).where(s.partitions.c.name == p["name"]).values(**p))
+                else:
+                    conn.execute(insert(s.partitions).values(**p))
+            gone = existing - {p["name"] for p in parts}
+            if gone:
+                conn.execute(s.partitions.delete().where(s.partitions.c.name.in_(sorted(gone))))
+
+    def partitions(self) -> dict[str, dict[str, Any]]:
+        with self.db.begin(write=False) as conn:
+            return {r["name"]: dict(r) for r in conn.execute(select(s.partitions)).mappings()}
+
+    def partition_infos(self) -> dict[str, PartitionInfo]:
+        return {
+            n: PartitionInfo(
+                name=n,
+                default=bool(p["is_default"]),
+                default_time_s=p["default_time_s"],
+                max_time_s=p["max_time_s"],
+            )
+            for n, p in self.partitions().items()
+        }
+
+    def register_controller(self, cid: str, url: str | None) -> None:
+        now = _now()
+        with self.db.begin() as conn:
+            res = conn.execute(
+                update(s.controllers).where(s.controllers.c.id == cid).values(url=url, started_at=now, last_seen=now)
+            )
+            if res.rowcount == 0:
+                conn.execute(insert(s.controllers).values(id=cid, url=url, started_at=now, last_seen=now))
+            self._event(conn, "controller.start", f"controller {cid} started at {url}")
+
+    def touch_controller(self, cid: str) -> None:
+        with self.db.begin() as conn:
+            conn.execute(update(s.controllers).where(s.controllers.c.id == cid).values(last_seen=_now()))
+
+    def list_controllers(self) -> list[dict[str, Any]]:
+        with self.db.begin(write=False) as conn:
+            return [dict(r) for r in conn.execute(select(s.controllers).order_by(s.controllers.c.id)).mappings()]
+
+    # ------------------------------------------------------------------ jobs
+    def submit(
+        self, items: Sequence[tuple[ResolvedJob, dict[str, Any]]], user: str
+    ) -> list[list[int]]:
+        """Insert jobs (arrays expand to one row per task); return the ids per item."""
+        now = _now()
+        out: list[list[int]] = []
+        with self.db.begin() as conn:
+            for resolved, spec in items:
+                deps = self._resolve_dependencies(conn, resolved.dependency)
+                state = JobState.HELD if resolved.hold else JobState.PENDING
+                base = {
+                    "name": resolved.name,
+                    "user": user,
+                    "partitions": ",".join(resolved.partitions),
+                    "partition": resolved.partitions[0],
+                    "state": state.value,
+                    "reason": "held by user" if resolved.hold else None,
+                    "priority": resolved.priority,
+                    "submit_time": now,
+                    "time_limit_s": resolved.time_limit_s,
+                    "nodes": resolved.nodes,
+                    "cpus_per_node": resolved.cpus_per_node,
+                    "mem_per_node_mb": resolved.mem_per_node_mb,
+                    "gpus_per_node": resolved.gpus_per_node,
+                    "gpu_type": resolved.gpu_type,
+                    "exclusive": resolved.exclusive,
+                    "constraint_expr": resolved.constraint,
+                    "nodelist": resolved.nodelist,
+                    "exclude": resolved.exclude,
+                    "dependency": deps,
+                    "requeue": resolved.requeue,
+                    "spec": {**spec, "signal_parsed": resolved.signal, "workdir": resolved.workdir},
+                    "restart_count": 0,
+                    "array_limit": resolved.array_limit,
+                }
+                if resolved.array_indices is None:
+                    jid = conn.execute(insert(s.jobs).values(**base).returning(s.jobs.c.id)).scalar_one()
+                    ids = [int(jid)]
+                else:
+                    first, *rest = resolved.array_indices
+                    jid = conn.execute(
+                        insert(s.jobs).values(**base, array_task_id=first).returning(s.jobs.c.id)
+                    ).scalar_one()
+                    conn.execute(update(s.jobs).where(s.jobs.c.id == jid).values(array_job_id=jid))
+                    ids = [int(jid)]
+                    if rest:
+                        rows = [{**base, "array_task_id": i, "array_job_id": jid} for i in rest]
+                        res = conn.execute(insert(s.jobs).returning(s.jobs.c.id, sort_by_parameter_order=True), rows)
+                        ids.extend(int(r[0]) for r in res)
+                self._events_many(
+                    conn,
+                    [
+                        {
+                            "kind": "job.submit",
+                            "job_id": i,
+                            "actor": user,
+                            "message": f"submitted by {user} to {base['partitions']}"
+                            + (" (held)" if resolved.hold else ""),
+                            "ts": now,
+                        }
+                        for i in ids
+                    ],
+                )
+                out.append(ids)
+        return out
+
+    def _resolve_dependencies(self, conn: Connection, deps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Turn `123` / `123_4` references into concrete job ids; unknown jobs are refused."""
+        out = []
+        for dep in deps:
+            ids: list[int] = []
+            for ref in dep.get("jobs", []):
+                found = self._refs(conn, [str(ref)])
+                if not found:
+                    raise InvalidSpec(
+                        f"dependency: job {ref} does not exist", field="dependency", job=str(ref)
+                    )
+                ids.extend(found)
+            out.append({"type": dep["type"], "jobs": ids})
+        return out
+
+    def _refs(self, conn: Connection, refs: Sequence[str]) -> list[int]:
+        ids: list[int] = []
+        for ref in refs:
+            ref = str(ref).strip()
+            if "_" in ref:
+                a, _, t = ref.partition("_")
+                if not (a.isdigit() and t.isdigit()):
+                    raise InvalidSpec(f"invalid job id '{ref}': use 123 or 123_4")
+                row = conn.execute(
+                    select(s.jobs.c.id).where(s.jobs.c.array_job_id == int(a), s.jobs.c.array_task_id == int(t))
+                ).first()
+                if row:
+                    ids.append(int(row.id))
+                continue
+            if not ref.isdigit():
+                raise InvalidSpec(f"invalid job id '{ref}': use 123 or 123_4")
+            jid = int(ref)
+            rows = conn.execute(
+                select(s.jobs.c.id).where(s.jobs.c.array_job_id == jid).order_by(s.jobs.c.id)
+            ).all()
+            if rows:
+                ids.extend(int(r.id) for r in rows)
+            elif conn.execute(select(s.jobs.c.id).where(s.jobs.c.id == jid)).first():
+                ids.append(jid)
+        return ids
+
+    def resolve_refs(self, refs: Sequence[str]) -> list[int]:
+        """Job references as users type them: `123` (a job, or a whole array) or `123_4`."""
+        with self.db.begin(write=False) as conn:
+            return self._refs(conn, refs)
+
+    def get_job(self, job_id: int) -> dict[str, Any]:
+        with self.db.begin(write=False) as conn:
+            row = conn.execute(select(s.jobs).where(s.jobs.c.id == job_id)).mappings().first()
+            if row is None:
+                raise NotFound(f"job {job_id} does not exist", job_id=job_id)
+            return dict(row)
+
+    def list_jobs(
+        self,
+        *,
+        states: Sequence[str] | None = None,
+        user: str | None = None,
+        partition: str | None = None,
+        name: str | None = None,
+        ids: Sequence[int] | None = None,
+        node: str | None = None,
+        limit: int = 10_000,
+    ) -> list[dict[str, Any]]:
+        q = select(s.jobs).order_by(s.jobs.c.id)
+        if states:
+            q = q.where(s.jobs.c.state.in_(list(states)))
+        if user:
+            q = q.where(s.jobs.c.user == user)
+        if partition:
+            q = q.where(s.jobs.c.partition == partition)
+        if name:
+            q = q.where(s.jobs.c.name == name)
+        if ids is not None:
+            q = q.where(s.jobs.c.id.in_(list(ids)))
+        q = q.limit(limit)
+        with self.db.begin(write=False) as conn:
+            rows = [dict(r) for r in conn.execute(q).mappings()]
+        if node:
+            rows = [r for r in rows if node in (r["nodelist_run"] or [])]
+        return rows
+
+    def attempts_of(self, job_id: int) -> list[dict[str, Any]]:
+        with self.db.begin(write=False) as conn:
+            atts = [
+                dict(r)
+                for r in conn.execute(
+                    select(s.attempts).where(s.attempts.c.job_id == job_id).order_by(s.attempts.c.id)
+                ).mappings()
+            ]
+            if atts:
+                tasks = conn.execute(
+                    select(s.tasks).where(s.tasks.c.attempt_id.in_([a["id"] for a in atts])).order_by(s.tasks.c.rank)
+                ).mappings()
+                by: dict[int, list[dict[str, Any]]] = {}
+                for t in tasks:
+                    by.setdefault(t["attempt_id"], []).append(dict(t))
+                for a in atts:
+                    a["tasks"] = by.get(a["id"], [])
+            return atts
+
+    def cancel(self, job_ids: Sequence[int], actor: str, reason: str = "cancelled") -> dict[int, str]:
+        """Cancel jobs: pending ones end at once; running ones are asked to stop."""
+        out: dict[int, str] = {}
+        with self.db.begin() as conn:
+            rows = conn.execute(select(s.jobs).where(s.jobs.c.id.in_(list(job_ids)))).mappings().all()
+            found = {r["id"]: dict(r) for r in rows}
+            for jid in job_ids:
+                job = found.get(jid)
+                if job is None:
+                    out[jid] = "not found"
+                    continue
+                state = JobState(job["state"])
+                text_reason = f"{reason} by {actor}"
+                if state.terminal:
+                    out[jid] = f"already {state.value}"
+                elif state in (JobState.PENDING, JobState.HELD):
+                    self._set_job_state(conn, job, JobState.CANCELLED, text_reason, actor=actor)
+                    out[jid] = "cancelled"
+                else:
+                    self._stop_attempt(conn, job, f"cancel: {text_reason}", actor=actor)
+                    out[jid] = "stopping"
+        return out
+
+    def _stop_attempt(self, conn: Connection, job: dict[str, Any], stop_reason: str, *, actor: str) -> None:
+        att = conn.execute(
+            select(s.attempts).where(s.attempts.c.id == job["attempt_id"])
+        ).mappings().first()
+        if att is None or att["state"] == AttemptState.ENDED.value:
+            return
+        if att["state"] != AttemptState.STOPPING.value or not att["stop_reason"]:
+            conn.execute(
+                update(s.attempts)
+                .where(s.attempts.c.id == att["id"])
+                .values(state=AttemptState.STOPPING.value, stop_reason=stop_reason)
+            )
+        if job["state"] != JobState.COMPLETING.value:
+            self._set_job_state(conn, job, JobState.COMPLETING, stop_reason, actor=actor)
+        self._bump_gen(conn, att["nodes"])
+
+    def hold(self, job_ids: Sequence[int], actor: str) -> dict[int, str]:
+        return self._hold_release(job_ids, actor, hold=True)
+
+    def release(self, job_ids: Sequence[int], actor: str) -> dict[int, str]:
+        return self._hold_release(job_ids, actor, hold=False)
+
+    def _hold_release(self, job_ids: Sequence[int], actor: str, *, hold: bool) -> dict[int, str]:
+        out: dict[int, str] = {}
+        src, dst = (JobState.PENDING, JobState.HELD) if hold else (JobState.HELD, JobState.PENDING)
+        with self.db.begin() as conn:
+            rows = conn.execute(select(s.jobs).where(s.jobs.c.id.in_(list(job_ids)))).mappings().all()
+            found = {r["id"]: dict(r) for r in rows}
+            for jid in job_ids:
+                job = found.get(jid)
+                if job is None:
+                    out[jid] = "not found"
+                elif job["state"] != src.value:
+                    out[jid] = f"not {src.value.lower()} (state {job['state']})"
+                else:
+                    reason = f"held by {actor}" if hold else None
+                    self._set_job_state(conn, job, dst, reason, actor=actor)
+                    out[jid] = dst.value.lower() if hold else "released"
+        return out
+
+    # ------------------------------------------------------------------ scheduler
+    def sched_snapshot(self, pending_limit: int = 5000) -> SchedSnapshot:
+        with self.db.begin(write=False) as conn:
+            nodes = [dict(r) for r in conn.execute(select(s.nodes).order_by(s.nodes.c.name)).mappings()]
+            parts = {r["name"]: dict(r) for r in conn.execute(select(s.partitions)).mappings()}
+            allocs = [
+                dict(r)
+                for r in conn.execute(
+                    select(
+                        s.tasks.c.node,
+                        s.tasks.c.cpus,
+                        s.tasks.c.mem_mb,
+                        s.tasks.c.gpu_ids,
+                        s.tasks.c.exclusive,
+                        s.attempts.c.job_id,
+                        s.attempts.c.expected_end,
+                    )
+                    .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
+                    .where(s.attempts.c.state != AttemptState.ENDED.value)
+                ).mappings()
+            ]
+            pending = [
+                dict(r)
+                for r in conn.execute(
+                    select(s.jobs)
+                    .where(s.jobs.c.state == JobState.PENDING.value)
+                    .order_by(s.jobs.c.priority.desc(), s.jobs.c.id)
+                    .limit(pending_limit)
+                ).mappings()
+            ]
+            dep_ids = {int(j) for p in pending for d in p["dependency"] for j in d.get("jobs", [])}
+            dep_states: dict[int, JobState] = {}
+            dep_started: dict[int, bool] = {}
+            for chunk in _chunks(sorted(dep_ids), 500):
+                for r in conn.execute(
+                    select(s.jobs.c.id, s.jobs.c.state, s.jobs.c.start_time).where(s.jobs.c.id.in_(chunk))
+                ):
+                    dep_states[int(r.id)] = JobState(r.state)
+                    dep_started[int(r.id)] = r.start_time is not None
+            active_states = [JobState.STARTING.value, JobState.RUNNING.value, JobState.COMPLETING.value]
+            active_names = {
+                (r.name, r.user)
+                for r in conn.execute(
+                    select(s.jobs.c.name, s.jobs.c.user).where(s.jobs.c.state.in_(active_states)).distinct()
+                )
+            }
+            array_active = {
+                int(r.array_job_id): int(r.n)
+                for r in conn.execute(
+                    select(s.jobs.c.array_job_id, func.count().label("n"))
+                    .where(s.jobs.c.state.in_(active_states), s.jobs.c.array_job_id.is_not(None))
+                    .group_by(s.jobs.c.array_job_id)
+                )
+            }
+            return SchedSnapshot(
+                nodes=nodes,
+                partitions=parts,
+                allocations=allocs,
+                pending=pending,
+                dep_states=dep_states,
+                dep_started=dep_started,
+                active_names=active_names,
+                array_active=array_active,
+            )
+
+    def start_attempts(self, starts: Sequence[dict[str, Any]], fence: Fence | None) -> list[int]:
+        """Create attempts for placements, in one fenced transaction; return the job ids started.
+
+        Each item: job_id, partition, nodes (rank order), cpus_per_node, mem_per_node_mb (list),
+        gpu_ids (list of lists), exclusive, time_limit_s. A job that is no longer PENDING is skipped.
+        """
+        now = _now()
+        started: list[int] = []
+        with self.db.begin() as conn:
+            self._check_fence(conn, fence)
+            term = fence.term if fence else 0
+            for st in starts:
+                job = conn.execute(select(s.jobs).where(s.jobs.c.id == st["job_id"])).mappings().first()
+                if job is None or job["state"] != JobState.PENDING.value:
+                    continue
+                job = dict(job)
+                tl = job["time_limit_s"]
+                att_id = conn.execute(
+                    insert(s.attempts)
+                    .values(
+                        job_id=job["id"],
+                        seq=job["restart_count"],
+                        token=uuid.uuid4().hex,
+                        state=AttemptState.STARTING.value,
+                        partition=st["partition"],
+                        nodes=list(st["nodes"]),
+                        fence_term=term,
+                        created_at=now,
+                        expected_end=(now + tl) if tl else None,
+                    )
+                    .returning(s.attempts.c.id)
+                ).scalar_one()
+                conn.execute(
+                    insert(s.tasks),
+                    [
+                        {
+                            "attempt_id": att_id,
+                            "node": n,
+                            "rank": i,
+                            "cpus": st["cpus_per_node"],
+                            "mem_mb": st["mem_per_node_mb"][i],
+                            "gpu_ids": list(st["gpu_ids"][i]),
+                            "exclusive": bool(st["exclusive"]),
+                            "state": TaskState.STARTING.value,
+                        }
+                        for i, n in enumerate(st["nodes"])
+                    ],
+                )
+                self._set_job_state(
+                    conn,
+                    job,
+                    JobState.STARTING,
+                    None,
+                    extra={"attempt_id": att_id, "partition": st["partition"], "nodelist_run": list(st["nodes"])},
+                    term=term,
+                    message=f"allocated {','.join(st['nodes'])} in {st['partition']} (attempt {att_id})",
+                )
+                self._bump_gen(conn, st["nodes"])
+                started.append(job["id"])
+        return started
+
+    def end_pending(self, job_id: int, state: JobState, reason: str, fence: Fence | None) -> bool:
+        """End a pending job the scheduler found can never run (e.g. a dependency that failed)."""
+        with self.db.begin() as conn:
+            self._check_fence(conn, fence)
+            job = conn.execute(select(s.jobs).where(s.jobs.c.id == job_id)).mappings().first()
+            if job is None or job["state"] != JobState.PENDING.value:
+                return False
+            return self._set_job_state(conn, dict(job), state, reason, term=fence.term if fence else None)
+
+    def set_pending_reasons(self, reasons: dict[int, str | None]) -> None:
+        """Record why pending jobs wait (Slurm's Reason column); no event, not a state change."""
+        if not reasons:
+            return
+        with self.db.begin() as conn:
+            conn.execute(
+                update(s.jobs)
+                .where(s.jobs.c.id == bindparam("b_id"), s.jobs.c.state == JobState.PENDING.value)
+                .values(reason=bindparam("b_reason")),
+                [{"b_id": k, "b_reason": v} for k, v in reasons.items()],
+            )
+
+    # ------------------------------------------------------------------ agents
+    def register_node(
+        self,
+        name: str,
+        *,
+        cpus: int,
+        mem_mb: int,
+        gpus: list[list[Any]],
+        features: list[str],
+        addr: str | None,
+        boot_id: str | None,
+        version: str | None,
+    ) -> dict[str, Any]:
+        now = _now()
+        values = {
+            "registered": True,
+            "cpus": cpus,
+            "mem_mb": mem_mb,
+            "gpus": gpus,
+            "features": sorted(set(features)),
+            "addr": addr,
+            "boot_id": boot_id,
+            "agent_version": version,
+            "registered_at": now,
+            "last_heartbeat": now,
+        }
+        with self.db.begin() as conn:
+            values["last_heartbeat"] = float(conn.execute(select(self.db.db_now_sql())).scalar_one())
+            row = conn.execute(select(s.nodes).where(s.nodes.c.name == name)).mappings().first()
+            if row is None:
+                conn.execute(
+                    insert(s.nodes).values(name=name, down=False, drain=False, work_gen=0, **values)
+                )
+                self._event(conn, "node.register", f"node {name} registered: {cpus} cpus, {mem_mb} MB, "
+                            f"{len(gpus)} gpus", node=name, actor=name)
+            else:
+                if row["down"]:
+                    values.update(down=False, down_reason=None)
+                    self._event(conn, "node.up", f"node {name} is back (was DOWN: {row['down_reason']})",
+                                node=name, actor=name)
+                else:
+                    self._event(conn, "node.register", f"node {name} re-registered", node=name, actor=name)
+                conn.execute(update(s.nodes).where(s.nodes.c.name == name).values(**values))
+            return dict(conn.execute(select(s.nodes).where(s.nodes.c.name == name)).mappings().one())
+
+    def record_heartbeats(self, ages: dict[str, float]) -> None:
+        """One transaction for a batch of heartbeats: node -> seconds since it was seen.
+
+        Stamped with the database's clock (now - age), so controllers on hosts whose clocks
+        disagree still agree on when a node was last heard from.
+        """
+        if not ages:
+            return
+        with self.db.begin() as conn:
+            db_now = float(conn.execute(select(self.db.db_now_sql())).scalar_one())
+            conn.execute(
+                update(s.nodes)
+                .where(s.nodes.c.name == bindparam("b_name"))
+                .values(last_heartbeat=bindparam("b_t")),
+                [{"b_name": n, "b_t": db_now - age} for n, age in ages.items()],
+            )
+
+    def db_time(self) -> float:
+        with self.db.begin(write=False) as conn:
+            return float(conn.execute(select(self.db.db_now_sql())).scalar_one())
+
+    def node_gens(self) -> dict[str, int]:
+        with self.db.begin(write=False) as conn:
+            return {r.name: int(r.work_gen) for r in conn.execute(select(s.nodes.c.name, s.nodes.c.work_gen))}
+
+    def node_work(self, node: str, conn: Connection | None = None) -> list[dict[str, Any]]:
+        """Every task of a not-yet-ended attempt on this node, with its job, for the agent."""
+        q = (
+            select(
+                s.tasks.c.attempt_id,
+                s.tasks.c.rank,
+                s.tasks.c.cpus,
+                s.tasks.c.mem_mb,
+                s.tasks.c.gpu_ids,
+                s.tasks.c.state.label("task_state"),
+                s.attempts.c.token,
+                s.attempts.c.seq,
+                s.attempts.c.state.label("attempt_state"),
+                s.attempts.c.stop_reason,
+                s.attempts.c.nodes.label("attempt_nodes"),
+                s.attempts.c.partition.label("attempt_partition"),
+                s.attempts.c.fence_term,
+                s.jobs.c.id.label("job_id"),
+                s.jobs.c.name,
+                s.jobs.c.user,
+                s.jobs.c.array_job_id,
+                s.jobs.c.array_task_id,
+                s.jobs.c.time_limit_s,
+                s.jobs.c.cpus_per_node,
+                s.jobs.c.spec,
+            )
+            .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
+            .join(s.jobs, s.jobs.c.id == s.attempts.c.job_id)
+            .where(s.tasks.c.node == node, s.attempts.c.state != AttemptState.ENDED.value)
+        )
+        if conn is not None:
+            return [dict(r) for r in conn.execute(q).mappings()]
+        with self.db.begin(write=False) as c:
+            return [dict(r) for r in c.execute(q).mappings()]
+
+    def finished_attempts(self, attempt_ids: Sequence[int]) -> set[int]:
+        """Which of these attempts the store has fully recorded (ENDED) or never heard of."""
+        if not attempt_ids:
+            return set()
+        with self.db.begin(write=False) as conn:
+            live = {
+                int(r.id)
+                for r in conn.execute(
+                    select(s.attempts.c.id).where(
+                        s.attempts.c.id.in_(list(attempt_ids)), s.attempts.c.state != AttemptState.ENDED.value
+                    )
+                )
+            }
+        return set(attempt_ids) - live
+
+    def apply_reports(self, node: str, reports: Sequence[TaskReport], taken_at: float | None) -> None:
+        """Record what an agent says about its tasks; finish attempts whose every task is done.
+
+        Reports about attempts that are not the job's current one, or with a wrong token, are
+        ignored (the agent is told to stop those by the reply). A task that the store believes
+        RUNNING on this node and that the agent no longer knows, although it started before the
+        report was taken, is LOST.
+        """
+        now = _now()
+        with self.db.begin() as conn:
+            rows = conn.execute(
+                select(s.tasks, s.attempts.c.token, s.attempts.c.state.label("attempt_state"))
+                .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
+                .where(s.tasks.c.node == node, s.attempts.c.state != AttemptState.ENDED.value)
+            ).mappings().all()
+            mine = {r["attempt_id"]: dict(r) for r in rows}
+            touched: set[int] = set()
+            reported = {r.attempt_id for r in reports}
+            for rep in reports:
+                task = mine.get(rep.attempt_id)
+                if task is None or task["token"] != rep.token:
+                    continue
+                if rep.state in ("starting", "running"):
+                    if task["state"] == TaskState.STARTING.value and rep.state == "running":
+                        conn.execute(
+                            update(s.tasks)
+                            .where(s.tasks.c.attempt_id == rep.attempt_id, s.tasks.c.node == node)
+                            .values(state=TaskState.RUNNING.value, started_at=rep.started_at or now)
+                        )
+                        touched.add(rep.attempt_id)
+                elif rep.state in ("exited", "lost") and task["state"] not in (
+                    TaskState.EXITED.value,
+                    TaskState.LOST.value,
+                ):
+                    ex = rep.exit or {}
+                    conn.execute(
+                        update(s.tasks)
+                        .where(s.tasks.c.attempt_id == rep.attempt_id, s.tasks.c.node == node)
+                        .values(
+                            state=(TaskState.EXITED if rep.state == "exited" else TaskState.LOST).value,
+                            started_at=task["started_at"] or ex.get("started_at"),
+                            ended_at=ex.get("ended_at") or now,
+                            exit_code=ex.get("exit_code"),
+                            exit_signal=ex.get("signal"),
+                            detail=ex,
+                        )
+                    )
+                    touched.add(rep.attempt_id)
+            if taken_at is not None:
+                for aid, task in mine.items():
+                    if (
+                        aid not in reported
+                        and task["state"] == TaskState.STARTING.value
+                        and task["attempt_state"] == AttemptState.STOPPING.value
+                    ):
+                        # stopped before the agent ever launched it: nothing to kill
+                        conn.execute(
+                            update(s.tasks)
+                            .where(s.tasks.c.attempt_id == aid, s.tasks.c.node == node)
+                            .values(
+                                state=TaskState.EXITED.value,
+                                ended_at=now,
+                                detail={"cancelled": True, "never_started": True},
+                            )
+                        )
+                        touched.add(aid)
+                    elif (
+                        aid not in reported
+                        and task["state"] == TaskState.RUNNING.value
+                        and (task["started_at"] or now) < taken_at
+                    ):
+                        conn.execute(
+                            update(s.tasks)
+                            .where(s.tasks.c.attempt_id == aid, s.tasks.c.node == node)
+                            .values(
+                                state=TaskState.LOST.value,
+                                ended_at=now,
+                                detail={"error": f"node {node} no longer knows this task"},
+                            )
+                        )
+                        touched.add(aid)
+            for aid in sorted(touched):
+                self._advance_attempt(conn, aid)
+
+    def _advance_attempt(self, conn: Connection, attempt_id: int) -> None:
+        """Move an attempt (and its job) forward after its tasks changed."""
+        att = dict(conn.execute(select(s.attempts).where(s.attempts.c.id == attempt_id)).mappings().one())
+        if att["state"] == AttemptState.ENDED.value:
+            return
+        tasks = [
+            dict(t)
+            for t in conn.execute(select(s.tasks).where(s.tasks.c.attempt_id == attempt_id).order_by(s.tasks.c.rank))
+            .mappings()
+        ]
+        job = dict(conn.execute(select(s.jobs).where(s.jobs.c.id == att["job_id"])).mappings().one())
+        now = _now()
+        started = [t for t in tasks if t["started_at"] is not None]
+        if att["state"] == AttemptState.STARTING.value and started:
+            start = min(t["started_at"] for t in started)
+            tl = job["time_limit_s"]
+            conn.execute(
+                update(s.attempts)
+                .where(s.attempts.c.id == attempt_id)
+                .values(state=AttemptState.RUNNING.value, start_time=start, expected_end=(start + tl) if tl else None)
+            )
+            att["state"] = AttemptState.RUNNING.value
+            if job["state"] == JobState.STARTING.value:
+                self._set_job_state(conn, job, JobState.RUNNING, None, extra={"start_time": start},
+                                    message=f"running on {','.join(att['nodes'])}")
+                job["state"] = JobState.RUNNING.value
+        finished = [t for t in tasks if t["state"] in (TaskState.EXITED.value, TaskState.LOST.value)]
+        if not finished:
+            return
+        if len(finished) < len(tasks):
+            bad = [t for t in finished if _task_failed(t)]
+            if bad and att["state"] != AttemptState.STOPPING.value:
+                t = bad[0]
+                why = f"task on {t['node']} {_describe_exit(t)}; stopping the other nodes"
+                conn.execute(
+                    update(s.attempts)
+                    .where(s.attempts.c.id == attempt_id)
+                    .values(state=AttemptState.STOPPING.value, stop_reason=why)
+                )
+                if job["state"] in (JobState.STARTING.value, JobState.RUNNING.value):
+                    self._set_job_state(conn, job, JobState.COMPLETING, why)
+                self._bump_gen(conn, att["nodes"])
+            return
+        # every task is done: decide the job's outcome
+        result, reason, code, sig = _outcome(att, tasks)
+        conn.execute(
+            update(s.attempts)
+            .where(s.attempts.c.id == attempt_id)
+            .values(
+                state=AttemptState.ENDED.value,
+                end_time=now,
+                result=result.value,
+                exit_code=code,
+                exit_signal=sig,
+                start_time=att["start_time"] or (min((t["started_at"] for t in started), default=None)),
+            )
+        )
+        self._bump_gen(conn, att["nodes"])
+        if job["attempt_id"] != attempt_id or JobState(job["state"]).terminal:
+            return
+        requeue_reason = None
+        if result is JobState.NODE_FAIL and job["requeue"]:
+            requeue_reason = f"requeued after node failure: {reason}"
+        elif (att["stop_reason"] or "").startswith("requeue"):
+            requeue_reason = att["stop_reason"]
+        if requeue_reason:
+            self._set_job_state(
+                conn,
+                job,
+                JobState.PENDING,
+                requeue_reason,
+                extra={"restart_count": job["restart_count"] + 1, "exit_code": code, "exit_signal": sig},
+                event_kind="job.requeue",
+            )
+            return
+        self._set_job_state(
+            conn,
+            job,
+            result,
+            reason,
+            extra={"exit_code": code, "exit_signal": sig, "end_time": now,
+                   "start_time": job["start_time"] or att["start_time"]},
+        )
+
+    def requeue_lost_launch(self, attempt_id: int, reason: str, fence: Fence | None) -> bool:
+        """A STARTING attempt nobody confirmed: mark its tasks lost and advance (used by the reaper)."""
+        with self.db.begin() as conn:
+            self._check_fence(conn, fence)
+            att = conn.execute(select(s.attempts).where(s.attempts.c.id == attempt_id)).mappings().first()
+            if att is None or att["state"] == AttemptState.ENDED.value:
+                return False
+            conn.execute(
+                update(s.tasks)
+                .where(
+                    s.tasks.c.attempt_id == attempt_id,
+                    s.tasks.c.state.in_([TaskState.STARTING.value, TaskState.RUNNING.value]),
+                )
+                .values(state=TaskState.LOST.value, ended_at=_now(), detail={"error": reason})
+            )
+            self._advance_attempt(conn, attempt_id)
+            return True
+
+    def fail_node_tasks(self, node: str, reason: str, fence: Fence | None) -> list[int]:
+        """Every unfinished task on a dead node is LOST; its attempts end (requeue or NODE_FAIL)."""
+        with self.db.begin() as conn:
+            self._check_fence(conn, fence)
+            aids = [
+                int(r.attempt_id)
+                for r in conn.execute(
+                    select(s.tasks.c.attempt_id)
+                    .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
+                    .where(
+                        s.tasks.c.node == node,
+                        s.tasks.c.state.in_([TaskState.STARTING.value, TaskState.RUNNING.value]),
+                        s.attempts.c.state != AttemptState.ENDED.value,
+                    )
+                )
+            ]
+            if aids:
+                conn.execute(
+                    update(s.tasks)
+                    .where(s.tasks.c.node == node, s.tasks.c.attempt_id.in_(aids))
+                    .values(state=TaskState.LOST.value, ended_at=_now(), detail={"error": reason})
+                )
+            for aid in aids:
+                self._advance_attempt(conn, aid)
+            return aids
+
+    # ------------------------------------------------------------------ nodes
+    def list_nodes(self) -> list[dict[str, Any]]:
+        with self.db.begin(write=False) as conn:
+            nodes = [dict(r) for r in conn.execute(select(s.nodes).order_by(s.nodes.c.name)).mappings()]
+            usage: dict[str, dict[str, Any]] = {}
+            for r in conn.execute(
+                select(s.tasks.c.node, s.tasks.c.cpus, s.tasks.c.mem_mb, s.tasks.c.gpu_ids, s.attempts.c.job_id)
+                .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
+                .where(s.attempts.c.state != AttemptState.ENDED.value)
+            ).mappings():
+                u = usage.setdefault(r["node"], {"cpus": 0, "mem_mb": 0, "gpus": 0, "jobs": []})
+                u["cpus"] += r["cpus"]
+                u["mem_mb"] += r["mem_mb"]
+                u["gpus"] += len(r["gpu_ids"] or [])
+                u["jobs"].append(int(r["job_id"]))
+        for n in nodes:
+            n["used"] = usage.get(n["name"], {"cpus": 0, "mem_mb": 0, "gpus": 0, "jobs": []})
+        return nodes
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        for n in self.list_nodes():
+            if n["name"] == name:
+                return n
+        raise NotFound(f"node {name} does not exist", node=name)
+
+    def drain(self, name: str, reason: str, actor: str) -> None:
+        if not reason.strip():
+            raise InvalidSpec("drain needs a reason (--reason)", field="reason")
+        with self.db.begin() as conn:
+            row = conn.execute(select(s.nodes).where(s.nodes.c.name == name)).mappings().first()
+            if row is None:
+                raise NotFound(f"node {name} does not exist", node=name)
+            conn.execute(
+                update(s.nodes)
+                .where(s.nodes.c.name == name)
+                .values(drain=True, drain_reason=reason, drain_by=actor, drain_time=_now())
+            )
+            self._event(conn, "node.drain", f"drained by {actor}: {reason}", node=name, actor=actor)
+
+    def resume(self, name: str, actor: str) -> None:
+        with self.db.begin() as conn:
+            row = conn.execute(select(s.nodes).where(s.nodes.c.name == name)).mappings().first()
+            if row is None:
+                raise NotFound(f"node {name} does not exist", node=name)
+            if not row["drain"] and not row["down"]:
+                raise InvalidTransition(f"node {name} is neither drained nor down", node=name)
+            conn.execute(
+                update(s.nodes)
+                .where(s.nodes.c.name == name)
+                .values(drain=False, drain_reason=None, drain_by=None, drain_time=None, down=False, down_reason=None)
+            )
+            self._event(conn, "node.resume", f"resumed by {actor}", node=name, actor=actor)
+
+    def mark_down(self, name: str, reason: str, fence: Fence | None) -> bool:
+        with self.db.begin() as conn:
+            self._check_fence(conn, fence)
+            res = conn.execute(
+                update(s.nodes).where(s.nodes.c.name == name, s.nodes.c.down.is_(False)).values(down=True, down_reason=reason)
+            )
+            if res.rowcount != 1:
+                return False
+            self._event(conn, "node.down", f"DOWN: {reason}", node=name, term=fence.term if fence else None)
+            return True
+
+    # ------------------------------------------------------------------ events & status
+    def add_event(self, kind: str, message: str, **kw: Any) -> None:
+        with self.db.begin() as conn:
+            self._event(conn, kind, message, **kw)
+
+    def events(
+        self, *, job_id: int | None = None, node: str | None = None, since_id: int = 0, limit: int = 1000
+    ) -> list[dict[str, Any]]:
+        q = select(s.events).where(s.events.c.id > since_id).order_by(s.events.c.id).limit(limit)
+        if job_id is not None:
+            q = q.where(s.events.c.job_id == job_id)
+        if node is not None:
+            q = q.where(s.events.c.node == node)
+        with self.db.begin(write=False) as conn:
+            return [dict(r) for r in conn.execute(q).mappings()]
+
+    def cluster_counts(self) -> dict[str, Any]:
+        with self.db.begin(write=False) as conn:
+            by_state = {r.state: int(r.n) for r in conn.execute(
+                select(s.jobs.c.state, func.count().label("n")).group_by(s.jobs.c.state)
+            )}
+            n_nodes = conn.execute(select(func.count()).select_from(s.nodes)).scalar_one()
+            down = conn.execute(select(func.count()).select_from(s.nodes).where(s.nodes.c.down.is_(True))).scalar_one()
+            drain = conn.execute(
+                select(func.count()).select_from(s.nodes).where(and_(s.nodes.c.drain.is_(True)))
+            ).scalar_one()
+        return {"jobs": by_state, "nodes": {"total": int(n_nodes), "down": int(down), "drain": int(drain)}}
+
+    def stale_starting_attempts(self, older_than: float) -> list[dict[str, Any]]:
+        with self.db.begin(write=False) as conn:
+            return [
+                dict(r)
+                for r in conn.execute(
+                    select(s.attempts).where(
+                        s.attempts.c.state == AttemptState.STARTING.value, s.attempts.c.created_at < older_than
+                    )
+                ).mappings()
+            ]
+
+
+def _chunks(items: list[int], n: int) -> Iterable[list[int]]:
+    for i in range(0, len(items), n):
+        yield items[i : i + n]
+
+
+def _task_failed(t: dict[str, Any]) -> bool:
+    if t["state"] == TaskState.LOST.value:
+        return True
+    d = t["detail"] or {}
+    return bool(d.get("launch_failed") or d.get("timed_out") or t["exit_code"] not in (0,) or t["exit_signal"])
+
+
+def _describe_exit(t: dict[str, Any]) -> str:
+    d = t["detail"] or {}
+    if t["state"] == TaskState.LOST.value:
+        return f"was lost ({d.get('error') or 'shepherd vanished'})"
+    if d.get("launch_failed"):
+        return f"failed to launch: {d.get('error')}"
+    if d.get("timed_out"):
+        return "reached its time limit"
+    if t["exit_signal"]:
+        return f"was killed by signal {t['exit_signal']}"
+    return f"exited with code {t['exit_code']}"
+
+
+def _outcome(att: dict[str, Any], tasks: list[dict[str, Any]]) -> tuple[JobState, str | None, int | None, int | None]:
+    """The job state an attempt produced, from its tasks' exit records (pure)."""
+    details = [t["detail"] or {} for t in tasks]
+    stop = att["stop_reason"] or ""
+    code = next((t["exit_code"] for t in tasks if t["exit_code"] not in (None, 0)), None)
+    if code is None:
+        code = next((t["exit_code"] for t in tasks if t["exit_code"] is not None), None)
+    sig = next((t["exit_signal"] for t in tasks if t["exit_signal"]), None)
+    if stop.startswith("cancel"):
+        return JobState.CANCELLED, stop.removeprefix("cancel: "), code, sig
+    if any(d.get("timed_out") for d in details):
+        return JobState.TIMEOUT, "reached its time limit", code, sig
+    lost = [t for t in tasks if t["state"] == TaskState.LOST.value]
+    if lost:
+        return JobState.NODE_FAIL, f"task on {lost[0]['node']} {_describe_exit(lost[0])}", code, sig
+    if any(d.get("oom") for d in details):
+        return JobState.OUT_OF_MEMORY, "killed for exceeding its memory limit", code, sig
+    bad = [t for t in tasks if _task_failed(t)]
+    if bad:
+        return JobState.FAILED, f"task on {bad[0]['node']} {_describe_exit(bad[0])}", code, sig
+    return JobState.COMPLETED, None, 0, None
