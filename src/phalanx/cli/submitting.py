@@ -33,6 +33,8 @@ def build_spec(argv: list[str], *, cwd: str | None = None, environ: dict[str, st
     parsed = parse_submission(script_text, opts, script_name=rest[0] if rest else "script")
     fields = dict(parsed.fields)
     spec: dict[str, Any] = {k: v for k, v in fields.items() if v is not None}
+    if "time_limit_s" in fields and fields["time_limit_s"] is None:
+        spec["time_limit_s"] = 0  # --time=UNLIMITED (absent would mean the partition default)
     spec["submit_dir"] = cwd
     if script_text is not None:
         spec["script"] = script_text

@@ -38,7 +38,9 @@ class JobSpec(BaseModel):
     gpus_total: int | None = Field(default=None, ge=0)
     gpus_per_task: int | None = Field(default=None, ge=0)
     gpu_type: str | None = Field(default=None, max_length=64)
-    time_limit_s: int | None = Field(default=None, ge=1)
+    time_limit_s: int | None = Field(
+        default=None, ge=0, description="seconds; 0 = UNLIMITED; absent = the partition's default"
+    )
     output: str | None = None
     error: str | None = None
     open_mode: Literal["truncate", "append"] = "truncate"
@@ -193,6 +195,8 @@ def normalize(
     time_limit = spec.time_limit_s
     if time_limit is None:
         time_limit = limit_parts[0].default_time_s
+    elif time_limit == 0:
+        time_limit = None  # --time=UNLIMITED
     for p in limit_parts:
         if p.max_time_s is not None and (time_limit is None or time_limit > p.max_time_s):
             shown = values.format_duration(time_limit)

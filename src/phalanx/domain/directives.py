@@ -1,0 +1,821 @@
+"""sbatch options, from ``#SBATCH``/``#PHX`` script lines and from ``phalanx submit``'s argv.
+
+One table (``OPTIONS``) drives both, so a script line and the command line accept exactly the
+same spellings, and the CLI prints its help from the same rows.  The rules follow sbatch,
+because users arrive with Slurm scripts that must run unchanged or be refused *before*
+submission with a message naming the line and the reason:
+
+* directives are read from the header only: parsing stops at the first line that is neither
+  blank nor a comment (the shebang is a comment); later ``#SBATCH`` lines are ignored, as
+  sbatch does, but we warn because that is almost always a mistake;
+* command-line options override the script's (``--mem`` on the command line replaces a
+  script's ``--mem-per-cpu``, since the two are mutually exclusive);
+* unknown options are not errors, only warnings naming the line, so that a script written
+  for a newer Slurm still runs; known Slurm options that would change what the job does
+  and that Phalanx cannot honour (``--begin``, ``--mem-per-gpu``, ...) are refused, because
+  running such a job anyway would silently produce a different result;
+* site bookkeeping options (``--account``, ``--mail-type``, ...) are accepted; those that
+  have no effect here are listed in ``ParsedOptions.ignored`` so the CLI can say so once.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from phalanx.domain import values
+from phalanx.domain.hostlist import expand_hostlist
+from phalanx.errors import InvalidSpec
+
+Converter = Callable[[str], dict[str, Any]]
+"""Turns one option value into field updates.  Raises ValueError with a user-facing reason."""
+
+DIRECTIVE_PREFIXES = ("#SBATCH", "#PHX")
+COMMAND_LINE = "command line"
+_WARNING = "__warning__"  # converters may return this key to attach a warning to a field update
+_SOURCE_LINE_RE = re.compile(r" line (\d+)$")
+
+
+class Arg(StrEnum):
+    """Whether an option takes a value (``OPTIONAL`` ones only via ``--opt=value``/``-oVALUE``)."""
+
+    NONE = "none"
+    REQUIRED = "required"
+    OPTIONAL = "optional"
+
+
+class Effect(StrEnum):
+    """What accepting an option does."""
+
+    APPLIED = "applied"  # sets fields the scheduler acts on
+    STORED = "stored"  # value kept in fields for display, but no effect here (listed in ignored)
+    IGNORED = "ignored"  # accepted so scripts run unchanged; nothing kept (listed in ignored)
+    REFUSED = "refused"  # a Slurm option Phalanx cannot honour: the submission is refused
+
+
+@dataclass(frozen=True)
+class Option:
+    """One row of the option table."""
+
+    long: str
+    short: str | None
+    arg: Arg
+    fields: tuple[str, ...]
+    convert: Converter | None
+    help: str
+    metavar: str = ""
+    effect: Effect = Effect.APPLIED
+    conflicts: tuple[str, ...] = ()
+    """Long names of options that may not be given together with this one in the same place
+    (script or command line); across places the command line wins and clears the other."""
+
+    @property
+    def takes_value(self) -> bool:
+        return self.arg is not Arg.NONE
+
+    @property
+    def field(self) -> str | None:
+        """The primary target field (``None`` for options that keep nothing)."""
+        return self.fields[0] if self.fields else None
+
+    @property
+    def flag(self) -> str:
+        return f"--{self.long}"
+
+    @property
+    def usage(self) -> str:
+        """``-t, --time=TIME`` style label for help output."""
+        metavar = self.metavar or "VALUE"
+        value = {Arg.NONE: "", Arg.REQUIRED: f"={metavar}", Arg.OPTIONAL: f"[={metavar}]"}
+        label = f"--{self.long}{value[self.arg]}"
+        return f"-{self.short}, {label}" if self.short else label
+
+
+# --------------------------------------------------------------------------------------------
+# Converters
+# --------------------------------------------------------------------------------------------
+
+
+def _whole(text: str, minimum: int, example: str = "4") -> int:
+    stripped = text.strip()
+    if not stripped.isdigit() or int(stripped) < minimum:
+        raise ValueError(f"invalid number {text!r}: use a whole number ≥ {minimum}, e.g. {example}")
+    return int(stripped)
+
+
+def _int_to(name: str, minimum: int = 1) -> Converter:
+    return lambda text: {name: _whole(text, minimum)}
+
+
+def _str_to(name: str, what: str = "value") -> Converter:
+    def convert(text: str) -> dict[str, Any]:
+        if not text.strip():
+            raise ValueError(f"empty {what}: give a {what} after the option")
+        return {name: text}
+
+    return convert
+
+
+def _const(**updates: Any) -> Converter:
+    return lambda _text: dict(updates)
+
+
+def _nodes(text: str) -> dict[str, Any]:
+    """``-N 4`` or ``-N 2-4`` (the scheduler gets the minimum and may use up to the maximum)."""
+    lo, dash, hi = text.strip().partition("-")
+    forms = "use a node count such as 4, or a range such as 2-4"
+    if not lo.isdigit() or int(lo) < 1 or (dash and (not hi.isdigit() or int(hi) < int(lo))):
+        raise ValueError(f"invalid node count {text!r}: {forms}")
+    if dash:
+        return {"nodes": int(lo), "nodes_max": int(hi)}
+    return {"nodes": int(lo)}
+
+
+def _memory_to(name: str, allow_zero: bool) -> Converter:
+    def convert(text: str) -> dict[str, Any]:
+        mb = values.parse_memory_mb(text)
+        if mb == 0 and not allow_zero:
+            raise ValueError(f"invalid memory size {text!r}: must be more than 0, e.g. 4G")
+        return {name: mb}
+
+    return convert
+
+
+def _gpu_updates(count_field: str, parsed: tuple[int, str | None]) -> dict[str, Any]:
+    count, gpu_type = parsed
+    updates: dict[str, Any] = {count_field: count}
+    if gpu_type is not None:
+        updates["gpu_type"] = gpu_type
+    return updates
+
+
+def _gres(text: str) -> dict[str, Any]:
+    return _gpu_updates("gpus_per_node", values.parse_gres(text))
+
+
+def _gpus_to(count_field: str) -> Converter:
+    return lambda text: _gpu_updates(count_field, values.parse_gpus(text))
+
+
+def _duration_to(name: str) -> Converter:
+    return lambda text: {name: values.parse_duration(text)}
+
+
+def _output_to(name: str) -> Converter:
+    """sbatch treats ``-o none`` as /dev/null; every other value is a filename pattern."""
+
+    def convert(text: str) -> dict[str, Any]:
+        if not text.strip():
+            raise ValueError("empty file name: use e.g. slurm-%j.out")
+        return {name: "/dev/null" if text.lower() == "none" else text}
+
+    return convert
+
+
+def _open_mode(text: str) -> dict[str, Any]:
+    word = text.strip().lower()
+    # sbatch only looks at the first letter, so "a"/"t" are accepted too.
+    if word and "append".startswith(word):
+        return {"open_mode": "append"}
+    if word and "truncate".startswith(word):
+        return {"open_mode": "truncate"}
+    raise ValueError(f"invalid open mode {text!r}: use append or truncate")
+
+
+def _validated_raw(name: str, check: Callable[[str], object]) -> Converter:
+    """Keep the string as written (the server parses it again) but refuse it now if invalid."""
+
+    def convert(text: str) -> dict[str, Any]:
+        check(text)
+        return {name: text.strip()}
+
+    return convert
+
+
+def _hosts_to(name: str) -> Converter:
+    def convert(text: str) -> dict[str, Any]:
+        if "/" in text:
+            raise ValueError(
+                f"node list {text!r} looks like a file path; node list files are not "
+                "supported, list the nodes instead, e.g. node[01-04]"
+            )
+        hosts = expand_hostlist(text)
+        if not hosts:
+            raise ValueError("empty node list: use e.g. node[01-04,07]")
+        return {name: hosts}
+
+    return convert
+
+
+def _exclusive(text: str) -> dict[str, Any]:
+    word = text.strip().lower()
+    if not word:
+        return {"exclusive": True}
+    if word in ("user", "mcs", "topo"):
+        return {
+            "exclusive": True,
+            _WARNING: f"--exclusive={word} is treated as whole-node --exclusive",
+        }
+    raise ValueError(f"invalid --exclusive value {text!r}: use --exclusive (or =user, =mcs)")
+
+
+def _partition(text: str) -> dict[str, Any]:
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise ValueError(f"invalid partition {text!r}: use a name or a list such as gpu,cpu")
+    return {"partition": ",".join(names)}
+
+
+def _priority(text: str) -> dict[str, Any]:
+    return {"priority": _whole(text, 0, example="100")}
+
+
+# --------------------------------------------------------------------------------------------
+# The table
+# --------------------------------------------------------------------------------------------
+
+
+def _opt(
+    long: str,
+    short: str | None,
+    arg: Arg,
+    fields: tuple[str, ...],
+    convert: Converter | None,
+    help: str,
+    metavar: str = "",
+    effect: Effect = Effect.APPLIED,
+    conflicts: tuple[str, ...] = (),
+) -> Option:
+    return Option(long, short, arg, fields, convert, help, metavar, effect, conflicts)
+
+
+def _ignored(long: str, short: str | None = None, arg: Arg = Arg.REQUIRED) -> Option:
+    return Option(
+        long,
+        short,
+        arg,
+        (),
+        None,
+        "accepted for Slurm compatibility; no effect",
+        effect=Effect.IGNORED,
+    )
+
+
+def _refused(long: str, reason: str, short: str | None = None, arg: Arg = Arg.REQUIRED) -> Option:
+    return Option(long, short, arg, (), None, reason, effect=Effect.REFUSED)
+
+
+R, N, OPT = Arg.REQUIRED, Arg.NONE, Arg.OPTIONAL
+
+# fmt: off
+OPTIONS: tuple[Option, ...] = (
+    # --- what runs and where ---
+    _opt("job-name", "J", R, ("name",), _str_to("name", "job name"), "job name", "NAME"),
+    _opt("partition", "p", R, ("partition",), _partition,
+         "partition(s) to run in; a comma list means any of them", "PART[,PART]"),
+    _opt("nodes", "N", R, ("nodes", "nodes_max"), _nodes,
+         "number of nodes (or a MIN-MAX range)", "N[-MAX]"),
+    _opt("ntasks", "n", R, ("ntasks",), _int_to("ntasks"), "number of tasks", "N"),
+    _opt("ntasks-per-node", None, R, ("ntasks_per_node",), _int_to("ntasks_per_node"),
+         "tasks per node", "N"),
+    _opt("cpus-per-task", "c", R, ("cpus_per_task",), _int_to("cpus_per_task"),
+         "CPUs per task", "N"),
+    _opt("mem", None, R, ("mem_mb",), _memory_to("mem_mb", allow_zero=True),
+         "memory per node (MB, or K/M/G/T suffix); 0 means all of the node's memory", "SIZE",
+         conflicts=("mem-per-cpu",)),
+    _opt("mem-per-cpu", None, R, ("mem_per_cpu_mb",),
+         _memory_to("mem_per_cpu_mb", allow_zero=False),
+         "memory per allocated CPU (MB, or K/M/G/T suffix)", "SIZE", conflicts=("mem",)),
+    _opt("gres", None, R, ("gpus_per_node", "gpu_type"), _gres,
+         "GPUs per node, e.g. gpu:4 or gpu:a40:1", "gpu[:TYPE][:N]",
+         conflicts=("gpus-per-node",)),
+    _opt("gpus-per-node", None, R, ("gpus_per_node", "gpu_type"), _gpus_to("gpus_per_node"),
+         "GPUs per node, e.g. 4 or a100:4", "[TYPE:]N", conflicts=("gres",)),
+    _opt("gpus", "G", R, ("gpus_total", "gpu_type"), _gpus_to("gpus_total"),
+         "GPUs for the whole job, e.g. 8 or h100:8", "[TYPE:]N"),
+    _opt("gpus-per-task", None, R, ("gpus_per_task", "gpu_type"), _gpus_to("gpus_per_task"),
+         "GPUs per task, e.g. 1 or l40s:1", "[TYPE:]N"),
+    _opt("time", "t", R, ("time_limit_s",), _duration_to("time_limit_s"),
+         "time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED", "TIME"),
+    _opt("constraint", "C", R, ("constraint",),
+         _validated_raw("constraint", values.parse_constraint),
+         "required node features, e.g. a100&ib or (a100|h100)&ib", "EXPR"),
+    _opt("nodelist", "w", R, ("nodelist",), _hosts_to("nodelist"),
+         "run on these nodes, e.g. node[01-04]", "HOSTLIST"),
+    _opt("exclude", "x", R, ("exclude",), _hosts_to("exclude"),
+         "never run on these nodes", "HOSTLIST"),
+    _opt("exclusive", None, OPT, ("exclusive",), _exclusive,
+         "do not share the allocated nodes with other jobs", "user|mcs"),
+    # --- files and environment ---
+    _opt("output", "o", R, ("output",), _output_to("output"),
+         "stdout file pattern (%j job id, %x name, %A/%a array job/task, %N node)", "FILE"),
+    _opt("error", "e", R, ("error",), _output_to("error"), "stderr file pattern", "FILE"),
+    _opt("open-mode", None, R, ("open_mode",), _open_mode,
+         "append to or truncate the output files", "append|truncate"),
+    _opt("chdir", "D", R, ("workdir",), _str_to("workdir", "directory"),
+         "working directory of the job", "DIR"),
+    _opt("export", None, R, ("export",), _validated_raw("export", values.parse_export),
+         "environment to pass: ALL, NONE, or a list such as ALL,VAR=value,OTHER", "ALL|NONE|VARS"),
+    _opt("wrap", None, R, ("wrap",), _str_to("wrap", "command"),
+         "run this shell command instead of a script", "COMMAND"),
+    # --- lifecycle ---
+    _opt("array", "a", R, ("array",), _validated_raw("array", values.parse_array),
+         "job array indices, e.g. 0-15, 1,3,5-7, 0-15:4 or 1-100%10", "INDICES"),
+    _opt("dependency", "d", R, ("dependency",),
+         _validated_raw("dependency", values.parse_dependency),
+         "start after other jobs, e.g. afterok:123:124 or singleton", "TYPE:JOB[:JOB]"),
+    _opt("requeue", None, N, ("requeue",), _const(requeue=True),
+         "requeue the job after a node failure or preemption"),
+    _opt("no-requeue", None, N, ("requeue",), _const(requeue=False),
+         "never requeue the job"),
+    _opt("signal", None, R, ("signal",), _validated_raw("signal", values.parse_signal),
+         "signal the job before its time limit, e.g. B:USR1@300", "[B:]SIG[@SECONDS]"),
+    _opt("hold", "H", N, ("hold",), _const(hold=True), "submit the job held"),
+    _opt("priority", None, R, ("priority",), _priority, "job priority", "N"),
+    # --- Phalanx extensions (stored; acted on by the fault-tolerance layer) ---
+    _opt("spares", None, R, ("spares",), _int_to("spares", 0),
+         "extra nodes to keep allocated as hot spares", "N"),
+    _opt("progress-timeout", None, R, ("progress_timeout_s",),
+         _duration_to("progress_timeout_s"),
+         "treat the job as hung when it reports no progress for this long", "TIME"),
+    _opt("checkpoint-dir", None, R, ("checkpoint_dir",),
+         _str_to("checkpoint_dir", "directory"), "where the job writes checkpoints", "DIR"),
+    # --- bookkeeping: kept, shown, no effect here ---
+    _opt("comment", None, R, ("comment",), _str_to("comment"), "free-text comment", "TEXT"),
+    _opt("account", "A", R, ("account",), _str_to("account"),
+         "account to charge (recorded, no effect)", "ACCOUNT", Effect.STORED),
+    _opt("qos", "q", R, ("qos",), _str_to("qos"),
+         "quality of service (recorded, no effect)", "QOS", Effect.STORED),
+    _opt("mail-user", None, R, ("mail_user",), _str_to("mail_user"),
+         "mail address (recorded, no mail is sent)", "ADDRESS", Effect.STORED),
+    _opt("mail-type", None, R, ("mail_type",), _str_to("mail_type"),
+         "mail events (recorded, no mail is sent)", "EVENTS", Effect.STORED),
+    # --- accepted for compatibility, no effect ---
+    _ignored("acctg-freq"),
+    _ignored("contiguous", arg=N),
+    _ignored("core-spec", "S"),
+    _ignored("cores-per-socket"),
+    _ignored("cpu-bind"),
+    _ignored("cpu-freq"),
+    _ignored("deadline"),
+    _ignored("delay-boot"),
+    _ignored("distribution", "m"),
+    _ignored("extra-node-info", "B"),
+    _ignored("get-user-env", arg=OPT),
+    _ignored("gpu-bind"),
+    _ignored("gpu-freq"),
+    _ignored("gres-flags"),
+    _ignored("hint"),
+    _ignored("ignore-pbs", arg=N),
+    _ignored("immediate", "I", arg=OPT),
+    _ignored("kill-on-invalid-dep"),
+    _ignored("licenses", "L"),
+    _ignored("mcs-label"),
+    _ignored("mem-bind"),
+    _ignored("mincpus"),
+    _ignored("network"),
+    _ignored("nice", arg=OPT),
+    _ignored("no-kill", "k", arg=OPT),
+    _ignored("ntasks-per-core"),
+    _ignored("ntasks-per-socket"),
+    _ignored("overcommit", "O", arg=N),
+    _ignored("oversubscribe", "s", arg=N),
+    _ignored("parsable", arg=N),
+    _ignored("power"),
+    _ignored("prefer"),
+    _ignored("profile"),
+    _ignored("propagate", arg=OPT),
+    _ignored("quiet", "Q", arg=N),
+    _ignored("reboot", arg=N),
+    _ignored("reservation"),
+    _ignored("sockets-per-node"),
+    _ignored("spread-job", arg=N),
+    _ignored("switches"),
+    _ignored("thread-spec"),
+    _ignored("threads-per-core"),
+    _ignored("time-min"),
+    _ignored("tmp"),
+    _ignored("use-min-nodes", arg=N),
+    _ignored("verbose", "v", arg=N),
+    _ignored("wait", "W", arg=N),
+    _ignored("wait-all-nodes"),
+    _ignored("wckey"),
+    # --- Slurm options Phalanx cannot honour: refused, never silently dropped ---
+    _refused("begin", "delayed start is not supported; submit later or use --hold", "b"),
+    _refused("test-only", "--test-only would not submit, but Phalanx would; drop it", arg=N),
+    _refused("cpus-per-gpu", "not supported; request CPUs with --cpus-per-task"),
+    _refused("mem-per-gpu", "not supported; request memory with --mem or --mem-per-cpu"),
+    _refused("ntasks-per-gpu", "not supported; use --ntasks-per-node and --gpus-per-task"),
+    _refused("gpus-per-socket", "not supported; use --gpus-per-node"),
+    _refused("tres-per-task", "not supported; use --cpus-per-task and --gpus-per-task"),
+    _refused("clusters", "Phalanx schedules a single cluster; drop -M/--clusters", "M"),
+    _refused("export-file", "not supported; use --export=ALL,VAR=value"),
+    _refused("input", "stdin redirection is not supported; read the file in the script", "i"),
+    _refused("nodefile", "node list files are not supported; use --nodelist", "F"),
+    _refused("container", "OCI containers are not supported; run the container in the script"),
+    _refused("uid", "submitting as another user is not supported"),
+    _refused("gid", "submitting as another group is not supported"),
+)
+# fmt: on
+
+_BY_LONG: dict[str, Option] = {opt.long: opt for opt in OPTIONS}
+_BY_SHORT: dict[str, Option] = {opt.short: opt for opt in OPTIONS if opt.short}
+assert len(_BY_LONG) == len(OPTIONS), "duplicate long option in OPTIONS"
+assert len(_BY_SHORT) == sum(1 for opt in OPTIONS if opt.short), "duplicate short option"
+
+
+def find_option(name: str) -> Option | None:
+    """Look up ``--name`` like getopt_long: exact match, else a unique prefix.
+
+    Raises ValueError when the prefix is ambiguous (sbatch refuses those too).
+    """
+    if name in _BY_LONG:
+        return _BY_LONG[name]
+    matches = [opt for long, opt in _BY_LONG.items() if long.startswith(name)]
+    if len(matches) > 1:
+        choices = ", ".join(opt.flag for opt in matches)
+        raise ValueError(f"--{name} is ambiguous: could be {choices}; spell it out")
+    return matches[0] if matches else None
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ParsedOptions:
+    """The result of parsing: field values plus what the user should be told."""
+
+    fields: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+    """Options given that have no effect in Phalanx (e.g. ``--mail-type``), each once."""
+    origins: dict[str, str] = field(default_factory=dict)
+    """Where each field was set, e.g. ``{"mem_mb": "job.sh line 4"}``, for later error messages."""
+
+
+@dataclass
+class _Applied:
+    option: Option
+    updates: dict[str, Any]
+    source: str
+    line: int | None
+
+
+def _error(message: str, source: str, line: int | None, option: str | None) -> InvalidSpec:
+    details: dict[str, Any] = {"source": source}
+    if line is not None:
+        details["line"] = line
+    if option is not None:
+        details["option"] = option
+    return InvalidSpec(message, **details)
+
+
+class _Accumulator:
+    """Collects field updates from one place (the script, or the command line)."""
+
+    def __init__(self) -> None:
+        self.fields: dict[str, Any] = {}
+        self.owner: dict[str, str] = {}  # field -> long name of the option that set it
+        self.where: dict[str, str] = {}  # field -> source text
+        self.warnings: list[str] = []
+        self.ignored: list[str] = []
+        self.applied: list[_Applied] = []
+
+    def note_ignored(self, option: Option) -> None:
+        if option.flag not in self.ignored:
+            self.ignored.append(option.flag)
+
+    def take(self, option: Option, value: str | None, source: str, line: int | None) -> None:
+        """Convert one occurrence of an option and record it."""
+        if option.effect is Effect.REFUSED:
+            raise _error(f"{source}: {option.flag}: {option.help}", source, line, option.flag)
+        if option.effect is Effect.IGNORED or option.convert is None:
+            self.note_ignored(option)
+            return
+        try:
+            updates = option.convert(value if value is not None else "")
+        except ValueError as exc:
+            raise _error(f"{source}: {option.flag}: {exc}", source, line, option.flag) from None
+        warning = updates.pop(_WARNING, None)
+        if warning:
+            self.warnings.append(f"{source}: {warning}")
+        if option.effect is Effect.STORED:
+            self.note_ignored(option)
+        item = _Applied(option, updates, source, line)
+        self.apply(item, override=False)
+        self.applied.append(item)
+
+    def _drop_owned_by(self, long: str) -> None:
+        for name in [f for f, owner in self.owner.items() if owner == long]:
+            del self.fields[name], self.owner[name], self.where[name]
+
+    def apply(self, item: _Applied, override: bool) -> None:
+        """Set fields; ``override`` is True when the command line overrides the script."""
+        option, source = item.option, item.source
+        # Repeating an option replaces all it set before (later wins, as in sbatch).
+        self._drop_owned_by(option.long)
+        for other in option.conflicts:
+            clash = [f for f, owner in self.owner.items() if owner == other]
+            if clash and not override:
+                raise _error(
+                    f"{source}: {option.flag}: cannot be combined with --{other} "
+                    f"(given at {self.where[clash[0]]}); keep only one of them",
+                    source,
+                    item.line,
+                    option.flag,
+                )
+            self._drop_owned_by(other)
+        new_type = item.updates.get("gpu_type")
+        old_type = self.fields.get("gpu_type")
+        if new_type is not None and old_type not in (None, new_type) and not override:
+            raise _error(
+                f"{source}: {option.flag}: asks for GPU type {new_type!r} but "
+                f"--{self.owner['gpu_type']} at {self.where['gpu_type']} asks for "
+                f"{old_type!r}; a job uses one GPU type",
+                source,
+                item.line,
+                option.flag,
+            )
+        for name, value in item.updates.items():
+            self.fields[name] = value
+            self.owner[name] = option.long
+            self.where[name] = source
+
+    def merge_override(self, other: _Accumulator) -> None:
+        """Replay ``other`` (the command line) on top of this one (the script)."""
+        for item in other.applied:
+            self.apply(item, override=True)
+        self.warnings.extend(other.warnings)
+        for flag in other.ignored:
+            if flag not in self.ignored:
+                self.ignored.append(flag)
+
+    def result(self) -> ParsedOptions:
+        return ParsedOptions(
+            fields=dict(self.fields),
+            warnings=list(self.warnings),
+            ignored=list(self.ignored),
+            origins=dict(self.where),
+        )
+
+
+def _looks_like_value(token: str) -> bool:
+    return not token.startswith("-")
+
+
+def _parse_into(acc: _Accumulator, tokens: list[str], source: str, line: int | None) -> None:
+    """getopt_long-like walk over ``tokens``; see ``parse_options``."""
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        i += 1
+        if token == "--":
+            for extra in tokens[i:]:
+                _positional(acc, extra, source, line)
+            return
+        if token.startswith("--"):
+            name, eq, value = token[2:].partition("=")
+            try:
+                option = find_option(name)
+            except ValueError as exc:
+                raise _error(f"{source}: {exc}", source, line, f"--{name}") from None
+            if option is None:
+                shown = f"--{name}"
+                if not eq and i < len(tokens) and _looks_like_value(tokens[i]):
+                    shown += f" {tokens[i]}"  # most likely its value; do not warn about it twice
+                    i += 1
+                acc.warnings.append(f"{source}: unknown option {shown} ignored")
+                continue
+            if option.arg is Arg.NONE and eq:
+                raise _error(
+                    f"{source}: {option.flag}: takes no value (got {value!r})",
+                    source,
+                    line,
+                    option.flag,
+                )
+            arg: str | None = value if eq else None
+            if option.arg is Arg.REQUIRED and not eq:
+                if i >= len(tokens):
+                    raise _error(
+                        f"{source}: {option.flag}: needs a value, e.g. "
+                        f"{option.flag}={option.metavar or 'VALUE'}",
+                        source,
+                        line,
+                        option.flag,
+                    )
+                arg = tokens[i]
+                i += 1
+            acc.take(option, arg, source, line)
+        elif token.startswith("-") and len(token) > 1:
+            j = 1
+            while j < len(token):
+                letter = token[j]
+                j += 1
+                option = _BY_SHORT.get(letter)
+                if option is None:
+                    acc.warnings.append(f"{source}: unknown option -{letter} ignored")
+                    break  # the rest of the cluster cannot be interpreted
+                if option.arg is Arg.NONE:
+                    acc.take(option, None, source, line)
+                    continue
+                rest: str | None = token[j:] or None
+                if rest is None and option.arg is Arg.REQUIRED:
+                    if i >= len(tokens):
+                        raise _error(
+                            f"{source}: -{letter} ({option.flag}): needs a value",
+                            source,
+                            line,
+                            option.flag,
+                        )
+                    rest = tokens[i]
+                    i += 1
+                acc.take(option, rest, source, line)
+                break
+        else:
+            _positional(acc, token, source, line)
+
+
+def _positional(acc: _Accumulator, token: str, source: str, line: int | None) -> None:
+    if token.lower() in ("hetjob", "packjob", ":"):
+        raise _error(
+            f"{source}: heterogeneous jobs ({token}) are not supported; submit the "
+            "components as separate jobs (use --dependency to order them)",
+            source,
+            line,
+            None,
+        )
+    acc.warnings.append(f"{source}: unexpected argument {token!r} ignored")
+
+
+def parse_options(tokens: list[str], source: str) -> ParsedOptions:
+    """Parse one set of option tokens (one script line, or the command line).
+
+    Accepts ``--opt=value``, ``--opt value``, unique prefixes of long names, ``-X value``,
+    ``-Xvalue`` and clustered flags (``-Hv``), like sbatch's getopt.  ``source`` (e.g.
+    ``"job.sh line 4"``) prefixes every warning and error.  Raises ``InvalidSpec`` for a bad
+    value or a refused option; unknown options only produce warnings.
+    """
+    acc = _Accumulator()
+    m = _SOURCE_LINE_RE.search(source)
+    _parse_into(acc, tokens, source, int(m[1]) if m else None)
+    return acc.result()
+
+
+def _is_directive(line: str) -> str | None:
+    for prefix in DIRECTIVE_PREFIXES:
+        if line.startswith(prefix):
+            return prefix
+    return None
+
+
+def _is_header_line(line: str) -> bool:
+    """Blank or a comment (``#`` after optional whitespace), like sbatch's header scan."""
+    stripped = line.strip()
+    return not stripped or stripped.startswith("#")
+
+
+def script_directives(text: str, script_name: str = "script") -> list[tuple[int, list[str]]]:
+    """(line number, tokens) of each ``#SBATCH``/``#PHX`` line in the script header.
+
+    The header ends at the first line that is neither blank nor a comment, exactly like
+    sbatch, so a directive below the first command has no effect (``late_directives`` finds
+    those).  Tokens are split like sbatch does: quotes group, and an unquoted ``#`` starts a
+    trailing comment.  A directive must start in column 1, as sbatch requires.
+    """
+    found: list[tuple[int, list[str]]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        prefix = _is_directive(line)
+        if prefix is None:
+            if _is_header_line(line):
+                continue
+            break
+        try:
+            tokens = shlex.split(line[len(prefix) :], comments=True)
+        except ValueError as exc:  # unbalanced quotes
+            source = f"{script_name} line {number}"
+            raise _error(
+                f"{source}: cannot read {prefix} line: {exc} (check the quotes)",
+                source,
+                number,
+                None,
+            ) from None
+        found.append((number, tokens))
+    return found
+
+
+def late_directives(text: str) -> list[tuple[int, int]]:
+    """(line, first command line) of each directive sbatch would ignore (after the header)."""
+    first_command: int | None = None
+    late: list[tuple[int, int]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if first_command is None:
+            if _is_directive(line) is None and not _is_header_line(line):
+                first_command = number
+        elif _is_directive(line) is not None:
+            late.append((number, first_command))
+    return late
+
+
+def _check_script(text: str, script_name: str) -> None:
+    """Refuse what sbatch refuses, with the same reasons, before looking at directives."""
+    if "\0" in text:
+        line = text[: text.index("\0")].count("\n") + 1
+        source = f"{script_name} line {line}"
+        raise _error(f"{source}: the script contains a NUL character", source, line, None)
+    if not text.startswith("#!"):
+        source = f"{script_name} line 1"
+        raise _error(
+            f"{source}: this does not look like a batch script: the first line must start "
+            "with #! followed by the interpreter, e.g. #!/bin/bash",
+            source,
+            1,
+            None,
+        )
+    if "\r\n" in text:
+        line = text[: text.index("\r\n")].count("\n") + 1
+        source = f"{script_name} line {line}"
+        raise _error(
+            f"{source}: the script has DOS line breaks (\\r\\n), which the shell cannot run; "
+            "convert it with dos2unix",
+            source,
+            line,
+            None,
+        )
+
+
+def parse_submission(
+    script_text: str | None, cli_tokens: list[str], script_name: str = "script"
+) -> ParsedOptions:
+    """Parse a whole submission: script header directives first, then the command line.
+
+    Command-line options override the script's, as with sbatch.  Either a script or
+    ``--wrap`` must be given, not both.  Raises ``InvalidSpec`` whose message names the
+    script line (or "command line") and the option.
+    """
+    script = _Accumulator()
+    if script_text is not None:
+        _check_script(script_text, script_name)
+        for number, tokens in script_directives(script_text, script_name):
+            _parse_into(script, tokens, f"{script_name} line {number}", number)
+        for number, first in late_directives(script_text):
+            script.warnings.append(
+                f"{script_name} line {number}: directive after the first command (line "
+                f"{first}) is ignored, as sbatch does; move it above line {first}"
+            )
+    cli = _Accumulator()
+    _parse_into(cli, cli_tokens, COMMAND_LINE, None)
+    script.merge_override(cli)
+    if script_text is None and "wrap" not in script.fields:
+        raise _error(
+            "no batch script given: pass a script file or --wrap=COMMAND",
+            COMMAND_LINE,
+            None,
+            None,
+        )
+    if script_text is not None and "wrap" in script.fields:
+        where = script.where["wrap"]
+        raise _error(
+            f"{where}: --wrap: cannot be combined with a batch script; use one or the other",
+            where,
+            None,
+            "--wrap",
+        )
+    return script.result()
+
+
+def split_cli_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Split ``phalanx submit`` arguments into (option tokens, [script, script args...]).
+
+    Only the option table knows whether ``-J x`` consumes ``x``, so the CLI uses this to find
+    where options end, as sbatch does: at the first non-option token or at ``--``.  Unknown
+    options are assumed to take no value here, so that the script path is never swallowed.
+    """
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return argv[:i], argv[i + 1 :]
+        if token.startswith("--"):
+            name, eq, _ = token[2:].partition("=")
+            try:
+                option = find_option(name)
+            except ValueError as exc:
+                raise _error(str(exc), COMMAND_LINE, None, f"--{name}") from None
+            i += 2 if option is not None and option.arg is Arg.REQUIRED and not eq else 1
+        elif token.startswith("-") and len(token) > 1:
+            i += 1
+            for j, letter in enumerate(token[1:], start=2):
+                option = _BY_SHORT.get(letter)
+                if option is None or option.arg is not Arg.NONE:
+                    if option is not None and option.arg is Arg.REQUIRED and j == len(token):
+                        i += 1  # "-J name": the value is the next token
+                    break
+        else:
+            return argv[:i], argv[i:]
+    return argv[:], []
