@@ -27,8 +27,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console()
-err_console = Console(stderr=True)
+# Piped output is not cut at 80 columns: scripts and logs read whole lines.
+console = Console(width=None if sys.stdout.isatty() else 200)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 UrlOpt = typer.Option(None, "--url", help="controller URL(s), comma separated (default: $PHALANX_URL)")
 JsonOpt = typer.Option(False, "--json", help="print JSON")

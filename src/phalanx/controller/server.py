@@ -61,6 +61,8 @@ def setup_logging(level: str, name: str) -> None:
         format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    for noisy in ("httpx", "httpcore", "alembic", "uvicorn.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def run_controller(

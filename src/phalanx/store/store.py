@@ -916,10 +916,12 @@ class Store:
                 .values(state=AttemptState.RUNNING.value, start_time=start, expected_end=(start + tl) if tl else None)
             )
             att["state"] = AttemptState.RUNNING.value
+            att["start_time"] = start  # a task that also exited in this report ends the job below
             if job["state"] == JobState.STARTING.value:
                 self._set_job_state(conn, job, JobState.RUNNING, None, extra={"start_time": start},
                                     message=f"running on {','.join(att['nodes'])}")
                 job["state"] = JobState.RUNNING.value
+                job["start_time"] = start
         finished = [t for t in tasks if t["state"] in (TaskState.EXITED.value, TaskState.LOST.value)]
         if not finished:
             return

@@ -1,0 +1,32 @@
+# Phalanx: `make demo` runs a local cluster doing real work; `make test` runs the whole suite.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: install demo test lint bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Phalanx needs Python 3.11 or newer")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	@touch $@
+
+demo: install
+	$(BIN)/python scripts/demo.py
+
+lint: install
+	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/mypy
+
+test: install lint
+	bash scripts/ensure-postgres.sh
+	$(BIN)/pytest -q
+
+bench: install
+	$(BIN)/python bench/submit.py
+
+clean:
+	rm -rf $(VENV) demo-state .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,677 @@
+"""Pure placement decision: which pending jobs start now, on which nodes, with which devices.
+
+Everything here is a function of its arguments (a snapshot of nodes, running allocations and the
+eligible jobs in priority order, plus ``now``). There is no I/O and no clock read, so the
+scheduler loop can apply the returned placements in one transaction and tests can replay any
+situation exactly. The same input always yields the same output: every choice between equal
+candidates is broken by a stable key (natural node-name order, then device index, then type name).
+
+Algorithm of :func:`place` (EASY backfill):
+
+1. Usage per node starts as the sum of the running allocations.
+2. Jobs are taken in the given (priority) order. A job that fits now is placed and its usage is
+   added, so later jobs see it.
+3. The first job that does not fit now, but would fit on the idle schedulable cluster, is the
+   *blocked head*. Its reservation is computed by replaying the known ``expected_end`` of running
+   work (allocations and placements made in this call) in time order until it fits; that gives a
+   start time ``t_res`` and a *shadow* state: the usage at ``t_res`` with the head placed in it.
+4. A later job may start now only if it cannot delay the head: either it ends by ``t_res``
+   (``now + time_limit_s <= t_res``), or it fits both now and in the shadow state at once (it
+   only uses resources the head will not need). Jobs without a time limit are always in the second
+   case. Only the head gets a reservation; other jobs that do not fit are simply skipped.
+5. If no reservation can be computed (the head needs resources held by work with no known end),
+   every node the head could ever use is closed to later jobs, so the head cannot be starved.
+6. Jobs that would not fit even on the idle schedulable cluster (their nodes are drained, or the
+   request is impossible) are skipped without blocking anybody: holding the queue for them would
+   stall the whole cluster for a job that cannot run anyway.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+__all__ = [
+    "Allocation",
+    "JobRequest",
+    "NodeView",
+    "Placement",
+    "place",
+    "unsatisfiable_reason",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """A node as the scheduler sees it in one snapshot (capacity, not usage)."""
+
+    name: str
+    cpus: int
+    mem_mb: int
+    gpus: tuple[tuple[int, str], ...]  # (device index, gpu type)
+    features: frozenset[str]
+    partitions: frozenset[str]
+    schedulable: bool  # registered, not DOWN, not DRAIN
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """What a running attempt holds on one node."""
+
+    job_id: int
+    node: str
+    cpus: int
+    mem_mb: int
+    gpu_ids: tuple[int, ...]
+    exclusive: bool
+    expected_end: float | None  # start + time limit; None = unknown/unlimited
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequest:
+    """The resource shape of one eligible pending job."""
+
+    job_id: int
+    partitions: tuple[str, ...]  # try in this order; the first where it fits now wins
+    nodes: int  # exact node count
+    cpus_per_node: int
+    mem_per_node_mb: int  # 0 = the node's whole memory
+    gpus_per_node: int
+    gpu_type: str | None  # None = any type (one type per node)
+    exclusive: bool
+    constraint: Callable[[frozenset[str]], bool] | None
+    nodelist: tuple[str, ...]  # must include all of these nodes
+    exclude: tuple[str, ...]
+    time_limit_s: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Decision to start one job now."""
+
+    job_id: int
+    partition: str
+    nodes: tuple[str, ...]  # rank order
+    cpus_per_node: int
+    mem_per_node_mb: tuple[int, ...]  # resolved per node (0 -> that node's memory)
+    gpu_ids: tuple[tuple[int, ...], ...]  # per node, device indices
+    # The job's gpu_type when given; else the single type used on every node, or None when the
+    # job has no GPUs or its nodes ended up with different types.
+    gpu_type: str | None
+
+
+# --------------------------------------------------------------------------------------------
+# Internal model
+# --------------------------------------------------------------------------------------------
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def _name_key(name: str) -> tuple[tuple[str | int, ...], str]:
+    """Natural order ("node2" < "node10") so rank layouts read like hostlists; raw name breaks ties.
+
+    ``re.split`` with a capture group alternates text/digits starting with text, so position i
+    always holds the same type in every key and tuples compare without type errors.
+    """
+    parts = _DIGITS.split(name)
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(parts)), name
+
+
+@dataclass(slots=True)
+class _Usage:
+    """Mutable usage of one node. GPU devices are counted, not set, so bad input that already
+    double-books a device stays visible (the device stays busy until every holder leaves)."""
+
+    cpus: int = 0
+    mem: int = 0
+    gpus: dict[int, int] = field(default_factory=dict)
+    holders: int = 0
+    exclusive: int = 0
+
+    def copy(self) -> _Usage:
+        return _Usage(self.cpus, self.mem, dict(self.gpus), self.holders, self.exclusive)
+
+
+_IDLE = _Usage()  # shared read-only "nothing here"; never mutated (see _State.add)
+
+
+@dataclass(frozen=True, slots=True)
+class _Hold:
+    """One node's share of a running or just-placed job, with when it frees up."""
+
+    node: str
+    cpus: int
+    mem: int
+    gpus: tuple[int, ...]
+    exclusive: bool
+    end: float | None
+
+
+class _State:
+    """Usage of every node; nodes never mentioned are idle."""
+
+    __slots__ = ("usage",)
+
+    def __init__(self, usage: dict[str, _Usage] | None = None) -> None:
+        self.usage: dict[str, _Usage] = usage if usage is not None else {}
+
+    def get(self, node: str) -> _Usage:
+        return self.usage.get(node, _IDLE)
+
+    def add(self, hold: _Hold) -> None:
+        u = self.usage.get(hold.node)
+        if u is None:
+            u = self.usage[hold.node] = _Usage()
+        u.cpus += hold.cpus
+        u.mem += hold.mem
+        for g in hold.gpus:
+            u.gpus[g] = u.gpus.get(g, 0) + 1
+        u.holders += 1
+        u.exclusive += int(hold.exclusive)
+
+    def remove(self, hold: _Hold) -> None:
+        u = self.usage[hold.node]
+        u.cpus -= hold.cpus
+        u.mem -= hold.mem
+        for g in hold.gpus:
+            left = u.gpus[g] - 1
+            if left:
+                u.gpus[g] = left
+            else:
+                del u.gpus[g]
+        u.holders -= 1
+        u.exclusive -= int(hold.exclusive)
+
+    def copy(self) -> _State:
+        return _State({k: v.copy() for k, v in self.usage.items()})
+
+
+def _merged(a: _Usage, b: _Usage) -> _Usage:
+    """Usage that fits a job iff the job fits on both ``a`` and ``b`` (used for backfill: a long
+    job must fit now *and* beside the reserved head at the reservation time)."""
+    gpus = dict(a.gpus)
+    for g in b.gpus:
+        gpus[g] = max(gpus.get(g, 0), b.gpus[g])
+    return _Usage(
+        max(a.cpus, b.cpus),
+        max(a.mem, b.mem),
+        gpus,
+        max(a.holders, b.holders),
+        max(a.exclusive, b.exclusive),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _NodeFit:
+    node: NodeView
+    mem: int
+    gpu_ids: tuple[int, ...]
+    gpu_type: str | None
+    idle: bool
+    cpus_left: int
+    gpus_left: int
+    mem_left: int
+
+
+def _fit_node(job: JobRequest, node: NodeView, u: _Usage) -> _NodeFit | None:
+    """Whether one node can take one rank of ``job`` on top of usage ``u``, and with what."""
+    if u.exclusive or (job.exclusive and u.holders):
+        return None
+    cpus_left = node.cpus - u.cpus - job.cpus_per_node
+    if cpus_left < 0:
+        return None
+    if job.mem_per_node_mb == 0:
+        # "All of the node's memory": any memory already in use makes it impossible.
+        if u.mem > 0:
+            return None
+        mem = node.mem_mb
+    else:
+        mem = job.mem_per_node_mb
+    mem_left = node.mem_mb - u.mem - mem
+    if mem_left < 0:
+        return None
+    free_total = sum(1 for idx, _ in dict(node.gpus).items() if not u.gpus.get(idx))
+    if job.gpus_per_node <= 0:
+        return _NodeFit(node, mem, (), None, u.holders == 0, cpus_left, free_total, mem_left)
+    free_by_type: dict[str, list[int]] = {}
+    for idx, gtype in dict(node.gpus).items():
+        if u.gpus.get(idx):
+            continue
+        if job.gpu_type is not None and gtype != job.gpu_type:
+            continue
+        free_by_type.setdefault(gtype, []).append(idx)
+    options = [
+        (len(ids), gtype, ids)
+        for gtype, ids in free_by_type.items()
+        if len(ids) >= job.gpus_per_node
+    ]
+    if not options:
+        return None
+    # Best fit among types: the type with the fewest free devices that still suffices, so a
+    # type with many free devices stays whole for a bigger request.
+    _, gtype, ids = min(options, key=lambda o: (o[0], o[1]))
+    chosen = tuple(sorted(ids)[: job.gpus_per_node])
+    return _NodeFit(
+        node,
+        mem,
+        chosen,
+        gtype,
+        u.holders == 0,
+        cpus_left,
+        free_total - len(chosen),
+        mem_left,
+    )
+
+
+def _statically_eligible(job: JobRequest, node: NodeView) -> bool:
+    """Filters that do not depend on usage or partition: exclude list and feature constraint."""
+    if node.name in job.exclude:
+        return False
+    return job.constraint is None or bool(job.constraint(node.features))
+
+
+class _Cluster:
+    """Schedulable nodes indexed by partition, in natural name order (built once per call)."""
+
+    def __init__(self, nodes: Sequence[NodeView]) -> None:
+        by_name: dict[str, NodeView] = {}
+        for n in nodes:
+            by_name[n.name] = n  # a duplicate name: the last view wins, deterministically
+        self.by_name = by_name
+        ordered = sorted(by_name.values(), key=lambda n: _name_key(n.name))
+        self.by_partition: dict[str, list[NodeView]] = {}
+        for n in ordered:
+            if not n.schedulable:
+                continue
+            for p in n.partitions:
+                self.by_partition.setdefault(p, []).append(n)
+
+
+def _fit_in_partition(
+    job: JobRequest,
+    partition: str,
+    cluster: _Cluster,
+    state: _State,
+    closed: frozenset[str],
+) -> Placement | None:
+    """All-or-nothing choice of ``job.nodes`` nodes in one partition, or None."""
+    if job.nodes < 1:
+        return None
+    required = list(dict.fromkeys(job.nodelist))
+    if len(required) > job.nodes:
+        return None
+    fits: dict[str, _NodeFit] = {}
+    for node in cluster.by_partition.get(partition, ()):
+        if node.name in closed or not _statically_eligible(job, node):
+            continue
+        f = _fit_node(job, node, state.get(node.name))
+        if f is not None:
+            fits[node.name] = f
+    if any(r not in fits for r in required):
+        return None
+    need = job.nodes - len(required)
+    req_set = set(required)
+    others = [f for name, f in fits.items() if name not in req_set]
+    if len(others) < need:
+        return None
+    if job.nodes == 1:
+        # Packing: a partially used node first, then the tightest fit, so idle nodes stay whole
+        # for big and exclusive jobs.
+        others.sort(
+            key=lambda f: (f.idle, f.cpus_left, f.gpus_left, f.mem_left, _name_key(f.node.name))
+        )
+    else:
+        # Multi-node: idle nodes first (they are the ones big jobs are kept whole for and avoid
+        # noisy neighbours), then name order for a stable, readable rank layout.
+        others.sort(key=lambda f: (not f.idle, _name_key(f.node.name)))
+    chosen = [fits[r] for r in required] + others[:need]
+    chosen.sort(key=lambda f: _name_key(f.node.name))
+    if job.gpus_per_node <= 0:
+        gtype: str | None = None
+    elif job.gpu_type is not None:
+        gtype = job.gpu_type
+    else:
+        types = {f.gpu_type for f in chosen}
+        gtype = types.pop() if len(types) == 1 else None
+    return Placement(
+        job_id=job.job_id,
+        partition=partition,
+        nodes=tuple(f.node.name for f in chosen),
+        cpus_per_node=job.cpus_per_node,
+        mem_per_node_mb=tuple(f.mem for f in chosen),
+        gpu_ids=tuple(f.gpu_ids for f in chosen),
+        gpu_type=gtype,
+    )
+
+
+def _try(
+    job: JobRequest,
+    cluster: _Cluster,
+    state: _State,
+    closed: frozenset[str] = frozenset(),
+) -> Placement | None:
+    """First partition in the job's list where it fits on ``state``."""
+    for partition in job.partitions:
+        p = _fit_in_partition(job, partition, cluster, state, closed)
+        if p is not None:
+            return p
+    return None
+
+
+def _holds_of(p: Placement, exclusive: bool, end: float | None) -> list[_Hold]:
+    return [
+        _Hold(node, p.cpus_per_node, mem, gpus, exclusive, end)
+        for node, mem, gpus in zip(p.nodes, p.mem_per_node_mb, p.gpu_ids, strict=True)
+    ]
+
+
+@dataclass(slots=True)
+class _Reservation:
+    start: float
+    shadow: _State  # usage at ``start`` including the head job and long backfilled jobs
+
+
+def _reserve(
+    job: JobRequest,
+    cluster: _Cluster,
+    state: _State,
+    holds: Iterable[_Hold],
+    now: float,
+) -> _Reservation | None:
+    """Earliest time the head job fits, replaying known ends in time order; None if never.
+
+    Work whose ``expected_end`` has already passed is still running (overdue); it is assumed to
+    end "now" at the earliest, since time-limit enforcement is about to end it.
+    """
+    timed = sorted(
+        ((max(h.end, now), i, h) for i, h in enumerate(holds) if h.end is not None),
+        key=lambda e: (e[0], e[1]),
+    )
+    sim = state.copy()
+    i = 0
+    while i < len(timed):
+        t = timed[i][0]
+        while i < len(timed) and timed[i][0] == t:
+            sim.remove(timed[i][2])
+            i += 1
+        p = _try(job, cluster, sim)
+        if p is not None:
+            for h in _holds_of(p, job.exclusive, None):
+                sim.add(h)
+            return _Reservation(t, sim)
+    return None
+
+
+def _usable_nodes(job: JobRequest, cluster: _Cluster) -> frozenset[str]:
+    """Every schedulable node the job could ever use (in its partitions, capacity permitting)."""
+    names: set[str] = set()
+    for partition in job.partitions:
+        for node in cluster.by_partition.get(partition, ()):
+            if _statically_eligible(job, node) and _fit_node(job, node, _IDLE) is not None:
+                names.add(node.name)
+    return frozenset(names)
+
+
+def place(
+    jobs: Sequence[JobRequest],
+    nodes: Sequence[NodeView],
+    allocations: Sequence[Allocation],
+    now: float,
+    *,
+    backfill: bool = True,
+) -> list[Placement]:
+    """Decide which of ``jobs`` (eligible, in priority order) start now, and where.
+
+    Never overcommits CPUs, memory or a GPU device, respects exclusivity, and never lets a
+    lower-priority job delay the highest-priority blocked job (EASY backfill; see module doc).
+    With ``backfill=False`` scheduling stops at the first blocked job (strict priority).
+    """
+    cluster = _Cluster(nodes)
+    state = _State()
+    holds: list[_Hold] = []
+    for a in allocations:
+        h = _Hold(a.node, a.cpus, a.mem_mb, tuple(a.gpu_ids), a.exclusive, a.expected_end)
+        state.add(h)
+        holds.append(h)
+
+    result: list[Placement] = []
+    seen: set[int] = set()
+    reservation: _Reservation | None = None
+    closed: frozenset[str] | None = None  # set when the head's reservation is not computable
+    idle = _State()
+
+    def commit(job: JobRequest, p: Placement, *, into_shadow: bool) -> None:
+        end = None if job.time_limit_s is None else now + job.time_limit_s
+        for h in _holds_of(p, job.exclusive, end):
+            state.add(h)
+            holds.append(h)
+            if into_shadow and reservation is not None:
+                reservation.shadow.add(h)
+        result.append(p)
+
+    for job in jobs:
+        if job.job_id in seen:
+            continue  # a duplicate in the input must not start twice
+        seen.add(job.job_id)
+
+        if reservation is None and closed is None:
+            p = _try(job, cluster, state)
+            if p is not None:
+                commit(job, p, into_shadow=False)
+                continue
+            if _try(job, cluster, idle) is None:
+                continue  # cannot run even on the idle cluster: not blocked by anyone
+            if not backfill:
+                break
+            reservation = _reserve(job, cluster, state, holds, now)
+            if reservation is None:
+                closed = _usable_nodes(job, cluster)
+            continue
+
+        if reservation is not None:
+            ends_in_time = (
+                job.time_limit_s is not None and now + job.time_limit_s <= reservation.start
+            )
+            if ends_in_time:
+                p = _try(job, cluster, state)
+                if p is not None:
+                    commit(job, p, into_shadow=False)
+            else:
+                # Must fit now and beside the head at its start: check against the per-node
+                # maximum of both states (only nodes busy in either can differ from idle).
+                names = state.usage.keys() | reservation.shadow.usage.keys()
+                both = _State({n: _merged(state.get(n), reservation.shadow.get(n)) for n in names})
+                p = _try(job, cluster, both)
+                if p is not None:
+                    commit(job, p, into_shadow=True)
+        else:
+            assert closed is not None
+            p = _try(job, cluster, state, closed)
+            if p is not None:
+                commit(job, p, into_shadow=False)
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Submit-time check
+# --------------------------------------------------------------------------------------------
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _max_gpus(node: NodeView, gpu_type: str | None) -> int:
+    """Largest number of same-type devices on the node (of ``gpu_type`` when given)."""
+    counts: dict[str, int] = {}
+    for _, t in dict(node.gpus).items():
+        counts[t] = counts.get(t, 0) + 1
+    if gpu_type is not None:
+        return counts.get(gpu_type, 0)
+    return max(counts.values(), default=0)
+
+
+def _why_not_node(job: JobRequest, node: NodeView) -> str | None:
+    """Which resource an empty ``node`` lacks for one rank of ``job`` (None if it fits)."""
+    short: list[str] = []
+    if node.cpus < job.cpus_per_node:
+        short.append(f"{node.cpus} CPUs ({job.cpus_per_node} requested)")
+    if job.mem_per_node_mb > node.mem_mb:
+        short.append(f"{node.mem_mb} MB memory ({job.mem_per_node_mb} MB requested)")
+    if job.gpus_per_node > 0:
+        have = _max_gpus(node, job.gpu_type)
+        if have < job.gpus_per_node:
+            kind = f" of type {job.gpu_type}" if job.gpu_type else " of one type"
+            short.append(f"{have} GPUs{kind} ({job.gpus_per_node} requested)")
+    return "only " + ", ".join(short) if short else None
+
+
+def _partition_reason(
+    job: JobRequest,
+    partition: str,
+    members: list[NodeView],
+    by_name: Mapping[str, NodeView],
+) -> str | None:
+    """Why ``job`` can never run in ``partition`` (None if it could, on empty nodes)."""
+    if not members:
+        return f"partition {partition} has no nodes"
+    member_names = {n.name for n in members}
+    required = list(dict.fromkeys(job.nodelist))
+    for name in required:
+        if name not in by_name:
+            return f"node {name} in --nodelist does not exist"
+        if name not in member_names:
+            return f"node {name} in --nodelist is not in partition {partition}"
+        if name in job.exclude:
+            return f"node {name} is in both --nodelist and --exclude"
+    if len(required) > job.nodes:
+        return (
+            f"--nodelist names {_plural(len(required), 'node')} but the job requests "
+            f"only {_plural(job.nodes, 'node')}"
+        )
+
+    cands = [n for n in members if n.name not in job.exclude]
+    if not cands:
+        return f"every node in partition {partition} is excluded by --exclude"
+    if job.constraint is not None:
+        constraint = job.constraint
+        featured = [n for n in cands if constraint(n.features)]
+        if not featured:
+            present = sorted(set().union(*(n.features for n in cands)))
+            listed = ", ".join(present) if present else "none"
+            return (
+                f"no node in partition {partition} satisfies the --constraint feature "
+                f"expression (features present: {listed})"
+            )
+        for name in required:
+            if name not in {n.name for n in featured}:
+                return f"node {name} in --nodelist does not satisfy the --constraint expression"
+        cands = featured
+
+    # Per-resource maxima first: they name the resource that no node has enough of.
+    if job.gpus_per_node > 0:
+        if job.gpu_type is not None:
+            types = sorted({t for n in cands for _, t in n.gpus})
+            if job.gpu_type not in types:
+                listed = f"types: {', '.join(types)}" if types else "it has no GPUs"
+                return (
+                    f"gpu type '{job.gpu_type}' does not exist on any node in partition "
+                    f"{partition} ({listed})"
+                )
+        most = max(_max_gpus(n, job.gpu_type) for n in cands)
+        if most < job.gpus_per_node:
+            kind = f" of type {job.gpu_type}" if job.gpu_type else ""
+            if most == 0:
+                has = "has no GPUs"
+            elif job.gpu_type is None:
+                has = f"has {most} of a single type"
+            else:
+                has = f"has {most}"
+            return (
+                f"requested {_plural(job.gpus_per_node, 'GPU')}{kind} per node but the largest "
+                f"node in partition {partition} {has}"
+            )
+    most_cpus = max(n.cpus for n in cands)
+    if most_cpus < job.cpus_per_node:
+        return (
+            f"requested {_plural(job.cpus_per_node, 'CPU')} per node but the largest node in "
+            f"partition {partition} has {most_cpus}"
+        )
+    most_mem = max(n.mem_mb for n in cands)
+    if most_mem < job.mem_per_node_mb:
+        return (
+            f"requested {job.mem_per_node_mb} MB of memory per node but the largest node in "
+            f"partition {partition} has {most_mem} MB"
+        )
+
+    fitting = [n for n in cands if _why_not_node(job, n) is None]
+    if not fitting:
+        want = [f"{job.cpus_per_node} CPUs"]
+        if job.mem_per_node_mb:
+            want.append(f"{job.mem_per_node_mb} MB memory")
+        if job.gpus_per_node:
+            kind = f" {job.gpu_type}" if job.gpu_type else ""
+            want.append(f"{job.gpus_per_node}{kind} GPUs")
+        return f"no single node in partition {partition} has {' and '.join(want)} together"
+    fit_names = {n.name for n in fitting}
+    for name in required:
+        if name not in fit_names:
+            why = _why_not_node(job, by_name[name])
+            return f"node {name} in --nodelist can never hold the job: it has {why}"
+    if len(fitting) < job.nodes:
+        listed = ", ".join(n.name for n in fitting)
+        return (
+            f"requested {_plural(job.nodes, 'node')} but partition {partition} has only "
+            f"{_plural(len(fitting), 'node')} that fit: {listed}"
+        )
+    return None
+
+
+def unsatisfiable_reason(
+    job: JobRequest,
+    nodes: Sequence[NodeView],
+    partition_nodes: Mapping[str, frozenset[str]] | None = None,
+) -> str | None:
+    """Why ``job`` could NEVER run, as one human sentence; None if it could.
+
+    Used at submit time, so current usage and node state (DOWN/DRAIN) are ignored: a drained
+    node may come back, and refusing a job because the cluster is busy would be wrong.
+    ``partition_nodes`` (partition -> node names) overrides the partitions carried by each
+    NodeView. When the job
+    lists several partitions it is refused only if none could hold it; the reasons are joined.
+    """
+    if job.nodes < 1:
+        return f"requested {job.nodes} nodes; at least 1 is required"
+    for value, what in (
+        (job.cpus_per_node, "CPUs"),
+        (job.mem_per_node_mb, "MB of memory"),
+        (job.gpus_per_node, "GPUs"),
+    ):
+        if value < 0:
+            return f"requested a negative number of {what} per node ({value})"
+    if job.time_limit_s is not None and job.time_limit_s < 0:
+        return f"time limit must not be negative (got {job.time_limit_s} s)"
+    if not job.partitions:
+        return "no partition requested"
+
+    by_name: dict[str, NodeView] = {}
+    for n in nodes:
+        by_name[n.name] = n
+    ordered = sorted(by_name.values(), key=lambda n: _name_key(n.name))
+
+    reasons: list[str] = []
+    for partition in dict.fromkeys(job.partitions):
+        if partition_nodes is not None:
+            if partition not in partition_nodes:
+                reasons.append(f"partition {partition} does not exist")
+                continue
+            names = partition_nodes[partition]
+            members = [n for n in ordered if n.name in names]
+        else:
+            members = [n for n in ordered if partition in n.partitions]
+        reason = _partition_reason(job, partition, members, by_name)
+        if reason is None:
+            return None
+        reasons.append(reason)
+    return "; ".join(reasons)
