@@ -98,49 +98,49 @@ class Client:
 
     # ------------------------------------------------------------------ API
     def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
-        return self.post("/v1/jobs", spec)  # type: ignore[no-any-return]
+        return self.post("/v1/jobs", spec)
 
     def submit_batch(self, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return self.post("/v1/jobs/batch", {"jobs": specs})["jobs"]  # type: ignore[no-any-return]
+        return self.post("/v1/jobs/batch", {"jobs": specs})["jobs"]
 
     def jobs(self, **filters: Any) -> list[dict[str, Any]]:
-        return self.get("/v1/jobs", **filters)["jobs"]  # type: ignore[no-any-return]
+        return self.get("/v1/jobs", **filters)["jobs"]
 
     def job(self, ref: str | int) -> list[dict[str, Any]]:
-        return self.get(f"/v1/jobs/{ref}")["jobs"]  # type: ignore[no-any-return]
+        return self.get(f"/v1/jobs/{ref}")["jobs"]
 
     def cancel(self, refs: Sequence[str | int], reason: str | None = None) -> dict[str, str]:
-        return self.post("/v1/jobs/cancel", {"jobs": [str(r) for r in refs], "reason": reason})["results"]  # type: ignore[no-any-return]
+        return self.post("/v1/jobs/cancel", {"jobs": [str(r) for r in refs], "reason": reason})["results"]
 
     def hold(self, refs: Sequence[str | int]) -> dict[str, str]:
-        return self.post("/v1/jobs/hold", {"jobs": [str(r) for r in refs]})["results"]  # type: ignore[no-any-return]
+        return self.post("/v1/jobs/hold", {"jobs": [str(r) for r in refs]})["results"]
 
     def release(self, refs: Sequence[str | int]) -> dict[str, str]:
-        return self.post("/v1/jobs/release", {"jobs": [str(r) for r in refs]})["results"]  # type: ignore[no-any-return]
+        return self.post("/v1/jobs/release", {"jobs": [str(r) for r in refs]})["results"]
 
     def job_events(self, ref: str | int) -> list[dict[str, Any]]:
-        return self.get(f"/v1/jobs/{ref}/events")["events"]  # type: ignore[no-any-return]
+        return self.get(f"/v1/jobs/{ref}/events")["events"]
 
     def events(self, since: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
-        return self.get("/v1/events", since=since, limit=limit)["events"]  # type: ignore[no-any-return]
+        return self.get("/v1/events", since=since, limit=limit)["events"]
 
     def nodes(self) -> list[dict[str, Any]]:
-        return self.get("/v1/nodes")["nodes"]  # type: ignore[no-any-return]
+        return self.get("/v1/nodes")["nodes"]
 
     def node(self, name: str) -> dict[str, Any]:
-        return self.get(f"/v1/nodes/{name}")  # type: ignore[no-any-return]
+        return self.get(f"/v1/nodes/{name}")
 
     def drain(self, name: str, reason: str) -> dict[str, Any]:
-        return self.post(f"/v1/nodes/{name}/drain", {"reason": reason})  # type: ignore[no-any-return]
+        return self.post(f"/v1/nodes/{name}/drain", {"reason": reason})
 
     def resume(self, name: str) -> dict[str, Any]:
-        return self.post(f"/v1/nodes/{name}/resume")  # type: ignore[no-any-return]
+        return self.post(f"/v1/nodes/{name}/resume")
 
     def cluster(self) -> dict[str, Any]:
-        return self.get("/v1/cluster")  # type: ignore[no-any-return]
+        return self.get("/v1/cluster")
 
     def health(self) -> dict[str, Any]:
-        return self.get("/healthz")  # type: ignore[no-any-return]
+        return self.get("/healthz")
 
 
 def _message(resp: httpx.Response) -> str:

@@ -111,7 +111,7 @@ class ClusterConfig(BaseModel):
     default_requeue: bool = True
     default_mem_per_cpu_mb: int = Field(512, ge=1)
     partitions: list[PartitionConfig] = Field(
-        default_factory=lambda: [PartitionConfig(name="batch", default=True)]
+        default_factory=lambda: [PartitionConfig(name="batch", default=True, nodes="*")]
     )
 
     @model_validator(mode="after")
@@ -137,8 +137,8 @@ class ClusterConfig(BaseModel):
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    timing: Timing = Field(default_factory=Timing)
-    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    timing: Timing = Field(default_factory=lambda: Timing())
+    cluster: ClusterConfig = Field(default_factory=lambda: ClusterConfig())
 
 
 def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None) -> Config:

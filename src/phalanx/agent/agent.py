@@ -120,7 +120,7 @@ class Agent:
         self._touch_fence()
         with self._lock:
             self.apply(reply)
-        return reply  # type: ignore[no-any-return]
+        return reply
 
     def _touch_fence(self) -> None:
         """Shepherds stop their jobs when this file goes stale (self-fencing, DESIGN.md §4)."""
@@ -131,7 +131,7 @@ class Agent:
             log.warning("cannot touch %s: %s", self.fence_file, e)
 
     def snapshot(self) -> list[dict[str, Any]]:
-        out = []
+        out: list[dict[str, Any]] = []
         if not self.tasks_dir.is_dir():
             return out
         for d in sorted(self.tasks_dir.iterdir()):
@@ -251,9 +251,10 @@ class Agent:
 
 def _read_json(p: Path) -> dict[str, Any] | None:
     try:
-        return json.loads(p.read_text())  # type: ignore[no-any-return]
+        data = json.loads(p.read_text())
     except (OSError, ValueError):
         return None
+    return data if isinstance(data, dict) else None
 
 
 def _write_json(p: Path, data: dict[str, Any]) -> None:

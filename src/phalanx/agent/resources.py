@@ -6,6 +6,7 @@ crash. Tests that need GPUs pass them explicitly (`--gpus h100:8`) or inject a f
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from dataclasses import dataclass, field
@@ -44,10 +45,8 @@ class NvmlAdapter:
                 out.append((i, name.decode() if isinstance(name, bytes) else str(name)))
             return out
         finally:
-            try:
+            with contextlib.suppress(Exception):
                 pynvml.nvmlShutdown()
-            except Exception:
-                pass
 
 
 def gpu_type_of(model: str) -> str:

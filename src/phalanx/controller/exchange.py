@@ -67,8 +67,8 @@ def decide(work: list[dict[str, Any]], reports: list[TaskReport], ended: set[int
         elif w["attempt_state"] == AttemptState.STOPPING.value and r is not None and r.state in _ALIVE:
             reply.stop.append({"attempt_id": aid, "token": w["token"], "reason": w["stop_reason"] or "stop"})
     for r in reports:
-        w = by_id.get(r.attempt_id)
-        stale = w is None or w["token"] != r.token
+        row = by_id.get(r.attempt_id)
+        stale = row is None or row["token"] != r.token
         if stale and r.state in _ALIVE:
             reply.stop.append(
                 {"attempt_id": r.attempt_id, "token": r.token, "reason": "attempt is no longer current"}

@@ -54,7 +54,6 @@ def build_launch(work: dict[str, Any], *, node: str, kill_wait: float) -> dict[s
     """Turn one row of Store.node_work into the agent's launch request."""
     spec = work["spec"]
     job_id = int(work["job_id"])
-    nodes: list[str] = list(work["attempt_nodes"])
     rank = int(work["rank"])
     workdir = spec.get("workdir") or spec.get("submit_dir") or "/"
     fmt = {

@@ -8,6 +8,7 @@ on. The HTTP side (api.py) runs on the asyncio loop and talks to this object.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -110,10 +111,8 @@ class Controller:
         self._kick.set()
         for t in self._threads:
             t.join(timeout=5)
-        try:
+        with contextlib.suppress(PhalanxError):
             self.flush_heartbeats()
-        except PhalanxError:
-            pass
         self.leases.release_all()
 
     def _loop(self, name: str, fn: Callable[[], str], interval: Callable[[], float]) -> None:
@@ -143,10 +142,8 @@ class Controller:
         if name == CLUSTER_LEASE:
             self._cluster_since = time.monotonic() if term is not None else None
         if term is not None:
-            try:
+            with contextlib.suppress(PhalanxError):
                 self.store.add_event("lease.take", f"{self.cid} took lease {name} term {term}", term=term)
-            except PhalanxError:
-                pass
             self.kick()
 
     def kick(self) -> None:

@@ -105,10 +105,13 @@ class Engines:
             with engine.begin() as conn:
                 yield conn
         except (OperationalError, DBAPIError) as e:
-            if isinstance(e, DBAPIError) and not isinstance(e, OperationalError) and not e.connection_invalidated:
-                # integrity errors and the like are bugs or races, not outages
-                if "database is locked" not in str(e.orig):
-                    raise
+            # integrity errors and the like are bugs or races, not outages
+            if (
+                not isinstance(e, OperationalError)
+                and not e.connection_invalidated
+                and "database is locked" not in str(e.orig)
+            ):
+                raise
             raise StoreUnavailable(f"database unavailable ({describe_url(self.url)}): {_first_line(e)}") from e
 
     def db_now_sql(self) -> Any:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -620,10 +620,10 @@ class Store:
             self._check_fence(conn, fence)
             term = fence.term if fence else 0
             for st in starts:
-                job = conn.execute(select(s.jobs).where(s.jobs.c.id == st["job_id"])).mappings().first()
-                if job is None or job["state"] != JobState.PENDING.value:
+                row = conn.execute(select(s.jobs).where(s.jobs.c.id == st["job_id"])).mappings().first()
+                if row is None or row["state"] != JobState.PENDING.value:
                     continue
-                job = dict(job)
+                job = dict(row)
                 tl = job["time_limit_s"]
                 att_id = conn.execute(
                     insert(s.attempts)
@@ -678,7 +678,7 @@ class Store:
                 return False
             return self._set_job_state(conn, dict(job), state, reason, term=fence.term if fence else None)
 
-    def set_pending_reasons(self, reasons: dict[int, str | None]) -> None:
+    def set_pending_reasons(self, reasons: Mapping[int, str | None]) -> None:
         """Record why pending jobs wait (Slurm's Reason column); no event, not a state change."""
         if not reasons:
             return
