@@ -1,0 +1,585 @@
+"""Tests for the per-task shepherd, with real processes (no mocks).
+
+The shepherd is the one component whose mistakes lose or duplicate user work, so every
+behaviour is checked end to end: real bash jobs, real signals, real detachment.  Tests wait on
+conditions (files, /proc, ``read_status``) with generous deadlines instead of fixed sleeps so
+they hold on a busy 2-core machine, and every process they start is killed in teardown even
+when an assertion fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from phalanx.agent import shepherd
+from phalanx.agent.shepherd import forward_signal, launch, read_status, request_stop
+
+WAIT_S = 30.0
+SRC_DIR = Path(__file__).resolve().parents[2] / "src"
+JOB_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def wait_for(cond: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
+    """Poll ``cond`` until it returns something truthy; fail with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def proc_state(pid: int) -> str | None:
+    """State letter from /proc/PID/stat, or None if the pid does not exist."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return data[data.rfind(b")") + 2 :].split()[0].decode()
+
+
+def proc_dead(pid: int) -> bool:
+    """Gone or a zombie: PID 1 reaps orphans slowly here, so zombies must count as dead."""
+    return proc_state(pid) in (None, "Z", "X")
+
+
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
+class Tasks:
+    """Builds task directories and scripts, and remembers everything to kill in teardown."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.task_dirs: list[Path] = []
+        self.popens: list[subprocess.Popen[bytes]] = []
+        self._n = 0
+
+    def script(self, body: str, name: str | None = None) -> Path:
+        self._n += 1
+        path = self.root / (name or f"job{self._n}.sh")
+        path.write_text("#!/bin/bash\n" + body)
+        path.chmod(0o755)
+        return path
+
+    def task(self, argv: list[str] | Path, **overrides: Any) -> Path:
+        """Create a task dir with a spec.json; ``overrides`` replace spec fields."""
+        self._n += 1
+        td = self.root / f"task{self._n}"
+        td.mkdir()
+        spec: dict[str, Any] = {
+            "attempt_id": self._n,
+            "job_id": 1,
+            "token": "ab" * 8,
+            "node": "node01",
+            "rank": 0,
+            "argv": [str(argv)] if isinstance(argv, Path) else argv,
+            "env": {"PATH": JOB_PATH},
+            "cwd": str(self.root),
+            "stdout": str(td / "out"),
+            "stderr": str(td / "err"),
+            "open_mode": "truncate",
+            "time_limit_s": None,
+            "kill_grace_s": 1.0,
+            "signal": None,
+            "fence": None,
+        }
+        spec.update(overrides)
+        (td / "spec.json").write_text(json.dumps(spec))
+        self.task_dirs.append(td)
+        return td
+
+    def launch(self, argv: list[str] | Path, **overrides: Any) -> Path:
+        td = self.task(argv, **overrides)
+        launch(td)
+        return td
+
+    def wait_state(self, td: Path, state: str) -> dict[str, Any]:
+        status: dict[str, Any] = wait_for(
+            lambda: (s := read_status(td))["state"] == state and s,
+            f"state {state!r} in {td}",
+        )
+        return status
+
+    def wait_exited(self, td: Path) -> dict[str, Any]:
+        return self.wait_state(td, "exited")
+
+    def cleanup(self) -> None:
+        for popen in self.popens:
+            if popen.poll() is None:
+                popen.kill()
+            popen.wait()
+        for td in self.task_dirs:
+            job = _load(td / "job.json")
+            if job:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(job["pgid"], signal.SIGKILL)
+            info = _load(td / "shepherd.pid")
+            if info and shepherd._is_alive(info["pid"], info["starttime"]):
+                os.kill(info["pid"], signal.SIGKILL)
+
+
+def _load(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+@pytest.fixture
+def tasks(tmp_path: Path) -> Iterator[Tasks]:
+    t = Tasks(tmp_path)
+    try:
+        yield t
+    finally:
+        t.cleanup()
+
+
+# -- normal runs ----------------------------------------------------------------------------
+
+
+def test_exit_code_and_separate_streams(tasks: Tasks) -> None:
+    job = tasks.script("echo to-out\necho to-err >&2\nexit 3\n")
+    td = tasks.launch(job)
+    result = tasks.wait_exited(td)
+    assert result["exit_code"] == 3
+    assert result["signal"] is None
+    assert not (result["timed_out"] or result["cancelled"] or result["fenced"])
+    assert result["launch_failed"] is False and result["error"] is None
+    assert result["started_at"] <= result["ended_at"]
+    assert (td / "out").read_text() == "to-out\n"
+    assert (td / "err").read_text() == "to-err\n"
+    job_info = json.loads((td / "job.json").read_text())
+    assert job_info["pid"] == job_info["pgid"]
+    assert job_info["started_at"] == result["started_at"]
+
+
+@pytest.mark.parametrize("stderr", ["null", "same-path"])
+def test_merged_streams(tasks: Tasks, stderr: str) -> None:
+    job = tasks.script("echo one\necho two >&2\necho three\n")
+    td = tasks.task(job)
+    spec = json.loads((td / "spec.json").read_text())
+    spec["stderr"] = None if stderr == "null" else spec["stdout"]
+    (td / "spec.json").write_text(json.dumps(spec))
+    launch(td)
+    assert tasks.wait_exited(td)["exit_code"] == 0
+    assert (td / "out").read_text() == "one\ntwo\nthree\n"
+    assert not (td / "err").exists()
+
+
+def test_append_mode_keeps_previous_output_and_truncate_replaces_it(tasks: Tasks) -> None:
+    out = tasks.root / "shared.out"
+    job = tasks.script('echo "run $RUN"\n')
+    for run, mode in ((1, "append"), (2, "append"), (3, "truncate"), (4, "append")):
+        td = tasks.launch(
+            job,
+            env={"PATH": JOB_PATH, "RUN": str(run)},
+            stdout=str(out),
+            stderr=None,
+            open_mode=mode,
+        )
+        assert tasks.wait_exited(td)["exit_code"] == 0
+        if run == 2:
+            assert out.read_text() == "run 1\nrun 2\n"
+    assert out.read_text() == "run 3\nrun 4\n"
+
+
+def test_env_is_complete_and_cwd_is_used(tasks: Tasks, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PHALANX_TEST_LEAK", "leaked")  # must not reach the job
+    workdir = tasks.root / "work dir"
+    workdir.mkdir()
+    job = tasks.script('echo "$FOO|${PHALANX_TEST_LEAK-unset}|$(pwd)"\n')
+    td = tasks.launch(job, env={"PATH": JOB_PATH, "FOO": "bar baz"}, cwd=str(workdir))
+    assert tasks.wait_exited(td)["exit_code"] == 0
+    assert (td / "out").read_text() == f"bar baz|unset|{workdir}\n"
+
+
+def test_arguments_and_stdin_from_devnull(tasks: Tasks) -> None:
+    job = tasks.script('printf "%s," "$@"\ncat\necho "<eof>"\n')
+    td = tasks.launch([str(job), "a b", "c"])
+    assert tasks.wait_exited(td)["exit_code"] == 0
+    assert (td / "out").read_text() == "a b,c,<eof>\n"
+
+
+def test_death_by_signal_is_reported_as_signal(tasks: Tasks) -> None:
+    td = tasks.launch(tasks.script("kill -KILL $$\n"))
+    result = tasks.wait_exited(td)
+    assert result["exit_code"] is None
+    assert result["signal"] == signal.SIGKILL
+
+
+# -- time limit and signals -------------------------------------------------------------------
+
+
+def test_time_limit_sends_term_then_kill_after_grace(tasks: Tasks) -> None:
+    marker = tasks.root / "marker"
+    job = tasks.script(f"trap 'echo term >> {marker}' TERM\nwhile :; do sleep 0.1; done\n")
+    td = tasks.launch(job, time_limit_s=1.0, kill_grace_s=1.0)
+    result = tasks.wait_exited(td)
+    assert result["timed_out"] is True
+    assert result["cancelled"] is False
+    assert result["signal"] == signal.SIGKILL
+    assert "term" in read_text(marker)  # SIGTERM was delivered and ignored...
+    elapsed = result["ended_at"] - result["started_at"]
+    assert elapsed >= 1.9  # ...so only the SIGKILL after limit + grace ended it
+    assert elapsed < 1.0 + 1.0 + 15.0  # and it did not wait for the job forever
+
+
+def test_signal_is_delivered_before_time_limit(tasks: Tasks) -> None:
+    marker = tasks.root / "marker"
+    job = tasks.script(f"trap 'echo usr1 >> {marker}; exit 0' USR1\nwhile :; do sleep 0.1; done\n")
+    td = tasks.launch(
+        job,
+        time_limit_s=60.0,
+        signal={"signum": int(signal.SIGUSR1), "before_s": 58.0, "batch_only": False},
+    )
+    result = tasks.wait_exited(td)
+    assert result["exit_code"] == 0
+    assert result["timed_out"] is False
+    assert read_text(marker) == "usr1\n"
+
+
+def _two_level_script(tasks: Tasks, marker: Path, sig: str, wait_child: bool) -> Path:
+    """Main script plus a background subshell in the same process group, both trapping ``sig``.
+
+    The main script exits once it got the signal: after seeing the child's line too when the
+    whole group is expected to get it, else after giving the child a moment to (wrongly) react.
+    """
+    after = (
+        f"for i in $(seq 400); do grep -q child {marker} && break; sleep 0.05; done\n"
+        if wait_child
+        else "sleep 1\n"
+    )
+    return tasks.script(
+        f"( trap 'echo child >> {marker}; exit 0' {sig}\n"
+        f"  echo ready-child >> {marker}\n"
+        "  while :; do sleep 0.05; done ) &\n"
+        f"trap 'got=1' {sig}\n"
+        f"echo ready-main >> {marker}\n"
+        'while [ -z "$got" ]; do sleep 0.05; done\n'
+        f"echo main >> {marker}\n" + after
+    )
+
+
+def test_batch_only_time_limit_signal_reaches_main_process_only(tasks: Tasks) -> None:
+    marker = tasks.root / "marker"
+    job = _two_level_script(tasks, marker, "USR1", wait_child=False)
+    td = tasks.launch(
+        job,
+        time_limit_s=60.0,
+        signal={"signum": int(signal.SIGUSR1), "before_s": 57.0, "batch_only": True},
+    )
+    result = tasks.wait_exited(td)
+    assert result["exit_code"] == 0
+    lines = read_text(marker).split()
+    assert "main" in lines
+    assert "child" not in lines
+
+
+def test_forward_signal_to_whole_group(tasks: Tasks) -> None:
+    marker = tasks.root / "marker"
+    td = tasks.launch(_two_level_script(tasks, marker, "USR2", wait_child=True))
+    wait_for(lambda: {"ready-main", "ready-child"} <= set(read_text(marker).split()), "ready")
+    assert forward_signal(td, signal.SIGUSR2) is True
+    result = tasks.wait_exited(td)
+    assert result["exit_code"] == 0
+    assert {"main", "child"} <= set(read_text(marker).split())
+    assert not list(td.glob("signal-*"))  # the request was consumed
+
+
+def test_forward_signal_batch_only(tasks: Tasks) -> None:
+    marker = tasks.root / "marker"
+    td = tasks.launch(_two_level_script(tasks, marker, "USR1", wait_child=False))
+    wait_for(lambda: {"ready-main", "ready-child"} <= set(read_text(marker).split()), "ready")
+    assert forward_signal(td, signal.SIGUSR1, batch_only=True) is True
+    assert tasks.wait_exited(td)["exit_code"] == 0
+    lines = read_text(marker).split()
+    assert "main" in lines
+    assert "child" not in lines
+
+
+def test_request_stop_cancels_job(tasks: Tasks) -> None:
+    td = tasks.launch(tasks.script("sleep 1000\n"))
+    tasks.wait_state(td, "running")
+    assert request_stop(td) is True
+    result = tasks.wait_exited(td)
+    assert result["cancelled"] is True
+    assert result["timed_out"] is False
+    assert result["signal"] == signal.SIGTERM
+    assert request_stop(td) is False  # nothing left to stop
+    assert forward_signal(td, signal.SIGUSR1) is False
+
+
+def test_request_stop_terminates_a_stopped_job(tasks: Tasks) -> None:
+    """SIGCONT follows SIGTERM, so a job suspended with SIGSTOP still gets to die."""
+    td = tasks.launch(tasks.script("kill -STOP $$\necho resumed\n"), kill_grace_s=30.0)
+    job_pid = tasks.wait_state(td, "running")["job_pid"]
+    wait_for(lambda: proc_state(job_pid) == "T", "job to stop itself")
+    assert request_stop(td) is True
+    result = tasks.wait_exited(td)
+    assert result["cancelled"] is True
+    assert result["signal"] == signal.SIGTERM
+    assert result["ended_at"] - result["started_at"] < 30.0  # TERM worked, not the SIGKILL
+    assert (td / "out").read_text() == ""
+
+
+def test_request_stop_kills_job_that_ignores_term(tasks: Tasks) -> None:
+    ready = tasks.root / "ready"
+    job = tasks.script(f"trap '' TERM\ntouch {ready}\nwhile :; do sleep 0.1; done\n")
+    td = tasks.launch(job, kill_grace_s=0.5)
+    wait_for(ready.exists, "job ready")
+    assert request_stop(td) is True
+    result = tasks.wait_exited(td)
+    assert result["cancelled"] is True
+    assert result["signal"] == signal.SIGKILL
+
+
+# -- detachment -------------------------------------------------------------------------------
+
+
+def test_shepherd_is_detached_in_its_own_session(tasks: Tasks) -> None:
+    go = tasks.root / "go"
+    td = tasks.launch(tasks.script(f"while [ ! -e {go} ]; do sleep 0.05; done\n"))
+    status = tasks.wait_state(td, "running")
+    pid = status["shepherd_pid"]
+    assert os.getsid(pid) != os.getsid(0)
+    assert os.getpgid(pid) != os.getpgid(0)
+    with pytest.raises(ChildProcessError):  # not our child: launch reaped the intermediate
+        os.waitpid(pid, os.WNOHANG)
+    assert not _zombie_children(), "launch left an unreaped child behind"
+    job_pid = status["job_pid"]
+    assert os.getsid(job_pid) == job_pid == os.getpgid(job_pid) == status["pgid"]
+    go.touch()
+    assert tasks.wait_exited(td)["exit_code"] == 0
+
+
+def _zombie_children() -> list[int]:
+    zombies = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                data = Path(f"/proc/{name}/stat").read_bytes()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            fields = data[data.rfind(b")") + 2 :].split()
+            if fields[0] == b"Z" and int(fields[1]) == os.getpid():
+                zombies.append(int(name))
+    return zombies
+
+
+def test_shepherd_survives_sigkill_of_launching_process(tasks: Tasks) -> None:
+    go = tasks.root / "go"
+    td = tasks.task(tasks.script(f"while [ ! -e {go} ]; do sleep 0.05; done\necho done\n"))
+    code = (
+        "import sys, time\n"
+        "from phalanx.agent.shepherd import launch\n"
+        "print(launch(sys.argv[1]), flush=True)\n"
+        "time.sleep(1000)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC_DIR)}
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", code, str(td)], stdout=subprocess.PIPE, env=env
+    )
+    tasks.popens.append(launcher)
+    assert launcher.stdout is not None
+    shepherd_pid = int(launcher.stdout.readline())
+    launcher.kill()
+    launcher.wait()
+    assert not proc_dead(shepherd_pid)
+    tasks.wait_state(td, "running")
+    go.touch()
+    result = tasks.wait_exited(td)
+    assert result["exit_code"] == 0
+    assert (td / "out").read_text() == "done\n"
+
+
+# -- launch failures --------------------------------------------------------------------------
+
+
+def _assert_launch_failed(result: dict[str, Any]) -> None:
+    assert result["launch_failed"] is True
+    assert result["exit_code"] is None and result["signal"] is None
+    assert result["started_at"] is None
+
+
+def test_missing_script_is_a_launch_failure(tasks: Tasks) -> None:
+    missing = tasks.root / "nope.sh"
+    td = tasks.launch(missing)
+    result = tasks.wait_exited(td)
+    _assert_launch_failed(result)
+    assert result["error"] == f"cannot execute {missing}: No such file or directory"
+    assert result["error"] in (td / "err").read_text()  # also where the user looks
+
+
+def test_non_executable_script_is_a_launch_failure(tasks: Tasks) -> None:
+    job = tasks.script("echo hi\n")
+    job.chmod(0o644)
+    result = tasks.wait_exited(tasks.launch(job))
+    _assert_launch_failed(result)
+    assert result["error"] == f"cannot execute {job}: Permission denied"
+
+
+def test_missing_output_directory_is_a_launch_failure(tasks: Tasks) -> None:
+    out = tasks.root / "no-such-dir" / "x.out"
+    td = tasks.launch(tasks.script("echo hi\n"), stdout=str(out), stderr=None)
+    result = tasks.wait_exited(td)
+    _assert_launch_failed(result)
+    assert result["error"] == f"cannot open output file {out}: No such file or directory"
+
+
+def test_missing_stderr_directory_reports_on_stdout(tasks: Tasks) -> None:
+    err = tasks.root / "no-such-dir" / "x.err"
+    td = tasks.launch(tasks.script("echo hi\n"), stderr=str(err))
+    result = tasks.wait_exited(td)
+    _assert_launch_failed(result)
+    assert result["error"] == f"cannot open output file {err}: No such file or directory"
+    assert result["error"] in (td / "out").read_text()
+
+
+def test_missing_cwd_is_a_launch_failure(tasks: Tasks) -> None:
+    cwd = tasks.root / "gone"
+    result = tasks.wait_exited(tasks.launch(tasks.script("echo hi\n"), cwd=str(cwd)))
+    _assert_launch_failed(result)
+    assert result["error"] == f"cannot change directory to {cwd}: No such file or directory"
+
+
+def test_missing_spec_still_yields_exit_record(tasks: Tasks) -> None:
+    td = tasks.root / "empty-task"
+    td.mkdir()
+    tasks.task_dirs.append(td)
+    launch(td)
+    result = tasks.wait_exited(td)
+    _assert_launch_failed(result)
+    assert "spec.json" in result["error"]
+
+
+def test_launch_raises_when_task_dir_is_unusable(tmp_path: Path) -> None:
+    with pytest.raises(shepherd.ShepherdLaunchError, match="cannot set up shepherd"):
+        launch(tmp_path / "does-not-exist")
+
+
+# -- job end, fencing, status -----------------------------------------------------------------
+
+
+def test_stragglers_are_killed_when_main_process_exits(tasks: Tasks) -> None:
+    pids = tasks.root / "pids"
+    job = tasks.script(
+        f"sleep 1000 &\necho $! >> {pids}\n"
+        f"( trap '' TERM; exec sleep 1000 ) &\necho $! >> {pids}\n"
+        "exit 0\n"
+    )
+    td = tasks.launch(job, kill_grace_s=1.0)
+    result = tasks.wait_exited(td)
+    assert result["exit_code"] == 0
+    straggler_pids = [int(p) for p in pids.read_text().split()]
+    assert len(straggler_pids) == 2
+    for pid in straggler_pids:
+        wait_for(partial(proc_dead, pid), f"straggler {pid} to die")
+
+
+def test_stale_heartbeat_fences_running_job(tasks: Tasks) -> None:
+    heartbeat = tasks.root / "heartbeat"
+    heartbeat.touch()
+    td = tasks.launch(
+        tasks.script("sleep 1000\n"),
+        fence={"heartbeat_file": str(heartbeat), "timeout_s": 1.0},
+    )
+    result = tasks.wait_exited(td)  # nobody refreshes the heartbeat
+    assert result["fenced"] is True
+    assert result["cancelled"] is False and result["timed_out"] is False
+    assert result["started_at"] is not None
+    assert result["signal"] == signal.SIGTERM
+
+
+def test_stale_heartbeat_at_launch_does_not_start_job(tasks: Tasks) -> None:
+    heartbeat = tasks.root / "heartbeat"
+    heartbeat.touch()
+    old = time.time() - 600
+    os.utime(heartbeat, (old, old))
+    marker = tasks.root / "ran"
+    td = tasks.launch(
+        tasks.script(f"touch {marker}\n"),
+        fence={"heartbeat_file": str(heartbeat), "timeout_s": 30.0},
+    )
+    result = tasks.wait_exited(td)
+    assert result["fenced"] is True
+    assert result["started_at"] is None
+    assert not marker.exists()
+
+
+def test_fresh_heartbeat_does_not_fence(tasks: Tasks) -> None:
+    heartbeat = tasks.root / "heartbeat"
+    heartbeat.touch()
+    td = tasks.launch(
+        tasks.script("echo ok\n"),
+        fence={"heartbeat_file": str(heartbeat), "timeout_s": 60.0},
+    )
+    result = tasks.wait_exited(td)
+    assert result["fenced"] is False
+    assert result["exit_code"] == 0
+
+
+def test_status_lost_when_shepherd_killed_without_exit_record(tasks: Tasks) -> None:
+    td = tasks.launch(tasks.script("sleep 1000\n"))
+    pid = tasks.wait_state(td, "running")["shepherd_pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: proc_dead(pid), "shepherd to die")
+    status = read_status(td)
+    assert status["state"] == "lost"
+    assert str(pid) in status["reason"]
+    assert request_stop(td) is False
+    assert forward_signal(td, signal.SIGUSR1) is False
+
+
+def test_status_absent_for_empty_task_dir(tmp_path: Path) -> None:
+    assert read_status(tmp_path) == {"state": "absent"}
+    assert request_stop(tmp_path) is False
+    assert forward_signal(tmp_path, signal.SIGUSR1) is False
+
+
+def test_reused_pid_is_not_mistaken_for_shepherd(tasks: Tasks, tmp_path: Path) -> None:
+    """A live process with the recorded pid but another start time must not be signalled."""
+    sleeper = subprocess.Popen(["sleep", "1000"])
+    tasks.popens.append(sleeper)
+    stat = Path(f"/proc/{sleeper.pid}/stat").read_bytes()
+    starttime = int(stat[stat.rfind(b")") + 2 :].split()[19])
+    (tmp_path / "shepherd.pid").write_text(
+        json.dumps({"pid": sleeper.pid, "starttime": starttime + 1})
+    )
+    assert read_status(tmp_path)["state"] == "lost"
+    assert request_stop(tmp_path) is False
+    assert sleeper.poll() is None
+    (tmp_path / "shepherd.pid").write_text(json.dumps({"pid": sleeper.pid, "starttime": starttime}))
+    assert read_status(tmp_path) == {"state": "starting", "shepherd_pid": sleeper.pid}
+
+
+def test_json_helpers_match_stdlib() -> None:
+    value = {
+        "a": [1, -2, 3.25, None, True, False, 'x\u00e9\n"q"\U0001f600'],
+        "b": {"nested": []},
+        "c": 1e-9,
+    }
+    text = shepherd._dumps(value)
+    assert json.loads(text) == value
+    assert shepherd._loads(json.dumps(value)) == value
+    assert shepherd._loads("  {}\n") == {}
+    with pytest.raises(ValueError):
+        shepherd._loads("{bad")
