@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from prometheus_client import Counter, Histogram
+
 from phalanx.config import Config
 from phalanx.controller.exchange import Reply, decide, needs_write
 from phalanx.controller.launch import build_launch
@@ -23,9 +25,15 @@ from phalanx.domain import scheduling, values
 from phalanx.domain.spec import JobSpec, normalize
 from phalanx.domain.states import JobState
 from phalanx.errors import Fenced, PhalanxError, StoreUnavailable, Unsatisfiable
-from phalanx.store.store import Store, TaskReport
+from phalanx.store.store import Fence, Store, TaskReport
 
 log = logging.getLogger("phalanx.controller")
+
+SUBMITTED = Counter("phalanx_jobs_submitted_total", "Jobs (array tasks count one each) accepted")
+STARTED = Counter("phalanx_jobs_started_total", "Attempts started by this controller's scheduler")
+SCHED_SECONDS = Histogram("phalanx_sched_cycle_seconds", "Duration of one scheduling pass")
+HEARTBEATS = Counter("phalanx_heartbeats_total", "Agent heartbeats received by this controller")
+LOOP_ERRORS = Counter("phalanx_loop_errors_total", "Ticks that ended in an error", ["loop"])
 
 SCHED_LEASE = "sched"
 CLUSTER_LEASE = "cluster"
@@ -100,6 +108,7 @@ class Controller:
             ("cluster", self.cluster_tick, lambda: min(1.0, self.timing.node_down_timeout / 4)),
             ("heartbeats", self.flush_heartbeats, lambda: self.timing.heartbeat_flush_interval),
             ("gens", self.gen_tick, lambda: 0.2),
+            ("presence", self.presence_tick, lambda: 5.0),
         ]
         for name, fn, interval in loops:
             t = threading.Thread(target=self._loop, args=(name, fn, interval), name=f"phx-{name}", daemon=True)
@@ -115,6 +124,11 @@ class Controller:
             self.flush_heartbeats()
         self.leases.release_all()
 
+    def presence_tick(self) -> str:
+        """Keep this controller's `last_seen` fresh, so `phalanx cluster` shows who is alive."""
+        self.store.touch_controller(self.cid)
+        return "idle"
+
     def _loop(self, name: str, fn: Callable[[], str], interval: Callable[[], float]) -> None:
         quiet = {"leases unchanged", "", "idle"}
         while not self._stop.is_set():
@@ -124,10 +138,13 @@ class Controller:
                 if sentence not in quiet:
                     log.info("%s: %s", name, sentence)
             except StoreUnavailable as e:
+                LOOP_ERRORS.labels(name).inc()
                 log.warning("%s: store unavailable: %s", name, e.message)
             except Fenced as e:
+                LOOP_ERRORS.labels(name).inc()
                 log.warning("%s: fenced, stepping down: %s", name, e.message)
             except Exception:
+                LOOP_ERRORS.labels(name).inc()
                 log.exception("%s: unexpected error; the loop goes on", name)
             self.last_tick[name] = time.monotonic()
             took = time.monotonic() - start
@@ -180,6 +197,7 @@ class Controller:
                 raise
             items.append((resolved, spec.model_dump(exclude={"ignored"})))
         ids = self.store.submit(items, user)
+        SUBMITTED.inc(sum(len(i) for i in ids))
         self.kick()
         return ids
 
@@ -215,6 +233,10 @@ class Controller:
         fence = self.leases.fence(SCHED_LEASE)
         if fence is None:
             return "idle"
+        with SCHED_SECONDS.time():
+            return self._schedule(fence)
+
+    def _schedule(self, fence: Fence) -> str:
         snap = self.store.sched_snapshot()
         plan = scheduling.plan(snap, time.time())
         for jid, why in plan.never:
@@ -240,6 +262,7 @@ class Controller:
                 ],
                 fence,
             )
+            STARTED.inc(len(started))
             self.waiters.notify(sorted({n for p in plan.starts for n in p.nodes}))
         current = {int(j["id"]): j["reason"] for j in snap.pending}
         changed = {jid: r for jid, r in plan.reasons.items() if current.get(jid) != r}
@@ -280,6 +303,7 @@ class Controller:
 
     # ------------------------------------------------------------------ agents
     def seen(self, node: str) -> None:
+        HEARTBEATS.inc()
         with self._beats_lock:
             self._beats[node] = time.monotonic()
 
