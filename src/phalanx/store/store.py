@@ -75,6 +75,11 @@ class SchedSnapshot:
     singleton_first: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
+# Every job column but the spec (script and environment can be kilobytes): lists, scheduling
+# snapshots and state transitions never need it, only `get_job` does.
+_JOB_SUMMARY = [c for c in s.jobs.c if c.name != "spec"]
+
+
 def _now() -> float:
     return time.time()
 
@@ -443,7 +448,7 @@ class Store:
         node: str | None = None,
         limit: int = 10_000,
     ) -> list[dict[str, Any]]:
-        q = select(s.jobs).order_by(s.jobs.c.id)
+        q = select(*_JOB_SUMMARY).order_by(s.jobs.c.id)
         if states:
             q = q.where(s.jobs.c.state.in_(list(states)))
         if user:
@@ -484,7 +489,7 @@ class Store:
         """Cancel jobs: pending ones end at once; running ones are asked to stop."""
         out: dict[int, str] = {}
         with self.db.begin() as conn:
-            rows = conn.execute(select(s.jobs).where(s.jobs.c.id.in_(list(job_ids)))).mappings().all()
+            rows = conn.execute(select(*_JOB_SUMMARY).where(s.jobs.c.id.in_(list(job_ids)))).mappings().all()
             found = {r["id"]: dict(r) for r in rows}
             for jid in job_ids:
                 job = found.get(jid)
@@ -529,7 +534,7 @@ class Store:
         out: dict[int, str] = {}
         src, dst = (JobState.PENDING, JobState.HELD) if hold else (JobState.HELD, JobState.PENDING)
         with self.db.begin() as conn:
-            rows = conn.execute(select(s.jobs).where(s.jobs.c.id.in_(list(job_ids)))).mappings().all()
+            rows = conn.execute(select(*_JOB_SUMMARY).where(s.jobs.c.id.in_(list(job_ids)))).mappings().all()
             found = {r["id"]: dict(r) for r in rows}
             for jid in job_ids:
                 job = found.get(jid)
@@ -567,7 +572,7 @@ class Store:
             pending = [
                 dict(r)
                 for r in conn.execute(
-                    select(s.jobs)
+                    select(*_JOB_SUMMARY)
                     .where(s.jobs.c.state == JobState.PENDING.value)
                     .order_by(s.jobs.c.priority.desc(), s.jobs.c.id)
                     .limit(pending_limit)
@@ -620,7 +625,7 @@ class Store:
             self._check_fence(conn, fence)
             term = fence.term if fence else 0
             for st in starts:
-                row = conn.execute(select(s.jobs).where(s.jobs.c.id == st["job_id"])).mappings().first()
+                row = conn.execute(select(*_JOB_SUMMARY).where(s.jobs.c.id == st["job_id"])).mappings().first()
                 if row is None or row["state"] != JobState.PENDING.value:
                     continue
                 job = dict(row)
@@ -673,7 +678,7 @@ class Store:
         """End a pending job the scheduler found can never run (e.g. a dependency that failed)."""
         with self.db.begin() as conn:
             self._check_fence(conn, fence)
-            job = conn.execute(select(s.jobs).where(s.jobs.c.id == job_id)).mappings().first()
+            job = conn.execute(select(*_JOB_SUMMARY).where(s.jobs.c.id == job_id)).mappings().first()
             if job is None or job["state"] != JobState.PENDING.value:
                 return False
             return self._set_job_state(conn, dict(job), state, reason, term=fence.term if fence else None)
@@ -904,7 +909,7 @@ class Store:
             for t in conn.execute(select(s.tasks).where(s.tasks.c.attempt_id == attempt_id).order_by(s.tasks.c.rank))
             .mappings()
         ]
-        job = dict(conn.execute(select(s.jobs).where(s.jobs.c.id == att["job_id"])).mappings().one())
+        job = dict(conn.execute(select(*_JOB_SUMMARY).where(s.jobs.c.id == att["job_id"])).mappings().one())
         now = _now()
         started = [t for t in tasks if t["started_at"] is not None]
         if att["state"] == AttemptState.STARTING.value and started:
