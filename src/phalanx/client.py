@@ -62,7 +62,14 @@ class Client:
         self.close()
 
     # ------------------------------------------------------------------ transport
-    def request(self, method: str, path: str, **kw: Any) -> Any:
+    def request(self, method: str, path: str, *, idempotent: bool | None = None, **kw: Any) -> Any:
+        """Send to the current controller, failing over on connection errors and 503s.
+
+        `idempotent` (default: GET only) also allows failing over after a request was sent
+        but not answered, which is safe for level-triggered calls such as heartbeats.
+        """
+        if idempotent is None:
+            idempotent = method == "GET"
         errors: list[str] = []
         n = len(self.urls)
         for i in range(n):
@@ -74,7 +81,7 @@ class Client:
                 errors.append(f"{base}: {e or type(e).__name__}")
                 continue
             except httpx.TransportError as e:
-                if method != "GET":
+                if not idempotent:
                     raise ControllerUnavailable(
                         f"{base} did not answer ({type(e).__name__}); the request may or may not "
                         "have been applied: check before retrying"
@@ -93,8 +100,13 @@ class Client:
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})
 
-    def post(self, path: str, body: Any = None) -> Any:
-        return self.request("POST", path, json=body if body is not None else {})
+    def post(
+        self, path: str, body: Any = None, *, idempotent: bool = False, timeout: float | None = None
+    ) -> Any:
+        kw: dict[str, Any] = {"json": body if body is not None else {}}
+        if timeout is not None:
+            kw["timeout"] = httpx.Timeout(timeout, connect=min(3.0, timeout))
+        return self.request("POST", path, idempotent=idempotent, **kw)
 
     # ------------------------------------------------------------------ API
     def submit(self, spec: dict[str, Any]) -> dict[str, Any]:

@@ -32,7 +32,8 @@ from phalanx.errors import PhalanxError
 
 log = logging.getLogger("phalanx.agent")
 
-WATCH_INTERVAL = 0.05
+WATCH_INTERVAL = 0.05  # how often the watcher looks for new exit files (seconds)
+HEARTBEAT_GRACE = 2.0  # a heartbeat may take this long beyond its long-poll before we fail over
 
 
 class Agent:
@@ -100,6 +101,8 @@ class Agent:
                 "boot_id": self.boot_id,
                 "version": __version__,
             },
+            idempotent=True,
+            timeout=10.0,
         )
         self.timing.update(reply.get("timing") or {})
         self._registered = True
@@ -114,8 +117,13 @@ class Agent:
         taken_at = time.time()
         with self._lock:
             tasks = self.snapshot()
+        # Heartbeats are level-triggered, so retrying one on another controller is safe; the
+        # timeout is short so a hung controller does not hold the agent past its fence timeout.
         reply = self.client.post(
-            f"/v1/agents/{self.name}/heartbeat", {"tasks": tasks, "taken_at": taken_at, "wait": wait}
+            f"/v1/agents/{self.name}/heartbeat",
+            {"tasks": tasks, "taken_at": taken_at, "wait": wait},
+            idempotent=True,
+            timeout=wait + HEARTBEAT_GRACE,
         )
         self._touch_fence()
         with self._lock:
