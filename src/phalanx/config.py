@@ -48,6 +48,9 @@ class Timing(BaseModel):
     scheduler_interval: float = Field(
         1.0, gt=0, le=600, description="a scheduling pass runs at least this often, and at once on new work"
     )
+    scheduler_min_gap: float = Field(
+        0.05, ge=0, le=10, description="shortest time between two scheduling passes (batches bursts)"
+    )
     heartbeat_flush_interval: float = Field(
         0.5, gt=0, le=60, description="controller: heartbeats are written to the store in one batch this often"
     )
@@ -74,6 +77,10 @@ class Timing(BaseModel):
             (
                 self.heartbeat_interval * 2 <= self.fence_timeout,
                 "heartbeat_interval * 2 <= fence_timeout",
+            ),
+            (
+                self.scheduler_min_gap <= self.scheduler_interval,
+                "scheduler_min_gap <= scheduler_interval",
             ),
             (
                 self.heartbeat_flush_interval < self.node_down_timeout / 2,

@@ -35,6 +35,7 @@ SCHED_SECONDS = Histogram("phalanx_sched_cycle_seconds", "Duration of one schedu
 HEARTBEATS = Counter("phalanx_heartbeats_total", "Agent heartbeats received by this controller")
 LOOP_ERRORS = Counter("phalanx_loop_errors_total", "Ticks that ended in an error", ["loop"])
 
+CACHE_TTL = 2.0  # seconds submit-time checks may use a cached view of partitions and nodes
 SCHED_LEASE = "sched"
 CLUSTER_LEASE = "cluster"
 
@@ -98,6 +99,7 @@ class Controller:
         self._cluster_since: float | None = None  # monotonic time the cluster duty was taken
         self.last_tick: dict[str, float] = {}
         self._partitions_cache: tuple[float, Any] | None = None
+        self._views_cache: tuple[float, list[Any]] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -150,6 +152,9 @@ class Controller:
             took = time.monotonic() - start
             wait = interval() - took
             if name == "scheduler":
+                # at least scheduler_min_gap between passes, so a burst of submissions or
+                # exits is handled by one pass instead of hundreds
+                self._stop.wait(max(0.0, self.timing.scheduler_min_gap - took))
                 self._kick.wait(max(0.0, wait))
                 self._kick.clear()
             elif wait > 0:
@@ -169,16 +174,30 @@ class Controller:
     # ------------------------------------------------------------------ submit
     def partitions(self) -> Any:
         cached = self._partitions_cache
-        if cached and time.monotonic() - cached[0] < 5.0:
+        if cached and time.monotonic() - cached[0] < CACHE_TTL:
             return cached[1]
         parts = self.store.partition_infos()
         self._partitions_cache = (time.monotonic(), parts)
         return parts
 
+    def node_views(self) -> list[Any]:
+        """Registered nodes as placement sees them, cached briefly for submit-time checks.
+
+        A registration invalidates the cache, so a node that just joined is never missed;
+        drained or down nodes count (they may come back), so their changes need no refresh.
+        """
+        cached = self._views_cache
+        if cached and time.monotonic() - cached[0] < CACHE_TTL:
+            return cached[1]
+        nodes = [n for n in self.store.list_nodes() if n["registered"]]
+        views = scheduling.node_views(nodes, self.store.partitions())
+        self._views_cache = (time.monotonic(), views)
+        return views
+
     def submit(self, specs: list[JobSpec], user: str) -> list[list[int]]:
         parts = self.partitions()
+        views = self.node_views()
         items = []
-        nodes: list[dict[str, Any]] | None = None
         for i, spec in enumerate(specs):
             try:
                 resolved = normalize(
@@ -187,9 +206,7 @@ class Controller:
                     default_mem_per_cpu_mb=self.config.cluster.default_mem_per_cpu_mb,
                     default_requeue=self.config.cluster.default_requeue,
                 )
-                if nodes is None:
-                    nodes = self.store.list_nodes()
-                self._check_satisfiable(resolved, nodes)
+                self._check_satisfiable(resolved, views)
             except PhalanxError as e:
                 if len(specs) > 1:
                     e.message = f"job {i}: {e.message}"
@@ -198,14 +215,13 @@ class Controller:
             items.append((resolved, spec.model_dump(exclude={"ignored"})))
         ids = self.store.submit(items, user)
         SUBMITTED.inc(sum(len(i) for i in ids))
-        self.kick()
+        if any(not resolved.hold for resolved, _ in items):
+            self.kick()
         return ids
 
-    def _check_satisfiable(self, resolved: Any, nodes: list[dict[str, Any]]) -> None:
+    def _check_satisfiable(self, resolved: Any, views: list[Any]) -> None:
         from phalanx.domain.placement import unsatisfiable_reason
 
-        parts = self.store.partitions()
-        views = scheduling.node_views([n for n in nodes if n["registered"]], parts)
         if not views:
             return  # no node has registered yet: nothing to judge against
         req = scheduling.job_request(
@@ -346,6 +362,7 @@ class Controller:
             version=info.get("version"),
         )
         self.seen(node)
+        self._views_cache = None
         self.kick()
         return row
 

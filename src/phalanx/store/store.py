@@ -321,68 +321,85 @@ class Store:
     def submit(
         self, items: Sequence[tuple[ResolvedJob, dict[str, Any]]], user: str
     ) -> list[list[int]]:
-        """Insert jobs (arrays expand to one row per task); return the ids per item."""
+        """Insert jobs (arrays expand to one row per task); return the ids per item.
+
+        One transaction for the whole request. Plain jobs are inserted with one multi-row
+        statement and their events with another, so a batch of thousands costs a few
+        statements, not thousands.
+        """
         now = _now()
-        out: list[list[int]] = []
+        out: list[list[int]] = [[] for _ in items]
         with self.db.begin() as conn:
-            for resolved, spec in items:
-                deps = self._resolve_dependencies(conn, resolved.dependency)
-                state = JobState.HELD if resolved.hold else JobState.PENDING
-                base = {
-                    "name": resolved.name,
-                    "user": user,
-                    "partitions": ",".join(resolved.partitions),
-                    "partition": resolved.partitions[0],
-                    "state": state.value,
-                    "reason": "held by user" if resolved.hold else None,
-                    "priority": resolved.priority,
-                    "submit_time": now,
-                    "time_limit_s": resolved.time_limit_s,
-                    "nodes": resolved.nodes,
-                    "cpus_per_node": resolved.cpus_per_node,
-                    "mem_per_node_mb": resolved.mem_per_node_mb,
-                    "gpus_per_node": resolved.gpus_per_node,
-                    "gpu_type": resolved.gpu_type,
-                    "exclusive": resolved.exclusive,
-                    "constraint_expr": resolved.constraint,
-                    "nodelist": resolved.nodelist,
-                    "exclude": resolved.exclude,
-                    "dependency": deps,
-                    "requeue": resolved.requeue,
-                    "spec": {**spec, "signal_parsed": resolved.signal, "workdir": resolved.workdir},
-                    "restart_count": 0,
-                    "array_limit": resolved.array_limit,
-                }
-                if resolved.array_indices is None:
-                    jid = conn.execute(insert(s.jobs).values(**base).returning(s.jobs.c.id)).scalar_one()
-                    ids = [int(jid)]
-                else:
-                    first, *rest = resolved.array_indices
-                    jid = conn.execute(
-                        insert(s.jobs).values(**base, array_task_id=first).returning(s.jobs.c.id)
-                    ).scalar_one()
-                    conn.execute(update(s.jobs).where(s.jobs.c.id == jid).values(array_job_id=jid))
-                    ids = [int(jid)]
-                    if rest:
-                        rows = [{**base, "array_task_id": i, "array_job_id": jid} for i in rest]
-                        res = conn.execute(insert(s.jobs).returning(s.jobs.c.id, sort_by_parameter_order=True), rows)
-                        ids.extend(int(r[0]) for r in res)
-                self._events_many(
-                    conn,
-                    [
-                        {
-                            "kind": "job.submit",
-                            "job_id": i,
-                            "actor": user,
-                            "message": f"submitted by {user} to {base['partitions']}"
-                            + (" (held)" if resolved.hold else ""),
-                            "ts": now,
-                        }
-                        for i in ids
-                    ],
+            plain: list[tuple[int, dict[str, Any]]] = []  # consecutive plain jobs, not yet inserted
+            events: list[dict[str, Any]] = []
+
+            def flush() -> None:
+                if not plain:
+                    return
+                res = conn.execute(
+                    insert(s.jobs).returning(s.jobs.c.id, sort_by_parameter_order=True),
+                    [row for _, row in plain],
                 )
-                out.append(ids)
+                for (idx, row), r in zip(plain, res, strict=True):
+                    out[idx] = [int(r[0])]
+                    events.append(_submit_event(int(r[0]), row, user, now))
+                plain.clear()
+
+            for idx, (resolved, spec) in enumerate(items):
+                base = self._job_row(conn, resolved, spec, user, now)
+                if resolved.array_indices is None:
+                    plain.append((idx, base))
+                    continue
+                flush()  # ids follow the order of the request
+                first, *rest = resolved.array_indices
+                jid = conn.execute(
+                    insert(s.jobs).values({**base, "array_task_id": first}).returning(s.jobs.c.id)
+                ).scalar_one()
+                conn.execute(update(s.jobs).where(s.jobs.c.id == jid).values(array_job_id=jid))
+                ids = [int(jid)]
+                if rest:
+                    rows = [{**base, "array_task_id": i, "array_job_id": jid} for i in rest]
+                    res = conn.execute(
+                        insert(s.jobs).returning(s.jobs.c.id, sort_by_parameter_order=True), rows
+                    )
+                    ids.extend(int(r[0]) for r in res)
+                out[idx] = ids
+                events.extend(_submit_event(i, base, user, now) for i in ids)
+            flush()
+            self._events_many(conn, events)
         return out
+
+    def _job_row(
+        self, conn: Connection, resolved: ResolvedJob, spec: dict[str, Any], user: str, now: float
+    ) -> dict[str, Any]:
+        state = JobState.HELD if resolved.hold else JobState.PENDING
+        return {
+            "name": resolved.name,
+            "user": user,
+            "partitions": ",".join(resolved.partitions),
+            "partition": resolved.partitions[0],
+            "state": state.value,
+            "reason": "held by user" if resolved.hold else None,
+            "priority": resolved.priority,
+            "submit_time": now,
+            "time_limit_s": resolved.time_limit_s,
+            "nodes": resolved.nodes,
+            "cpus_per_node": resolved.cpus_per_node,
+            "mem_per_node_mb": resolved.mem_per_node_mb,
+            "gpus_per_node": resolved.gpus_per_node,
+            "gpu_type": resolved.gpu_type,
+            "exclusive": resolved.exclusive,
+            "constraint_expr": resolved.constraint,
+            "nodelist": resolved.nodelist,
+            "exclude": resolved.exclude,
+            "dependency": self._resolve_dependencies(conn, resolved.dependency),
+            "requeue": resolved.requeue,
+            "spec": {**spec, "signal_parsed": resolved.signal, "workdir": resolved.workdir},
+            "restart_count": 0,
+            "array_limit": resolved.array_limit,
+            "array_job_id": None,
+            "array_task_id": None,
+        }
 
     def _resolve_dependencies(self, conn: Connection, deps: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Turn `123` / `123_4` references into concrete job ids; unknown jobs are refused."""
@@ -620,59 +637,92 @@ class Store:
         gpu_ids (list of lists), exclusive, time_limit_s. A job that is no longer PENDING is skipped.
         """
         now = _now()
-        started: list[int] = []
+        if not starts:
+            return []
         with self.db.begin() as conn:
             self._check_fence(conn, fence)
             term = fence.term if fence else 0
-            for st in starts:
-                row = conn.execute(select(*_JOB_SUMMARY).where(s.jobs.c.id == st["job_id"])).mappings().first()
-                if row is None or row["state"] != JobState.PENDING.value:
-                    continue
-                job = dict(row)
-                tl = job["time_limit_s"]
-                att_id = conn.execute(
-                    insert(s.attempts)
-                    .values(
-                        job_id=job["id"],
-                        seq=job["restart_count"],
-                        token=uuid.uuid4().hex,
-                        state=AttemptState.STARTING.value,
-                        partition=st["partition"],
-                        nodes=list(st["nodes"]),
-                        fence_term=term,
-                        created_at=now,
-                        expected_end=(now + tl) if tl else None,
-                    )
-                    .returning(s.attempts.c.id)
-                ).scalar_one()
-                conn.execute(
-                    insert(s.tasks),
-                    [
-                        {
-                            "attempt_id": att_id,
-                            "node": n,
-                            "rank": i,
-                            "cpus": st["cpus_per_node"],
-                            "mem_mb": st["mem_per_node_mb"][i],
-                            "gpu_ids": list(st["gpu_ids"][i]),
-                            "exclusive": bool(st["exclusive"]),
-                            "state": TaskState.STARTING.value,
-                        }
-                        for i, n in enumerate(st["nodes"])
-                    ],
+            current: dict[int, Any] = {}
+            for chunk in _chunks([int(st["job_id"]) for st in starts], 500):
+                q = select(s.jobs.c.id, s.jobs.c.state, s.jobs.c.restart_count, s.jobs.c.time_limit_s).where(
+                    s.jobs.c.id.in_(chunk)
                 )
-                self._set_job_state(
-                    conn,
-                    job,
-                    JobState.STARTING,
-                    None,
-                    extra={"attempt_id": att_id, "partition": st["partition"], "nodelist_run": list(st["nodes"])},
-                    term=term,
-                    message=f"allocated {','.join(st['nodes'])} in {st['partition']} (attempt {att_id})",
-                )
-                self._bump_gen(conn, st["nodes"])
-                started.append(job["id"])
-        return started
+                if self.dialect == "postgresql":
+                    q = q.with_for_update()  # a concurrent cancel waits for us, or we see it
+                current.update({int(r.id): r for r in conn.execute(q)})
+            # a job cancelled or held since the snapshot is skipped
+            ok = [
+                st for st in starts
+                if (r := current.get(int(st["job_id"]))) is not None and r.state == JobState.PENDING.value
+            ]
+            if not ok:
+                return []
+            res = conn.execute(
+                insert(s.attempts).returning(s.attempts.c.id, sort_by_parameter_order=True),
+                [
+                    {
+                        "job_id": st["job_id"],
+                        "seq": current[int(st["job_id"])].restart_count,
+                        "token": uuid.uuid4().hex,
+                        "state": AttemptState.STARTING.value,
+                        "partition": st["partition"],
+                        "nodes": list(st["nodes"]),
+                        "fence_term": term,
+                        "created_at": now,
+                        "expected_end": (now + tl) if (tl := current[int(st["job_id"])].time_limit_s) else None,
+                    }
+                    for st in ok
+                ],
+            )
+            att_ids = [int(r[0]) for r in res]
+            conn.execute(
+                insert(s.tasks),
+                [
+                    {
+                        "attempt_id": aid,
+                        "node": n,
+                        "rank": i,
+                        "cpus": st["cpus_per_node"],
+                        "mem_mb": st["mem_per_node_mb"][i],
+                        "gpu_ids": list(st["gpu_ids"][i]),
+                        "exclusive": bool(st["exclusive"]),
+                        "state": TaskState.STARTING.value,
+                    }
+                    for st, aid in zip(ok, att_ids, strict=True)
+                    for i, n in enumerate(st["nodes"])
+                ],
+            )
+            conn.execute(
+                update(s.jobs)
+                .where(s.jobs.c.id == bindparam("b_id"), s.jobs.c.state == JobState.PENDING.value)
+                .values(
+                    state=JobState.STARTING.value,
+                    reason=None,
+                    attempt_id=bindparam("b_att"),
+                    partition=bindparam("b_part"),
+                    nodelist_run=bindparam("b_nodes"),
+                ),
+                [
+                    {"b_id": st["job_id"], "b_att": aid, "b_part": st["partition"], "b_nodes": list(st["nodes"])}
+                    for st, aid in zip(ok, att_ids, strict=True)
+                ],
+            )
+            self._events_many(
+                conn,
+                [
+                    {
+                        "kind": "job.starting",
+                        "job_id": int(st["job_id"]),
+                        "term": term,
+                        "message": f"allocated {','.join(st['nodes'])} in {st['partition']} (attempt {aid})",
+                        "data": {"from": JobState.PENDING.value, "to": JobState.STARTING.value},
+                        "ts": now,
+                    }
+                    for st, aid in zip(ok, att_ids, strict=True)
+                ],
+            )
+            self._bump_gen(conn, {n for st in ok for n in st["nodes"]})
+        return [int(st["job_id"]) for st in ok]
 
     def end_pending(self, job_id: int, state: JobState, reason: str, fence: Fence | None) -> bool:
         """End a pending job the scheduler found can never run (e.g. a dependency that failed)."""
@@ -1131,6 +1181,17 @@ class Store:
                     )
                 ).mappings()
             ]
+
+
+def _submit_event(job_id: int, row: dict[str, Any], user: str, now: float) -> dict[str, Any]:
+    held = " (held)" if row["state"] == JobState.HELD.value else ""
+    return {
+        "kind": "job.submit",
+        "job_id": job_id,
+        "actor": user,
+        "message": f"submitted by {user} to {row['partitions']}{held}",
+        "ts": now,
+    }
 
 
 def _chunks(items: list[int], n: int) -> Iterable[list[int]]:
