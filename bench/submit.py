@@ -1,0 +1,345 @@
+#!/usr/bin/env python3
+"""Submission and throughput benchmark for Phalanx (a benchmark, not a test).
+
+Each run starts a fresh local cluster with real processes
+
+    python -m phalanx up --detach --state-dir TMP --port FREE --nodes 4 --cpus 8 --mem 16G \
+        [--db URL]
+
+(SQLite in TMP unless `--db` is given) and stops it with `phalanx down` in a `finally`. Against
+it, the run measures, in this order:
+
+  latency   submit-to-start on an idle cluster: submit one `#!/bin/sh\\ntrue` job, poll
+            GET /v1/jobs/{id} every few ms until it is RUNNING or later. Two numbers per
+            sample: the job's own `start_time - submit_time` (server clocks) and the client's
+            POST-to-first-poll-seeing-it-started time. Each sample waits for the job to end,
+            so the next one starts on an idle cluster again.
+  single    submissions/s, one job per POST /v1/jobs, sequential over one keep-alive
+            httpx.Client. Jobs are submitted with `"hold": true` so nothing runs and perturbs
+            the measure (the scheduler is still kicked and sees them), then cancelled in one
+            POST /v1/jobs/cancel outside the timed window.
+  batch     submissions/s through POST /v1/jobs/batch (N requests of M held jobs each; the
+            rate is total jobs / total time of the requests), then cancelled the same way.
+  e2e       trivial jobs completed/s: one batch of `#!/bin/sh\\ntrue` jobs with output to
+            /dev/null, from the client's clock just before the POST until the last job's
+            end_time (and, second number, until the client's poll saw no job left active).
+            Every job must end COMPLETED.
+
+A fresh cluster per run keeps runs independent (the SQLite file starts empty each time; with
+`--db` the same database is reused, so later runs see earlier runs' ended jobs). The host's busy
+CPUs are sampled for 1 s before the runs, and a warning is printed if something else is using
+them: on a 2-core box, a concurrent test suite halves every rate here.
+
+Results are the median (min, max) over `--runs` runs, with the Slurm 22.05 reference for this
+kind of machine and the bars Phalanx aims for. `--json FILE` also writes them as JSON.
+
+    .venv/bin/python bench/submit.py --runs 3
+    .venv/bin/python bench/submit.py --quick
+    .venv/bin/python bench/submit.py --db postgresql://user@host/db   # DB is reused across runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import getpass
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+TRIVIAL = "#!/bin/sh\ntrue\n"
+STARTED = {"RUNNING", "COMPLETING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
+           "OUT_OF_MEMORY"}
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+ACTIVE_STATES = "PENDING,HELD,STARTING,RUNNING,COMPLETING"
+
+# name: (label, unit, Slurm 22.05 reference, bar, higher is better)
+METRICS: dict[str, tuple[str, str, float, float, bool]] = {
+    "single_per_s": ("submit, 1 job/request", "jobs/s", 170.0, 500.0, True),
+    "batch_per_s": ("submit, batch", "jobs/s", 170.0, 5000.0, True),
+    "start_latency_s": ("submit->start (job times)", "s", 2.5, 0.5, False),
+    "client_latency_s": ("submit->start (client)", "s", 2.5, 0.5, False),
+    "e2e_per_s": ("trivial jobs completed", "jobs/s", 10.0, 100.0, True),
+    "e2e_client_per_s": ("trivial jobs completed (client)", "jobs/s", 10.0, 100.0, True),
+}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def busy_cpus(seconds: float = 1.0) -> float:
+    """CPUs kept busy by anything on the host over a short sample (Linux /proc/stat)."""
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + v[4]
+    try:
+        t0, i0 = sample()
+        time.sleep(seconds)
+        t1, i1 = sample()
+    except OSError:
+        return float("nan")
+    return (os.cpu_count() or 1) * (1 - (i1 - i0) / max(1, t1 - t0))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def cluster(db: str | None, nodes: int, keep: bool) -> Iterator[str]:
+    state = Path(tempfile.mkdtemp(prefix="phalanx-bench-"))
+    port = free_port()
+    cmd = [sys.executable, "-m", "phalanx", "up", "--detach", "--state-dir", str(state),
+           "--port", str(port), "--nodes", str(nodes), "--cpus", "8", "--mem", "16G"]
+    if db:
+        cmd += ["--db", db]
+    t0 = time.monotonic()
+    try:
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        log(f"cluster up in {time.monotonic() - t0:.1f}s (state {state}, port {port})")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        subprocess.run([sys.executable, "-m", "phalanx", "down", "--state-dir", str(state)],
+                       stdout=subprocess.DEVNULL, check=False)
+        if keep:
+            log(f"kept {state}")
+        else:
+            subprocess.run(["rm", "-rf", str(state)], check=False)
+
+
+class Api:
+    def __init__(self, url: str) -> None:
+        self.http = httpx.Client(base_url=url, timeout=httpx.Timeout(300.0, connect=5.0),
+                                 headers={"X-Phalanx-User": getpass.getuser()})
+
+    def post(self, path: str, body: Any) -> Any:
+        r = self.http.post(path, json=body)
+        if r.status_code >= 400:
+            raise RuntimeError(f"POST {path}: HTTP {r.status_code}: {r.text[:300]}")
+        return r.json()
+
+    def get(self, path: str, **params: Any) -> Any:
+        r = self.http.get(path, params=params)
+        if r.status_code >= 400:
+            raise RuntimeError(f"GET {path}: HTTP {r.status_code}: {r.text[:300]}")
+        return r.json()
+
+    def any_active(self) -> bool:
+        return bool(self.get("/v1/jobs", state=ACTIVE_STATES, limit=1)["jobs"])
+
+    def wait_idle(self, timeout: float = 120.0, every: float = 0.05) -> None:
+        deadline = time.monotonic() + timeout
+        while self.any_active():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"jobs still active after {timeout:g}s")
+            time.sleep(every)
+
+    def cancel(self, ids: list[int]) -> None:
+        for i in range(0, len(ids), 10_000):
+            self.post("/v1/jobs/cancel", {"jobs": [str(x) for x in ids[i:i + 10_000]],
+                                          "reason": "bench"})
+
+
+def spec(**kw: Any) -> dict[str, Any]:
+    return {"script": TRIVIAL, "output": "/dev/null", "name": "bench", "workdir": "/tmp", **kw}
+
+
+def bench_latency(api: Api, samples: int) -> tuple[float, float]:
+    server, client = [], []
+    for _ in range(samples):
+        t0 = time.time()
+        jid = api.post("/v1/jobs", spec())["job_id"]
+        while True:
+            job = api.get(f"/v1/jobs/{jid}")["jobs"][0]
+            if job["state"] in STARTED:
+                client.append(time.time() - t0)
+                break
+            if time.time() - t0 > 60:
+                raise RuntimeError(
+                    f"job {jid} not started after 60s: {job['state']} {job['reason']}")
+            time.sleep(0.002)
+        while job["state"] not in TERMINAL:
+            time.sleep(0.02)
+            job = api.get(f"/v1/jobs/{jid}")["jobs"][0]
+        if job["state"] != "COMPLETED":
+            raise RuntimeError(f"latency job {jid} ended {job['state']}")
+        server.append(job["start_time"] - job["submit_time"])
+        api.wait_idle()
+    return statistics.median(server), statistics.median(client)
+
+
+def bench_single(api: Api, n: int) -> float:
+    body = spec(hold=True)
+    ids = []
+    t0 = time.perf_counter()
+    for _ in range(n):
+        ids.append(api.post("/v1/jobs", body)["job_id"])
+    dt = time.perf_counter() - t0
+    api.cancel(ids)
+    api.wait_idle()
+    return n / dt
+
+
+def bench_batch(api: Api, requests: int, per_request: int) -> float:
+    body = {"jobs": [spec(hold=True)] * per_request}
+    ids: list[int] = []
+    total = 0.0
+    for _ in range(requests):
+        t0 = time.perf_counter()
+        out = api.post("/v1/jobs/batch", body)["jobs"]
+        total += time.perf_counter() - t0
+        ids += [j["job_id"] for j in out]
+    api.cancel(ids)
+    api.wait_idle()
+    return requests * per_request / total
+
+
+def bench_e2e(api: Api, n: int) -> tuple[float, float]:
+    t0 = time.time()
+    ids = [j["job_id"] for j in api.post("/v1/jobs/batch", {"jobs": [spec()] * n})["jobs"]]
+    api.wait_idle(timeout=max(120.0, n), every=0.1)
+    t_client = time.time() - t0
+    jobs = {}
+    for i in range(0, len(ids), 200):  # only ours: a shared --db may hold other runs' jobs
+        chunk = ",".join(str(x) for x in ids[i:i + 200])
+        jobs.update({j["id"]: j for j in api.get("/v1/jobs", job=chunk, limit=100_000)["jobs"]})
+    bad: dict[str, int] = {}
+    for i in ids:
+        st = jobs[i]["state"]
+        if st != "COMPLETED":
+            bad[st] = bad.get(st, 0) + 1
+    if bad:
+        raise RuntimeError(f"e2e: not all COMPLETED: {bad}")
+    t_server = max(jobs[i]["end_time"] for i in ids) - t0
+    return n / t_server, n / t_client
+
+
+def one_run(args: argparse.Namespace, k: int) -> dict[str, float]:
+    res: dict[str, float] = {}
+    with cluster(args.db, args.nodes, args.keep) as url:
+        api = Api(url)
+        try:
+            def step(name: str, fn: Callable[[], Any]) -> Any:
+                t = time.monotonic()
+                out = fn()
+                log(f"run {k}: {name} done in {time.monotonic() - t:.1f}s: {out}")
+                return out
+
+            res["start_latency_s"], res["client_latency_s"] = step(
+                "latency", lambda: bench_latency(api, args.latency_samples))
+            res["single_per_s"] = step("single", lambda: bench_single(api, args.single))
+            res["batch_per_s"] = step(
+                "batch", lambda: bench_batch(api, args.batch_requests, args.batch_size))
+            res["e2e_per_s"], res["e2e_client_per_s"] = step(
+                "e2e", lambda: bench_e2e(api, args.e2e))
+        finally:
+            api.http.close()
+    return res
+
+
+def summarize(runs: list[dict[str, float]]) -> dict[str, dict[str, float]]:
+    out = {}
+    for key in METRICS:
+        vals = [r[key] for r in runs if key in r]
+        if vals:
+            out[key] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+    return out
+
+
+def fmt(v: float, unit: str) -> str:
+    return f"{v:.3f}" if unit == "s" else f"{v:,.0f}"
+
+
+def table(summary: dict[str, dict[str, float]], nruns: int) -> str:
+    head = (f"{'metric':34} {'median':>9} {'min':>9} {'max':>9}  {'unit':6} "
+            f"{'slurm':>6} {'vs slurm':>8} {'bar':>7}  ok")
+    lines = [f"Phalanx submit benchmark: medians over {nruns} run(s)", head, "-" * len(head)]
+    for key, (label, unit, ref, bar, higher) in METRICS.items():
+        if key not in summary:
+            continue
+        m = summary[key]
+        ratio = m["median"] / ref if higher else ref / m["median"]
+        ok = m["median"] >= bar if higher else m["median"] < bar
+        cmp = ">=" if higher else "<"
+        lines.append(
+            f"{label:34} {fmt(m['median'], unit):>9} {fmt(m['min'], unit):>9} "
+            f"{fmt(m['max'], unit):>9}  {unit:6} {fmt(ref, unit):>6} {ratio:>7.1f}x "
+            f"{cmp}{fmt(bar, unit):>5}  {'yes' if ok else 'NO'}"
+        )
+    lines.append("vs slurm: Phalanx/Slurm for rates, Slurm/Phalanx for latencies "
+                 "(higher is better)")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=None, help="runs (default 5; 2 with --quick)")
+    p.add_argument("--quick", action="store_true", help="fewer and smaller runs")
+    p.add_argument("--db", default=None, help="database URL (default: SQLite in the state dir)")
+    p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--json", metavar="FILE", default=None, help="also write the results as JSON")
+    p.add_argument("--keep", action="store_true", help="keep each run's state dir (logs, DB)")
+    p.add_argument("--single", type=int, default=None, help="jobs submitted one per request")
+    p.add_argument("--batch-size", type=int, default=None, help="jobs per batch request")
+    p.add_argument("--batch-requests", type=int, default=None, help="batch requests per run")
+    p.add_argument("--latency-samples", type=int, default=None)
+    p.add_argument("--e2e", type=int, default=None, help="trivial jobs in the end-to-end batch")
+    args = p.parse_args()
+    if args.quick:
+        defaults = dict(runs=2, single=100, batch_size=1000, batch_requests=2,
+                        latency_samples=5, e2e=200)
+    else:
+        defaults = dict(runs=5, single=500, batch_size=1000, batch_requests=5,
+                        latency_samples=20, e2e=500)
+    for k, v in defaults.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+
+    load_before = busy_cpus()
+    if load_before > 0.3:
+        log(f"warning: {load_before:.1f} of {os.cpu_count()} CPUs already busy before the runs: "
+            "other processes compete with the cluster and the numbers will be low")
+    runs = []
+    for k in range(1, args.runs + 1):
+        runs.append(one_run(args, k))
+    load_after = os.getloadavg()[0]
+    summary = summarize(runs)
+    print(table(summary, len(runs)))
+    print(f"host: {os.cpu_count()} CPUs, {load_before:.2f} busy before the runs (1 s sample); "
+          f"load average at the end {load_after:.2f}")
+    if args.json:
+        doc = {
+            "summary": summary,
+            "runs": runs,
+            "params": {k: getattr(args, k) for k in (
+                "runs", "db", "nodes", "single", "batch_size", "batch_requests",
+                "latency_samples", "e2e")},
+            "reference": {k: {"label": v[0], "unit": v[1], "slurm_22_05": v[2], "bar": v[3],
+                              "higher_is_better": v[4]} for k, v in METRICS.items()},
+            "host": {"python": sys.version.split()[0], "platform": platform.platform(),
+                     "cpus": os.cpu_count(), "busy_cpus_before": load_before,
+                     "loadavg_after": load_after},
+        }
+        if args.db and "@" in args.db:
+            doc["params"]["db"] = args.db.split("://")[0] + "://..."
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
