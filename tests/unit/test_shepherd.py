@@ -583,3 +583,287 @@ def test_json_helpers_match_stdlib() -> None:
     assert shepherd._loads("  {}\n") == {}
     with pytest.raises(ValueError):
         shepherd._loads("{bad")
+
+
+# -- pre-forked launcher ------------------------------------------------------------------------
+
+
+def proc_ppid(pid: int) -> int | None:
+    """Parent pid from /proc/PID/stat (field 4), or None if the pid does not exist."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(data[data.rfind(b")") + 2 :].split()[1])
+
+
+def open_pipes(pid: int) -> set[str]:
+    """The ``pipe:[inode]`` entries among the process's open fds."""
+    pipes = set()
+    fd_dir = Path(f"/proc/{pid}/fd")
+    for fd in os.listdir(fd_dir):
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd_dir / fd)
+            if target.startswith("pipe:"):
+                pipes.add(target)
+    return pipes
+
+
+def helper_pid(launcher: shepherd.Launcher) -> int:
+    pid = launcher.pid
+    assert pid is not None
+    return pid
+
+
+def kill_quietly(pid: int | None) -> None:
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def launcher() -> Iterator[shepherd.Launcher]:
+    lau = shepherd.Launcher()
+    lau.start()
+    try:
+        yield lau
+    finally:
+        lau.close()  # also kills and reaps a helper that does not exit on EOF
+
+
+def _run_and_collect(td: Path, tasks: Tasks) -> tuple[dict[str, Any], str, str]:
+    result = tasks.wait_exited(td)
+    return result, read_text(td / "out"), read_text(td / "err")
+
+
+def test_launcher_runs_jobs_like_launch(tasks: Tasks, launcher: shepherd.Launcher) -> None:
+    job = tasks.script('echo "out $1"\necho "err $1" >&2\nexit 5\n')
+    plain, forked = tasks.task([str(job), "x"]), tasks.task([str(job), "x"])
+    assert launch(plain) > 0
+    pid = launcher.launch(forked)
+    assert pid == json.loads((forked / "shepherd.pid").read_text())["pid"]  # written before reply
+    (r1, out1, err1), (r2, out2, err2) = (_run_and_collect(td, tasks) for td in (plain, forked))
+    assert (out1, err1) == (out2, err2) == ("out x\n", "err x\n")
+    strip = ("started_at", "ended_at")
+    assert {k: v for k, v in r1.items() if k not in strip} == {
+        k: v for k, v in r2.items() if k not in strip
+    }
+    assert r2["exit_code"] == 5 and r2["launch_failed"] is False
+
+
+def test_launcher_many_launches_in_a_row(tasks: Tasks, launcher: shepherd.Launcher) -> None:
+    job = tasks.script('echo "n=$N"\n')
+    tds = [tasks.task(job, env={"PATH": JOB_PATH, "N": str(i)}) for i in range(40)]
+    pids = [launcher.launch(td) for td in tds]
+    assert len(set(pids)) == len(pids)
+    for i, td in enumerate(tds):
+        assert tasks.wait_exited(td)["exit_code"] == 0
+        assert (td / "out").read_text() == f"n={i}\n"
+    assert proc_state(helper_pid(launcher)) not in (None, "Z")  # one helper did all of it
+    assert not _zombie_children()
+
+
+def test_launcher_is_thread_safe(tasks: Tasks, launcher: shepherd.Launcher) -> None:
+    import threading
+
+    job = tasks.script('echo "n=$N"\n')
+    tds = [tasks.task(job, env={"PATH": JOB_PATH, "N": str(i)}) for i in range(30)]
+    pids: dict[Path, int] = {}
+    errors: list[BaseException] = []
+
+    def worker(mine: list[Path]) -> None:
+        try:
+            for td in mine:
+                pids[td] = launcher.launch(td)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(tds[i::2],)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT_S)
+    assert not errors and len(pids) == len(tds)
+    for td, pid in pids.items():
+        assert json.loads((td / "shepherd.pid").read_text())["pid"] == pid
+    for i, td in enumerate(tds):
+        assert tasks.wait_exited(td)["exit_code"] == 0
+        assert (td / "out").read_text() == f"n={i}\n"
+
+
+def test_launcher_shepherd_is_detached_and_holds_no_helper_pipe(
+    tasks: Tasks, launcher: shepherd.Launcher
+) -> None:
+    go = tasks.root / "go"
+    td = tasks.task(tasks.script(f"while [ ! -e {go} ]; do sleep 0.05; done\n"))
+    pid = launcher.launch(td)
+    helper = helper_pid(launcher)
+    status = tasks.wait_state(td, "running")
+    assert status["shepherd_pid"] == pid
+    assert proc_ppid(pid) not in (helper, os.getpid(), None)
+    assert os.getsid(pid) == pid != os.getsid(helper)  # own session, not the helper's
+    assert os.getsid(helper) != os.getsid(0)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    helper_pipes = open_pipes(helper)
+    assert len(helper_pipes) >= 2  # its stdin and stdout to us
+    assert not helper_pipes & open_pipes(pid)
+    assert not helper_pipes & open_pipes(status["job_pid"])
+    go.touch()
+    assert tasks.wait_exited(td)["exit_code"] == 0
+
+
+def test_launching_a_task_twice_runs_it_once(tasks: Tasks, launcher: shepherd.Launcher) -> None:
+    """Idempotent launch is what makes retrying after a helper died mid-request safe."""
+    go = tasks.root / "go"
+    marker = tasks.root / "runs"
+    td = tasks.task(
+        tasks.script(f"echo run >> {marker}\nwhile [ ! -e {go} ]; do sleep 0.05; done\n")
+    )
+    pid = launcher.launch(td)
+    assert launcher.launch(td) == pid
+    assert launch(td) == pid
+    tasks.wait_state(td, "running")
+    go.touch()
+    assert tasks.wait_exited(td)["exit_code"] == 0
+    assert read_text(marker) == "run\n"
+
+
+def test_launcher_reports_task_errors_and_keeps_its_helper(
+    tasks: Tasks, launcher: shepherd.Launcher
+) -> None:
+    helper = helper_pid(launcher)
+    with pytest.raises(shepherd.ShepherdLaunchError, match="cannot set up shepherd"):
+        launcher.launch(tasks.root / "does-not-exist")
+    assert launcher.pid == helper
+    td = tasks.task(tasks.script("exit 0\n"))
+    launcher.launch(td)
+    assert tasks.wait_exited(td)["exit_code"] == 0
+    assert launcher.pid == helper
+
+
+def test_shepherd_survives_helper_sigkill_and_launcher_restarts(
+    tasks: Tasks, launcher: shepherd.Launcher
+) -> None:
+    go = tasks.root / "go"
+    job = tasks.script(f"while [ ! -e {go} ]; do sleep 0.05; done\necho done\n")
+    first = tasks.task(job)
+    pid = launcher.launch(first)
+    old_helper = helper_pid(launcher)
+    os.kill(old_helper, signal.SIGKILL)
+    wait_for(lambda: proc_dead(old_helper), "helper to die")
+    assert not proc_dead(pid)
+    second = tasks.task(job)
+    started = time.monotonic()
+    assert launcher.launch(second) > 0
+    # A dead helper is noticed at once (nothing holds its pipes), not after the reply timeout.
+    assert time.monotonic() - started < shepherd._LAUNCHER_REPLY_TIMEOUT_S / 2
+    assert launcher.pid not in (None, old_helper)
+    tasks.wait_state(first, "running")
+    go.touch()
+    for td in (first, second):
+        result = tasks.wait_exited(td)
+        assert result["exit_code"] == 0
+        assert (td / "out").read_text() == "done\n"
+
+
+def test_launcher_times_out_on_a_hung_helper_then_recovers(tasks: Tasks) -> None:
+    lau = shepherd.Launcher(reply_timeout=1.0)
+    lau.start()
+    hung = helper_pid(lau)
+    try:
+        os.kill(hung, signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(shepherd.ShepherdLaunchError, match="did not answer"):
+            lau.launch(tasks.task(tasks.script("exit 0\n")))
+        assert time.monotonic() - started < 5.0
+        assert proc_state(hung) is None  # killed and reaped
+        td = tasks.task(tasks.script("exit 4\n"))
+        lau.launch(td)
+        assert tasks.wait_exited(td)["exit_code"] == 4
+    finally:
+        kill_quietly(hung if proc_state(hung) not in (None, "Z") else None)
+        lau.close()
+
+
+class _DeadOnArrivalLauncher(shepherd.Launcher):
+    """A launcher whose helper is a real process that exits at once (a broken interpreter)."""
+
+    starts = 0
+
+    def _restart_locked(self) -> None:
+        self._discard_locked()
+        self.starts += 1
+        self._proc = subprocess.Popen(
+            ["/bin/sh", "-c", "exit 1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
+        )
+        self._proc.wait()
+
+
+def test_launcher_falls_back_to_plain_launch(tasks: Tasks) -> None:
+    lau = _DeadOnArrivalLauncher()
+    try:
+        td = tasks.task(tasks.script("echo fallback\n"))
+        assert lau.launch(td) > 0
+        assert lau.starts == 2  # restarted once, then launched without it
+        assert tasks.wait_exited(td)["exit_code"] == 0
+        assert (td / "out").read_text() == "fallback\n"
+        td = tasks.task(tasks.script("exit 0\n"))
+        lau.launch(td)
+        assert lau.starts == 2  # backing off: no new helper for a while
+        assert tasks.wait_exited(td)["exit_code"] == 0
+    finally:
+        lau.close()
+
+
+def test_launcher_helper_exits_when_closed(tasks: Tasks) -> None:
+    lau = shepherd.Launcher()
+    lau.start()
+    helper = helper_pid(lau)
+    try:
+        go = tasks.root / "go"
+        td = tasks.task(tasks.script(f"while [ ! -e {go} ]; do sleep 0.05; done\n"))
+        pid = lau.launch(td)
+        started = time.monotonic()
+        lau.close()
+        assert time.monotonic() - started < shepherd._LAUNCHER_CLOSE_TIMEOUT_S  # exited on EOF
+        assert proc_state(helper) is None and lau.pid is None
+        assert not proc_dead(pid)  # its shepherd keeps running
+        td2 = tasks.task(tasks.script("exit 0\n"))
+        lau.launch(td2)  # after close: plain launch, no new helper
+        assert lau.pid is None
+        go.touch()
+        for t in (td, td2):
+            assert tasks.wait_exited(t)["exit_code"] == 0
+    finally:
+        kill_quietly(helper if proc_state(helper) not in (None, "Z") else None)
+        lau.close()
+
+
+def test_launcher_helper_exits_when_its_owner_dies(tasks: Tasks) -> None:
+    go = tasks.root / "go"
+    td = tasks.task(tasks.script(f"while [ ! -e {go} ]; do sleep 0.05; done\necho done\n"))
+    code = (
+        "import sys, time\n"
+        "from phalanx.agent.shepherd import Launcher\n"
+        "lau = Launcher()\n"
+        "print(lau.launch(sys.argv[1]), lau.pid, flush=True)\n"
+        "time.sleep(1000)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC_DIR)}
+    owner = subprocess.Popen([sys.executable, "-c", code, str(td)], stdout=subprocess.PIPE, env=env)
+    tasks.popens.append(owner)
+    helper = None
+    try:
+        assert owner.stdout is not None
+        shepherd_pid, helper = map(int, owner.stdout.readline().split())
+        owner.kill()
+        owner.wait()
+        wait_for(lambda: proc_dead(helper), "helper to exit on EOF")
+        assert not proc_dead(shepherd_pid)
+        go.touch()
+        result = tasks.wait_exited(td)
+        assert result["exit_code"] == 0
+        assert (td / "out").read_text() == "done\n"
+    finally:
+        kill_quietly(helper if helper and not proc_dead(helper) else None)

@@ -66,26 +66,43 @@ class Agent:
         self.tasks_dir.mkdir(parents=True, exist_ok=True)
 
     def run(self) -> None:
-        """Register (retrying forever), then heartbeat until stopped."""
+        """Register (retrying forever), then heartbeat until stopped.
+
+        Shepherds are started through one pre-forked launcher helper for the agent's lifetime
+        (an interpreter start per task is the largest per-job cost on the node); it is closed
+        when the loop ends and falls back to plain launches by itself if it breaks.
+        """
         self.prepare()
+        self._launcher: shepherd.Launcher | None = shepherd.Launcher()
+        try:
+            self._launcher.start()
+        except OSError as e:
+            log.warning("cannot start the shepherd launcher (launching directly): %s", e)
         watcher = threading.Thread(target=self._watch, name="phx-watch", daemon=True)
         watcher.start()
         backoff = 0.2
-        while not self._stop.is_set():
-            try:
-                if not self._registered:
-                    self.register()
-                self.heartbeat(wait=float(self.timing["heartbeat_interval"]))
-                backoff = 0.2
-            except PhalanxError as e:
-                log.warning("controllers unreachable: %s", e.message)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, float(self.timing["heartbeat_interval"]))
-            except Exception:
-                log.exception("unexpected error in the heartbeat loop; going on")
-                self._stop.wait(1.0)
+        try:
+            while not self._stop.is_set():
+                try:
+                    if not self._registered:
+                        self.register()
+                    self.heartbeat(wait=float(self.timing["heartbeat_interval"]))
+                    backoff = 0.2
+                except PhalanxError as e:
+                    log.warning("controllers unreachable: %s", e.message)
+                    self._stop.wait(backoff)
+                    backoff = min(backoff * 2, float(self.timing["heartbeat_interval"]))
+                except Exception:
+                    log.exception("unexpected error in the heartbeat loop; going on")
+                    self._stop.wait(1.0)
+        finally:
+            # The watcher may still be launching; close() waits for that launch, and later ones
+            # fall back to plain launches.  Running shepherds are unaffected.
+            self._launcher.close()
 
     def stop(self) -> None:
+        # Only sets the event: stop() runs from a signal handler on the thread that may be
+        # inside a launch (holding the launcher's lock); run() closes the launcher on its way out.
         self._stop.set()
 
     def register(self) -> None:
@@ -226,8 +243,12 @@ class Agent:
                         "job_id": launch["job_id"], "launched_at": time.time()})
         )
         os.replace(tmp, d)
+        launcher: shepherd.Launcher | None = getattr(self, "_launcher", None)
         try:
-            shepherd.launch(d)
+            if launcher is not None:
+                launcher.launch(d)
+            else:  # apply() used without run()
+                shepherd.launch(d)
             log.info("started job %s attempt %s rank %s", launch["job_id"], launch["attempt_id"], launch["rank"])
         except Exception as e:
             log.error("could not start a shepherd for attempt %s: %s", launch["attempt_id"], e)

@@ -16,6 +16,15 @@ and starts the job with ``os.posix_spawn`` (about half the cost of ``fork`` + ``
 Measured on the 2-core dev box: ~120 trivial tasks/s launched and completed.  The file still
 works as a script: ``python -I -S shepherd.py [--daemonize] TASK_DIR``.
 
+Even so, a fresh interpreter per task costs ~8-9 ms of CPU.  The agent therefore uses a
+:class:`Launcher`: one long-lived helper (``shepherd.py --launcher``, a "zygote") that has this
+module imported already and forks the same double-forked, ``setsid`` shepherd per task on
+request (a fork costs a fraction of an interpreter start).  :func:`launch` stays as the
+fallback.  Launching is idempotent per task directory: a shepherd claims the directory by
+creating ``shepherd.pid`` exclusively, and a second launch for the same directory reports the
+first shepherd's pid instead of running the job again (which makes retrying after a helper
+died mid-request safe).
+
 File protocol (all files written atomically: temporary file + ``os.replace``)
 ----------------------------------------------------------------------------
 Written by the agent:
@@ -63,6 +72,7 @@ import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import signal as _signal
+    import subprocess
     from typing import Any, NoReturn
 else:  # ``_signal`` avoids importing ``enum`` (see module docstring).
     try:
@@ -71,6 +81,7 @@ else:  # ``_signal`` avoids importing ``enum`` (see module docstring).
         import signal as _signal
 
 __all__ = [
+    "Launcher",
     "ShepherdLaunchError",
     "forward_signal",
     "launch",
@@ -95,6 +106,11 @@ _BOOTSTRAP = (
     "sys.exit(shepherd.main(sys.argv[2:]))"
 )
 _LAUNCH_TIMEOUT_S = 60.0
+# Launcher: how long to wait for the helper's reply, for it to exit when closed, and how long
+# to use plain ``launch`` after a restarted helper failed too.
+_LAUNCHER_REPLY_TIMEOUT_S = 10.0
+_LAUNCHER_CLOSE_TIMEOUT_S = 2.0
+_LAUNCHER_BACKOFF_S = 30.0
 _FENCE_CHECK_INTERVAL_S = 1.0
 _STRAGGLER_GRACE_CAP_S = 2.0
 _REKILL_INTERVAL_S = 5.0
@@ -187,8 +203,8 @@ def _dumps(obj: Any) -> str:
     raise TypeError(f"cannot serialise {type(obj).__name__}")
 
 
-def _write_json(path: str, obj: Any) -> None:
-    """Atomically replace ``path`` so readers never see a partial file."""
+def _write_tmp(path: str, obj: Any) -> str:
+    """Write ``obj`` to a fresh temporary file next to ``path``; return its name."""
     data = (_dumps(obj) + "\n").encode()
     tmp = f"{path}.tmp.{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -198,7 +214,31 @@ def _write_json(path: str, obj: Any) -> None:
             view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
-    os.replace(tmp, path)
+    return tmp
+
+
+def _write_json(path: str, obj: Any) -> None:
+    """Atomically replace ``path`` so readers never see a partial file."""
+    os.replace(_write_tmp(path, obj), path)
+
+
+def _claim_json(path: str, obj: Any) -> Any:
+    """Atomically create ``path`` holding ``obj`` unless it exists; return what it holds.
+
+    ``link`` fails if the target exists, so of two racing writers exactly one wins and readers
+    still never see a partial file.  Filesystems without hard links get a plain replace.
+    """
+    tmp = _write_tmp(path, obj)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        os.unlink(tmp)
+        return _read_json(path)
+    except OSError:
+        os.replace(tmp, path)
+        return obj
+    os.unlink(tmp)
+    return obj
 
 
 def _read_json(path: str) -> Any:
@@ -298,6 +338,7 @@ def launch(task_dir: str | os.PathLike[str]) -> int:
     waits until it has installed its signal handlers and written ``shepherd.pid``, prints its
     pid and exits, and is reaped here.  So when this returns the shepherd is in its own session,
     is not our child, and already accepts :func:`request_stop` / :func:`forward_signal`.
+    If ``task_dir`` already has (or had) a shepherd, returns that one's pid and starts nothing.
     """
     import subprocess
 
@@ -330,6 +371,169 @@ def launch(task_dir: str | os.PathLike[str]) -> int:
         return int(proc.stdout)
     except ValueError as exc:
         raise ShepherdLaunchError(f"shepherd for {td} printed {proc.stdout!r}") from exc
+
+
+class _HelperFailed(Exception):
+    """The launcher helper died, broke the pipe or answered garbage: restart it and retry."""
+
+
+class Launcher:
+    """Pre-forked shepherd launcher: :func:`launch` without an interpreter start per task.
+
+    :meth:`start` spawns one helper, ``python -I -S shepherd.py --launcher``, in its own
+    session.  :meth:`launch` writes the absolute task dir (NUL-terminated) to the helper's stdin;
+    the helper forks an intermediate that runs exactly the ``--daemonize`` path (fork, ``setsid``,
+    wait for ``shepherd.pid``), reaps it and answers ``ok PID`` or ``err MESSAGE``
+    (NUL-terminated) on its stdout.  The helper is single-threaded and forks only from its main
+    loop; the intermediate replaces the helper's pipes on fds 0-2 and closes every other fd, so
+    no shepherd holds them and a dead helper is seen as EOF at once.
+
+    Thread-safe (one request at a time).  If the helper is dead or the pipe breaks, it is
+    restarted once and the request retried (safe: launching is idempotent per task dir), then
+    plain :func:`launch` is used (and used alone for ``_LAUNCHER_BACKOFF_S``).  A helper that
+    does not answer within ``reply_timeout`` is killed and the launch fails with
+    :class:`ShepherdLaunchError`.  The helper exits on EOF of its stdin (the agent closed it or
+    died); shepherds it started keep running.  After :meth:`close`, :meth:`launch` falls back to
+    plain :func:`launch`.
+    """
+
+    def __init__(self, reply_timeout: float = _LAUNCHER_REPLY_TIMEOUT_S) -> None:
+        import threading
+
+        self.reply_timeout = reply_timeout
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._buf = b""
+        self._closed = False
+        self._fallback_until = 0.0
+
+    @property
+    def pid(self) -> int | None:
+        """The helper's pid while it is started (for diagnostics and tests)."""
+        proc = self._proc
+        return proc.pid if proc is not None else None
+
+    def __enter__(self) -> Launcher:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Start the helper now (else the first :meth:`launch` does).  Raises OSError."""
+        with self._lock:
+            if self._closed:
+                raise ShepherdLaunchError("launcher is closed")
+            if self._proc is None or self._proc.poll() is not None:
+                self._restart_locked()
+
+    def launch(self, task_dir: str | os.PathLike[str]) -> int:
+        """Like :func:`launch`: the pid of a running, detached shepherd for ``task_dir``."""
+        td = os.path.abspath(os.fspath(task_dir))
+        request = os.fsencode(td)
+        if b"\0" in request:
+            raise ShepherdLaunchError(f"cannot launch shepherd for {td!r}: NUL in the path")
+        with self._lock:
+            if not self._closed and time.monotonic() >= self._fallback_until:
+                for _attempt in range(2):
+                    try:
+                        if self._proc is None or self._proc.poll() is not None:
+                            self._restart_locked()
+                        return self._request_locked(request + b"\0")
+                    except (_HelperFailed, OSError):
+                        self._discard_locked()
+                self._fallback_until = time.monotonic() + _LAUNCHER_BACKOFF_S
+        return launch(td)
+
+    def close(self) -> None:
+        """Close the helper's stdin (it exits on EOF) and wait for it briefly, then kill it."""
+        with self._lock:
+            self._closed = True
+            proc, self._proc = self._proc, None
+            self._buf = b""
+        if proc is None:
+            return
+        import subprocess
+
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
+        try:
+            proc.wait(_LAUNCHER_CLOSE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+
+    # -- internals (called with the lock held) -----------------------------------------------
+
+    def _restart_locked(self) -> None:
+        import subprocess
+
+        self._discard_locked()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, os.path.dirname(_SCRIPT), "--launcher"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            bufsize=0,
+            start_new_session=True,  # own process group: killing it takes in-flight forks along
+        )
+
+    def _discard_locked(self) -> None:
+        """Forget the helper: kill it (and any launch it has in flight) and reap it."""
+        proc, self._proc = self._proc, None
+        self._buf = b""
+        if proc is None:
+            return
+        _kill_group(proc)
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+    def _request_locked(self, request: bytes) -> int:
+        proc = self._proc
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
+        try:
+            view = memoryview(request)
+            while view:
+                view = view[os.write(proc.stdin.fileno(), view) :]
+        except OSError as exc:  # BrokenPipeError: the helper is gone
+            raise _HelperFailed(f"cannot write to the launcher: {exc}") from exc
+        out = proc.stdout.fileno()
+        poller = select.poll()
+        poller.register(out, select.POLLIN)
+        deadline = time.monotonic() + self.reply_timeout
+        while (end := self._buf.find(b"\0")) < 0:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._discard_locked()
+                raise ShepherdLaunchError(
+                    f"the shepherd launcher did not answer within {self.reply_timeout:g}s"
+                )
+            if not poller.poll(int(remaining * 1000) + 1):
+                continue
+            chunk = os.read(out, 4096)
+            if not chunk:
+                raise _HelperFailed("the launcher exited")
+            self._buf += chunk
+        reply, self._buf = self._buf[:end], self._buf[end + 1 :]
+        if reply.startswith(b"ok "):
+            try:
+                return int(reply[3:])
+            except ValueError:
+                pass
+        elif reply.startswith(b"err "):
+            raise ShepherdLaunchError(reply[4:].decode(errors="replace"))
+        raise _HelperFailed(f"garbled reply from the launcher: {reply!r}")
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the helper's process group (its pid, not yet reaped, so not reusable); reap it."""
+    import contextlib
+
+    if proc.poll() is None:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, _signal.SIGKILL)
+        proc.wait()
 
 
 def read_status(task_dir: str | os.PathLike[str]) -> dict[str, Any]:
@@ -457,14 +661,19 @@ class _Shepherd:
         try:
             self._install_signals()
             st = _proc_stat("self")
-            _write_json(
+            owner = _claim_json(
                 self._path(PID_FILE),
                 {"pid": os.getpid(), "starttime": st[2] if st else None},
             )
+            if not isinstance(owner, dict) or not isinstance(owner.get("pid"), int):
+                raise ValueError(f"{PID_FILE} holds {owner!r}")
         except Exception as exc:
             _notify(ready_fd, f"shepherd setup failed in {self.task_dir}: {exc}")
             return 1
-        _notify(ready_fd, None)
+        _notify(ready_fd, None, owner["pid"])
+        if owner["pid"] != os.getpid():  # launched twice: the first shepherd owns the task
+            _log(f"task already has a shepherd (pid {owner['pid']}); exiting")
+            return 0
         try:
             result = self._supervise()
         except BaseException as exc:
@@ -855,13 +1064,13 @@ def _write_quiet(fd: int, msg: str) -> bool:
     return True
 
 
-def _notify(fd: int | None, error: str | None) -> None:
-    """Tell the daemonizing parent we are ready (``ok``) or why we failed."""
+def _notify(fd: int | None, error: str | None, pid: int = 0) -> None:
+    """Tell the daemonizing parent the task's shepherd is ready (``ok PID``) or why we failed."""
     if fd is None:
         if error:
             _log(error)
         return
-    _write_quiet(fd, "ok" if error is None else error)
+    _write_quiet(fd, f"ok {pid}" if error is None else error)
     os.close(fd)
 
 
@@ -870,7 +1079,9 @@ def _daemonize(task_dir: str) -> NoReturn:
 
     The shepherd calls ``setsid`` and outlives us, so it is re-parented (to PID 1 or a
     subreaper) and is never a child of the agent.  Both processes leave with ``os._exit``:
-    there is nothing to flush, and interpreter finalisation costs ~2 ms per task.
+    there is nothing to flush, and interpreter finalisation costs ~2 ms per task.  The pid
+    printed is the one the shepherd reports: another's if the task dir was already claimed.
+    Also the child side of the :class:`Launcher` helper's fork (fds 0-2 set up by the caller).
     """
     ready_r, ready_w = os.pipe()
     pid = os.fork()
@@ -880,8 +1091,8 @@ def _daemonize(task_dir: str) -> NoReturn:
         while chunk := os.read(ready_r, 4096):
             chunks.append(chunk)
         answer = b"".join(chunks)
-        if answer == b"ok":
-            os.write(1, f"{pid}\n".encode())
+        if answer.startswith(b"ok ") and answer[3:].isdigit():
+            os.write(1, answer[3:] + b"\n")
             os._exit(0)
         os.write(2, answer or b"shepherd exited before it was ready")
         os._exit(1)
@@ -904,13 +1115,90 @@ def _daemonize(task_dir: str) -> NoReturn:
     os._exit(_Shepherd(task_dir).run(ready_w))
 
 
+def _fork_daemonize(task_dir: str) -> bytes:
+    """Launcher helper: run the ``--daemonize`` path in a forked child; return the reply.
+
+    The child gets /dev/null on fd 0 and a result pipe on fds 1 and 2 and closes every other
+    fd, so neither it nor the shepherd it forks keeps the helper's pipes to the agent open.
+    It never returns into the helper's loop, whatever happens.  Errors read like
+    :func:`launch`'s.
+    """
+    prefix = f"err cannot launch shepherd for {task_dir}: ".encode(errors="replace")
+    try:
+        res_r, res_w = os.pipe()
+    except OSError as exc:
+        return prefix + str(exc).encode(errors="replace")
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        os.close(res_r)
+        os.close(res_w)
+        return prefix + str(exc).encode(errors="replace")
+    if pid == 0:
+        try:
+            null = os.open(os.devnull, os.O_RDWR)
+            os.dup2(null, 0)
+            os.dup2(res_w, 1)
+            os.dup2(res_w, 2)
+            os.closerange(3, 1 << 20)  # close_range(2): one syscall
+            _daemonize(task_dir)
+        except BaseException as exc:
+            _write_quiet(2, repr(exc))
+        finally:
+            os._exit(1)
+    os.close(res_w)
+    chunks = []
+    try:
+        while chunk := os.read(res_r, 4096):
+            chunks.append(chunk)
+    finally:
+        os.close(res_r)
+        _, status = os.waitpid(pid, 0)
+    answer = b"".join(chunks).strip()
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and answer.isdigit():
+        return b"ok " + answer
+    return prefix + (answer or f"exit status {status}".encode()).replace(b"\0", b" ")
+
+
+def _serve_launcher() -> int:
+    """Launcher helper main loop: NUL-terminated task dirs on fd 0, replies on fd 1.
+
+    Single-threaded; forks only here.  Exits on EOF (the agent closed the pipe or died) or
+    when the reply cannot be written; shepherds already started are unaffected.
+    """
+    try:
+        os.fstat(2)
+    except OSError:  # keep fds 0-2 taken so pipes made later never land on them
+        os.open(os.devnull, os.O_RDWR)
+    os.chdir("/")
+    buf = b""
+    while True:
+        try:
+            chunk = os.read(0, 65536)
+        except OSError:
+            return 1
+        if not chunk:
+            return 0
+        buf += chunk
+        while (end := buf.find(b"\0")) >= 0:
+            task_dir, buf = os.fsdecode(buf[:end]), buf[end + 1 :]
+            view = memoryview(_fork_daemonize(task_dir) + b"\0")
+            try:
+                while view:
+                    view = view[os.write(1, view) :]
+            except OSError:
+                return 0
+
+
 def main(argv: list[str]) -> int:
-    """``shepherd.py [--daemonize] TASK_DIR``; without --daemonize run in the foreground."""
+    """``shepherd.py [--daemonize] TASK_DIR | --launcher``; plain TASK_DIR runs in the foreground."""
     if len(argv) == 2 and argv[0] == "--daemonize":
         _daemonize(os.path.abspath(argv[1]))
+    if argv == ["--launcher"]:
+        return _serve_launcher()
     if len(argv) == 1 and not argv[0].startswith("-"):
         return _Shepherd(os.path.abspath(argv[0])).run(None)
-    os.write(2, b"usage: shepherd.py [--daemonize] TASK_DIR\n")
+    os.write(2, b"usage: shepherd.py [--daemonize] TASK_DIR | --launcher\n")
     return 2
 
 
