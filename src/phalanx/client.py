@@ -71,6 +71,7 @@ class Client:
         if idempotent is None:
             idempotent = method == "GET"
         errors: list[str] = []
+        refused = 0  # controllers whose host answered "nothing listens here"
         n = len(self.urls)
         for i in range(n):
             idx = (self._current + i) % n
@@ -79,6 +80,7 @@ class Client:
                 resp = self._http.request(method, base + path, **kw)
             except (httpx.ConnectError, httpx.ConnectTimeout) as e:
                 errors.append(f"{base}: {e or type(e).__name__}")
+                refused += _is_refused(e)
                 continue
             except httpx.TransportError as e:
                 if not idempotent:
@@ -95,7 +97,9 @@ class Client:
             if resp.status_code >= 400:
                 raise _to_error(resp)
             return resp.json()
-        raise ControllerUnavailable("no controller answered: " + "; ".join(errors))
+        raise ControllerUnavailable(
+            "no controller answered: " + "; ".join(errors), all_refused=refused == n
+        )
 
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})
@@ -153,6 +157,16 @@ class Client:
 
     def health(self) -> dict[str, Any]:
         return self.get("/healthz")
+
+
+def _is_refused(e: BaseException) -> bool:
+    """A connection refused by the controller's host (its process is not running there)."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _message(resp: httpx.Response) -> str:

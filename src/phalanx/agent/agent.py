@@ -90,6 +90,8 @@ class Agent:
                     backoff = 0.2
                 except PhalanxError as e:
                     log.warning("controllers unreachable: %s", e.message)
+                    if e.details.get("all_refused"):
+                        self._control_plane_down()
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, float(self.timing["heartbeat_interval"]))
                 except Exception:
@@ -147,9 +149,23 @@ class Agent:
             self.apply(reply)
         return reply
 
+    def _control_plane_down(self) -> None:
+        """Every controller's host refused the connection: no controller process is running.
+
+        Self-fencing exists so that a node cut off from live controllers stops its jobs before
+        they are requeued elsewhere. When every controller in our list is reachable but not
+        running, nobody can declare this node dead (and a restarted controller first waits a
+        full node_down_timeout), so the jobs keep running: a control-plane outage must never
+        look like a dead cluster. This assumes --url lists every controller.
+        """
+        self._freshen_fence_file()
+
     def _touch_fence(self) -> None:
-        """Shepherds stop their jobs when this file goes stale (self-fencing, DESIGN.md §4)."""
         self._last_reply = time.monotonic()
+        self._freshen_fence_file()
+
+    def _freshen_fence_file(self) -> None:
+        """Shepherds stop their jobs when this file goes stale (self-fencing, DESIGN.md §4)."""
         try:
             self.fence_file.touch()
         except OSError as e:
