@@ -43,7 +43,9 @@ class JobSpec(BaseModel):
     )
     output: str | None = None
     error: str | None = None
-    open_mode: Literal["truncate", "append"] = "truncate"
+    open_mode: Literal["truncate", "append"] | None = Field(
+        default=None, description="unset: truncate on the first run, append after a requeue (Slurm)"
+    )
     array: str | None = None
     dependency: str | None = None
     requeue: bool | None = None

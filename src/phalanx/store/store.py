@@ -476,11 +476,12 @@ class Store:
             q = q.where(s.jobs.c.name == name)
         if ids is not None:
             q = q.where(s.jobs.c.id.in_(list(ids)))
-        q = q.limit(limit)
+        if not node:  # the node filter runs below, in Python: limit after it
+            q = q.limit(limit)
         with self.db.begin(write=False) as conn:
             rows = [dict(r) for r in conn.execute(q).mappings()]
         if node:
-            rows = [r for r in rows if node in (r["nodelist_run"] or [])]
+            rows = [r for r in rows if node in (r["nodelist_run"] or [])][:limit]
         return rows
 
     def attempts_of(self, job_id: int) -> list[dict[str, Any]]:

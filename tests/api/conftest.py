@@ -1,0 +1,53 @@
+"""In-process API fixtures: the real FastAPI app over a real (SQLite) store and Controller.
+
+No background threads run: tests drive the controller's ticks themselves (`ctl.leases.tick()`,
+`ctl.schedule_tick()`), so every step is deterministic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from phalanx.config import Config, load_config
+from phalanx.controller.api import create_app
+from phalanx.controller.runtime import Controller, partition_rows
+from phalanx.store.store import Store
+
+PARTITIONS = [
+    {"name": "batch", "default": True, "max_time": "2:00:00", "default_time": "1:00:00"},
+    {"name": "long", "max_time": "UNLIMITED"},
+]
+
+
+@pytest.fixture
+def config(monkeypatch: pytest.MonkeyPatch) -> Config:
+    monkeypatch.delenv("PHALANX_CONFIG", raising=False)
+    return load_config(overrides={"cluster": {"partitions": PARTITIONS}})
+
+
+@pytest.fixture
+def store(tmp_path: Path, config: Config) -> Iterator[Store]:
+    st = Store(f"sqlite:///{tmp_path}/api.db", actor="t")
+    st.migrate()
+    st.sync_partitions(partition_rows(config))
+    try:
+        yield st
+    finally:
+        st.close()
+
+
+@pytest.fixture
+def ctl(store: Store, config: Config) -> Controller:
+    c = Controller(store, config, cid="t")
+    assert "took term" in c.leases.tick()
+    return c
+
+
+@pytest.fixture
+def client(ctl: Controller) -> Iterator[TestClient]:
+    with TestClient(create_app(ctl)) as c:
+        yield c

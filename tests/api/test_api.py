@@ -1,0 +1,522 @@
+"""The REST API end to end, in process: real app, real Controller, real SQLite store."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from phalanx.config import load_config
+from phalanx.controller.api import create_app
+from phalanx.controller.runtime import Controller
+
+USER = {"X-Phalanx-User": "alice"}
+
+
+class Agent:
+    """Speaks the agent protocol through the API, the way phalanx.agent does."""
+
+    def __init__(self, client: TestClient, node: str) -> None:
+        self.client = client
+        self.node = node
+
+    def register(
+        self,
+        cpus: int = 4,
+        mem_mb: int = 8192,
+        gpus: list[Any] | None = None,
+        features: list[str] | None = None,
+    ) -> dict[str, Any]:
+        r = self.client.post(
+            f"/v1/agents/{self.node}/register",
+            json={
+                "cpus": cpus,
+                "mem_mb": mem_mb,
+                "gpus": gpus or [],
+                "features": features or [],
+                "addr": "127.0.0.1",
+                "boot_id": "boot-1",
+                "version": "test",
+            },
+        )
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    def heartbeat(
+        self, tasks: list[dict[str, Any]] | None = None, taken_at: float | None = None
+    ) -> dict[str, Any]:
+        r = self.client.post(
+            f"/v1/agents/{self.node}/heartbeat",
+            json={"tasks": tasks or [], "taken_at": taken_at, "wait": 0},
+        )
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    @staticmethod
+    def report(start: dict[str, Any], state: str, **exit_: Any) -> dict[str, Any]:
+        rep: dict[str, Any] = {
+            "attempt_id": start["attempt_id"],
+            "token": start["token"],
+            "state": state,
+            "started_at": time.time(),
+        }
+        if exit_:
+            rep["exit"] = exit_
+        return rep
+
+
+@pytest.fixture
+def agent(client: TestClient) -> Agent:
+    return Agent(client, "n1")
+
+
+def submit(client: TestClient, **spec: Any) -> list[int]:
+    spec.setdefault("argv", ["/bin/true"])
+    r = client.post("/v1/jobs", json=spec, headers=USER)
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["job_id"] == body["job_ids"][0]
+    return list(body["job_ids"])
+
+
+def error_of(r: Any, status: int = 422) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    return dict(r.json()["error"])
+
+
+def job(client: TestClient, ref: int | str) -> dict[str, Any]:
+    r = client.get(f"/v1/jobs/{ref}")
+    assert r.status_code == 200, r.text
+    (j,) = r.json()["jobs"]
+    return dict(j)
+
+
+def run_to_start(ctl: Controller, agent: Agent) -> dict[str, Any]:
+    """Schedule, then heartbeat once: the reply must carry exactly one start."""
+    assert ctl.schedule_tick().startswith("started 1 jobs")
+    reply = agent.heartbeat()
+    (start,) = reply["start"]
+    return dict(start)
+
+
+# --------------------------------------------------------------------------------------------
+# health, cluster, schema
+# --------------------------------------------------------------------------------------------
+
+
+def test_healthz_cluster_and_openapi(client: TestClient, agent: Agent) -> None:
+    h = client.get("/healthz").json()
+    assert h["status"] == "ok" and h["controller"] == "t"
+    assert set(h["leases"]) == {"cluster", "sched"}
+    agent.register()
+    submit(client)
+    c = client.get("/v1/cluster").json()
+    assert c["jobs"] == {"PENDING": 1}
+    assert c["nodes"] == {"total": 1, "down": 0, "drain": 0}
+    assert {p["name"] for p in c["partitions"]} == {"batch", "long"}
+    assert {x["name"]: x["holder"] for x in c["leases"]} == {"cluster": "t", "sched": "t"}
+    assert c["this_controller"]["controller"] == "t"
+    spec = client.get("/v1/openapi.json")
+    assert spec.status_code == 200
+    paths = spec.json()["paths"]
+    for p in (
+        "/v1/jobs",
+        "/v1/jobs/batch",
+        "/v1/nodes/{name}/drain",
+        "/v1/agents/{node}/heartbeat",
+    ):
+        assert p in paths
+    assert client.get("/metrics").status_code == 200
+
+
+# --------------------------------------------------------------------------------------------
+# submit
+# --------------------------------------------------------------------------------------------
+
+
+def test_submit_one_batch_and_array(client: TestClient) -> None:
+    (one,) = submit(client, name="one")
+    arr = submit(client, name="arr", array="1-3")
+    assert len(arr) == 3 and one not in arr
+    r = client.post(
+        "/v1/jobs/batch",
+        json={
+            "jobs": [{"argv": ["a"], "name": "b1"}, {"argv": ["b"], "name": "b2", "array": "0-1"}]
+        },
+        headers=USER,
+    )
+    assert r.status_code == 201, r.text
+    out = r.json()["jobs"]
+    assert [len(x["job_ids"]) for x in out] == [1, 2]
+    j = job(client, one)
+    assert j["state"] == "PENDING" and j["user"] == "alice" and j["partition"] == "batch"
+    assert j["time_limit_s"] == 3600 and j["time_limit"] == "01:00:00"
+    shown = client.get(f"/v1/jobs/{arr[0]}").json()["jobs"]
+    assert [x["job_id"] for x in shown] == [f"{arr[0]}_{i}" for i in (1, 2, 3)]
+    assert job(client, f"{arr[0]}_2")["id"] == arr[1]
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "words"),
+    [
+        ({"nodes": 0}, "nodes", "greater than or equal to 1"),
+        ({"partition": "nope"}, "partition", "unknown partition 'nope'"),
+        ({"time_limit_s": 3 * 3600}, "time_limit_s", "exceeds the maximum of partition batch"),
+        ({"array": "1-x"}, "array", "invalid array"),
+        ({"dependency": "afterok:424242"}, "dependency", "424242"),
+        ({"argv": [], "script": None}, "script", "nothing to run"),
+        ({"bogus_field": 1}, "bogus_field", "Extra inputs are not permitted"),
+    ],
+)
+def test_invalid_spec_names_the_field(
+    client: TestClient, spec: dict[str, Any], field: str, words: str
+) -> None:
+    body = {"argv": ["/bin/true"], **spec}
+    err = error_of(client.post("/v1/jobs", json=body, headers=USER))
+    assert err["code"] == "invalid_spec"
+    assert err["message"].startswith(field), err
+    assert words in err["message"]
+    assert err["details"]["field"] == field
+    assert client.get("/v1/jobs").json()["jobs"] == []
+
+
+def test_time_limit_fits_another_partition(client: TestClient) -> None:
+    (jid,) = submit(client, partition="long", time_limit_s=3 * 3600)
+    assert job(client, jid)["partition"] == "long"
+
+
+def test_batch_error_names_the_item_and_inserts_nothing(client: TestClient) -> None:
+    r = client.post("/v1/jobs/batch", json={"jobs": [{"argv": ["a"]}, {"argv": ["b"], "nodes": 0}]})
+    err = error_of(r)
+    assert "jobs.1.nodes" in err["message"]
+    r = client.post(
+        "/v1/jobs/batch", json={"jobs": [{"argv": ["a"]}, {"argv": ["b"], "array": "x"}]}
+    )
+    err = error_of(r)
+    assert err["message"].startswith("job 1: array") and err["details"]["index"] == 1
+    assert error_of(client.post("/v1/jobs/batch", json={"jobs": []}))["code"] == "invalid_spec"
+    assert client.get("/v1/jobs").json()["jobs"] == []
+
+
+def test_unsatisfiable_gpus(client: TestClient, agent: Agent) -> None:
+    agent.register(cpus=4)  # no GPUs anywhere
+    err = error_of(client.post("/v1/jobs", json={"argv": ["x"], "gpus_total": 1}))
+    assert err["code"] == "unsatisfiable"
+    assert "GPU" in err["message"] and "can never run" in err["message"]
+    err = error_of(client.post("/v1/jobs", json={"argv": ["x"], "cpus_per_task": 64}))
+    assert err["code"] == "unsatisfiable" and "CPU" in err["message"]
+    # with a GPU node registered the same request is accepted
+    Agent(client, "g1").register(cpus=8, gpus=[[0, "a100"], [1, "a100"]])
+    submit(client, gpus_total=1)
+
+
+# --------------------------------------------------------------------------------------------
+# list / show / actions / events
+# --------------------------------------------------------------------------------------------
+
+
+def test_list_filters(client: TestClient, ctl: Controller, agent: Agent) -> None:
+    (a,) = submit(client, name="train")
+    (b,) = submit(client, name="eval", partition="long")
+    r = client.post(
+        "/v1/jobs", json={"argv": ["x"], "name": "train"}, headers={"X-Phalanx-User": "bob"}
+    )
+    c = r.json()["job_id"]
+
+    def ids(**params: Any) -> list[int]:
+        r = client.get("/v1/jobs", params=params)
+        assert r.status_code == 200, r.text
+        return [j["id"] for j in r.json()["jobs"]]
+
+    assert ids() == [a, b, c]
+    assert ids(user="alice") == [a, b]
+    assert ids(name="train") == [a, c]
+    assert ids(partition="long") == [b]
+    assert ids(job=f"{a},{c}") == [a, c]
+    assert ids(limit=1) == [a]
+    agent.register(cpus=1, mem_mb=512)
+    ctl.schedule_tick()
+    assert ids(state="pending,starting") == [a, b, c]
+    assert ids(state="STARTING") == [a]
+    assert ids(node="n1") == [a]
+    assert error_of(client.get("/v1/jobs", params={"limit": 0}))["code"] == "invalid_spec"
+
+
+def test_show_missing_job_is_404(client: TestClient) -> None:
+    err = error_of(client.get("/v1/jobs/999"), 404)
+    assert err["code"] == "not_found"
+    assert (
+        error_of(client.post("/v1/jobs/cancel", json={"jobs": ["999"]}), 404)["code"] == "not_found"
+    )
+    assert error_of(client.get("/v1/jobs/abc"), 422)["code"] == "invalid_spec"
+
+
+def test_hold_release_cancel_and_events(client: TestClient) -> None:
+    (a,) = submit(client)
+    arr = submit(client, array="0-1")
+    r = client.post("/v1/jobs/hold", json={"jobs": [str(a), str(arr[0])]}, headers=USER)
+    assert r.status_code == 200
+    assert r.json()["results"] == {str(a): "held", str(arr[0]): "held", str(arr[1]): "held"}
+    assert job(client, a)["state"] == "HELD"
+    r = client.post("/v1/jobs/release", json={"jobs": [f"{arr[0]}_1"]}, headers=USER)
+    assert r.json()["results"] == {str(arr[1]): "released"}
+    r = client.post("/v1/jobs/cancel", json={"jobs": [str(a)], "reason": "oops"}, headers=USER)
+    assert r.json()["results"] == {str(a): "cancelled"}
+    j = job(client, a)
+    assert j["state"] == "CANCELLED" and j["reason"] == "oops by alice"
+    ev = client.get(f"/v1/jobs/{a}/events").json()["events"]
+    assert [e["kind"] for e in ev] == ["job.submit", "job.held", "job.cancelled"]
+    assert ev[1]["actor"] == "alice"
+    arr_ev = client.get(f"/v1/jobs/{arr[0]}/events").json()["events"]
+    assert [e["job_id"] for e in arr_ev if e["kind"] == "job.submit"] == arr
+    assert [e["id"] for e in arr_ev] == sorted(e["id"] for e in arr_ev)
+    assert (
+        client.get("/v1/events", params={"since": ev[0]["id"]}).json()["events"][0]["id"]
+        > ev[0]["id"]
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# nodes
+# --------------------------------------------------------------------------------------------
+
+
+def test_nodes_list_drain_resume(client: TestClient, agent: Agent) -> None:
+    reg = agent.register(cpus=8, mem_mb=16000, gpus=[[0, "a100"]], features=["ib"])
+    assert reg["node"] == "n1" and reg["controller"] == "t" and "node_down_timeout" in reg["timing"]
+    (n,) = client.get("/v1/nodes").json()["nodes"]
+    assert n["name"] == "n1" and n["state"] == "IDLE" and n["cpus"] == 8 and n["features"] == ["ib"]
+    assert n["gpus"] == [[0, "a100"]]
+    err = error_of(client.post("/v1/nodes/n1/drain", json={}))
+    assert err["code"] == "invalid_spec" and "reason" in err["message"]
+    assert (
+        error_of(client.post("/v1/nodes/n1/drain", json={"reason": ""}))["details"]["field"]
+        == "reason"
+    )
+    assert (
+        error_of(client.post("/v1/nodes/n1/drain", json={"reason": "   "}))["code"]
+        == "invalid_spec"
+    )
+    assert (
+        error_of(client.post("/v1/nodes/zz/drain", json={"reason": "x"}), 404)["code"]
+        == "not_found"
+    )
+    r = client.post("/v1/nodes/n1/drain", json={"reason": "bad DIMM"}, headers=USER)
+    assert r.status_code == 200
+    assert r.json()["state"] == "DRAINED" and r.json()["drain_reason"] == "bad DIMM"
+    assert r.json()["drain_by"] == "alice"
+    one = client.get("/v1/nodes/n1").json()
+    assert [e["kind"] for e in one["events"]] == ["node.register", "node.drain"]
+    r = client.post("/v1/nodes/n1/resume", headers=USER)
+    assert r.status_code == 200 and r.json()["state"] == "IDLE" and not r.json()["drain"]
+    assert error_of(client.post("/v1/nodes/n1/resume"), 409)["code"] == "invalid_state"
+    assert error_of(client.get("/v1/nodes/zz"), 404)["code"] == "not_found"
+
+
+def test_drained_node_gets_no_work(client: TestClient, ctl: Controller, agent: Agent) -> None:
+    agent.register()
+    client.post("/v1/nodes/n1/drain", json={"reason": "maintenance"})
+    (jid,) = submit(client)
+    assert ctl.schedule_tick() == "idle"
+    assert job(client, jid)["reason"] == "Resources"
+    assert agent.heartbeat()["start"] == []
+    client.post("/v1/nodes/n1/resume")
+    assert len(run_to_start(ctl, agent)["env"]) > 0
+
+
+# --------------------------------------------------------------------------------------------
+# the agent protocol
+# --------------------------------------------------------------------------------------------
+
+
+def test_heartbeat_start_env_and_completion(
+    client: TestClient, ctl: Controller, agent: Agent
+) -> None:
+    agent.register(cpus=4)
+    (jid,) = submit(
+        client,
+        name="train",
+        cpus_per_task=2,
+        submit_dir="/home/alice/proj",
+        output="out-%j.log",
+        env={"FOO": "bar"},
+    )
+    assert agent.heartbeat()["start"] == []  # nothing scheduled yet
+    start = run_to_start(ctl, agent)
+    env = start["env"]
+    assert start["job_id"] == jid and start["node"] == "n1" and start["rank"] == 0
+    assert start["cwd"] == "/home/alice/proj"
+    assert start["stdout"] == f"/home/alice/proj/out-{jid}.log"
+    assert start["command"] == {"argv": ["/bin/true"]}
+    assert start["time_limit_s"] == 3600 and start["fence_term"] >= 1
+    expected = {
+        "SLURM_JOB_ID": str(jid),
+        "PHX_JOB_ID": str(jid),
+        "SLURM_JOB_NAME": "train",
+        "SLURM_JOB_NODELIST": "n1",
+        "SLURM_NNODES": "1",
+        "SLURM_NODEID": "0",
+        "SLURM_RESTART_COUNT": "0",
+        "SLURM_SUBMIT_DIR": "/home/alice/proj",
+        "SLURM_CPUS_PER_TASK": "2",
+        "SLURM_JOB_PARTITION": "batch",
+        "MASTER_ADDR": "n1",
+        "FOO": "bar",
+    }
+    assert {k: env.get(k) for k in expected} == expected
+    assert int(env["MASTER_PORT"]) >= 29500
+    assert "SLURM_ARRAY_TASK_ID" not in env
+    # the same heartbeat again (reply lost) starts it again: level-triggered
+    assert [s["attempt_id"] for s in agent.heartbeat()["start"]] == [start["attempt_id"]]
+    reply = agent.heartbeat([Agent.report(start, "running")])
+    assert reply["start"] == [] and reply["stop"] == []
+    assert job(client, jid)["state"] == "RUNNING"
+    reply = agent.heartbeat([Agent.report(start, "exited", exit_code=0)])
+    assert reply["forget"] == [start["attempt_id"]]
+    j = job(client, jid)
+    assert j["state"] == "COMPLETED" and j["exit_code"] == 0
+    (att,) = j["attempts"]
+    assert att["state"] == "ENDED" and att["result"] == "COMPLETED"
+    assert [t["node"] for t in att["tasks"]] == ["n1"]
+    kinds = [e["kind"] for e in client.get(f"/v1/jobs/{jid}/events").json()["events"]]
+    assert kinds == ["job.submit", "job.starting", "job.running", "job.completed"]
+    assert j["stdout"] == f"/home/alice/proj/out-{jid}.log"
+    # the agent forgets the attempt; nothing more to do
+    reply = agent.heartbeat()
+    assert (reply["start"], reply["stop"], reply["forget"]) == ([], [], [])
+
+
+def test_array_and_multi_node_env(client: TestClient, ctl: Controller) -> None:
+    agents = {n: Agent(client, n) for n in ("n1", "n2")}
+    for a in agents.values():
+        a.register(cpus=2)
+    arr = submit(client, array="5", cpus_per_task=2)
+    assert ctl.schedule_tick().startswith("started 1 jobs")
+    arr_node = job(client, arr[0])["nodelist"]
+    other = "n2" if arr_node == "n1" else "n1"
+    (start,) = agents[arr_node].heartbeat()["start"]
+    env = start["env"]
+    assert env["SLURM_ARRAY_TASK_ID"] == "5" and env["SLURM_ARRAY_JOB_ID"] == str(arr[0])
+    assert env["PHX_ARRAY_TASK_ID"] == "5" and env["SLURM_JOB_ID"] == str(arr[0])
+    assert start["stdout"] == f"/phalanx-{arr[0]}_5.out"
+    # a two-node job cannot start while one node is full
+    (mj,) = submit(client, nodes=2, cpus_per_task=1)
+    ctl.schedule_tick()
+    assert job(client, mj)["state"] == "PENDING"
+    assert agents[other].heartbeat()["start"] == []
+    agents[arr_node].heartbeat([Agent.report(start, "exited", exit_code=0)])
+    assert ctl.schedule_tick().startswith("started 1 jobs")
+    (s1,) = agents["n1"].heartbeat()["start"]
+    (s2,) = agents["n2"].heartbeat()["start"]
+    assert s1["job_id"] == s2["job_id"] == mj
+    assert (s1["env"]["SLURM_NODEID"], s2["env"]["SLURM_NODEID"]) == ("0", "1")
+    for s in (s1, s2):
+        assert s["env"]["SLURM_JOB_NODELIST"] == "n[1-2]"
+        assert s["env"]["SLURM_NNODES"] == "2"
+        assert s["env"]["MASTER_ADDR"] == "n1"
+        assert "SLURM_ARRAY_TASK_ID" not in s["env"]
+    assert s1["env"]["MASTER_PORT"] == s2["env"]["MASTER_PORT"]
+
+
+def test_stale_token_gets_a_stop(client: TestClient, ctl: Controller, agent: Agent) -> None:
+    agent.register()
+    (jid,) = submit(client)
+    start = run_to_start(ctl, agent)
+    forged = {**start, "token": "stale-token"}
+    reply = agent.heartbeat([Agent.report(forged, "running")])
+    assert reply["stop"] == [
+        {
+            "attempt_id": start["attempt_id"],
+            "token": "stale-token",
+            "reason": "attempt is no longer current",
+        }
+    ]
+    assert job(client, jid)["state"] == "STARTING"  # the report changed nothing
+    # an attempt the controller never heard of is stopped too
+    reply = agent.heartbeat([{"attempt_id": 777, "token": "x", "state": "running"}])
+    assert [s["attempt_id"] for s in reply["stop"]] == [777]
+    # and a finished unknown one is just forgotten
+    reply = agent.heartbeat([{"attempt_id": 777, "token": "x", "state": "exited", "exit": {}}])
+    assert reply["forget"] == [777]
+
+
+def test_cancel_running_job_stops_it(client: TestClient, ctl: Controller, agent: Agent) -> None:
+    agent.register()
+    (jid,) = submit(client)
+    start = run_to_start(ctl, agent)
+    running = Agent.report(start, "running")
+    assert agent.heartbeat([running])["stop"] == []
+    r = client.post("/v1/jobs/cancel", json={"jobs": [str(jid)]}, headers=USER)
+    assert r.json()["results"] == {str(jid): "stopping"}
+    assert job(client, jid)["state"] == "COMPLETING"
+    reply = agent.heartbeat([running])
+    (stop,) = reply["stop"]
+    assert stop["attempt_id"] == start["attempt_id"] and stop["token"] == start["token"]
+    assert stop["reason"].startswith("cancel")
+    reply = agent.heartbeat([Agent.report(start, "exited", exit_code=None, signal=15)])
+    assert reply["stop"] == [] and reply["forget"] == [start["attempt_id"]]
+    assert job(client, jid)["state"] == "CANCELLED"
+
+
+def test_failed_job_and_lost_task_requeue(
+    client: TestClient, ctl: Controller, agent: Agent
+) -> None:
+    agent.register()
+    (bad,) = submit(client)
+    start = run_to_start(ctl, agent)
+    agent.heartbeat([Agent.report(start, "exited", exit_code=3)])
+    j = job(client, bad)
+    assert j["state"] == "FAILED" and j["exit_code"] == 3
+    (rq,) = submit(client, requeue=True)
+    start = run_to_start(ctl, agent)
+    agent.heartbeat([Agent.report(start, "running")])
+    # the agent restarted and no longer knows the task: it is lost, the job requeued
+    agent.heartbeat([], taken_at=time.time() + 1)
+    j = job(client, rq)
+    assert j["state"] == "PENDING" and j["restart_count"] == 1
+    again = run_to_start(ctl, agent)
+    assert again["attempt_id"] != start["attempt_id"]
+    assert again["env"]["SLURM_RESTART_COUNT"] == "1"
+    assert start["open_mode"] == "truncate"
+    assert again["open_mode"] == "append"  # a requeued job keeps its earlier output
+
+
+def test_scheduler_needs_the_lease(
+    client: TestClient, store: Any, config: Any, agent: Agent
+) -> None:
+    """A second controller without the scheduler lease schedules nothing."""
+    agent.register()
+    submit(client)
+    other = Controller(store, config, cid="other")
+    assert "took" not in other.leases.tick()
+    assert other.schedule_tick() == "idle"
+    assert client.get("/v1/jobs", params={"state": "PENDING"}).json()["jobs"] != []
+
+
+def test_long_poll_wakes_on_new_work(store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A waiting heartbeat returns as soon as the scheduler gives its node work."""
+    monkeypatch.delenv("PHALANX_CONFIG", raising=False)
+    cfg = load_config(overrides={"timing": {"heartbeat_interval": 2.5}})
+    ctl = Controller(store, cfg, cid="lp")
+    ctl.leases.tick()
+    with TestClient(create_app(ctl)) as client:
+        Agent(client, "n1").register()
+        out: dict[str, Any] = {}
+
+        def poll() -> None:
+            t0 = time.monotonic()
+            r = client.post("/v1/agents/n1/heartbeat", json={"tasks": [], "wait": 2.5})
+            out["elapsed"] = time.monotonic() - t0
+            out["reply"] = r.json()
+
+        t = threading.Thread(target=poll)
+        t.start()
+        time.sleep(0.3)  # the poll is now waiting
+        submit(client)
+        assert ctl.schedule_tick().startswith("started 1 jobs")
+        t.join(10)
+    assert len(out["reply"]["start"]) == 1
+    assert out["elapsed"] < 2.0, out["elapsed"]  # woken, not timed out

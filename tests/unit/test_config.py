@@ -1,0 +1,147 @@
+"""Configuration loading: defaults < TOML < PHALANX_TIMING_* environment < overrides; rules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from phalanx.config import Config, Timing, load_config
+from phalanx.errors import ConfigError
+
+FENCE_RULE = "fence_timeout + fence_kill_grace + fence_margin < node_down_timeout"
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PHALANX_CONFIG", raising=False)
+    for key in Timing.model_fields:
+        monkeypatch.delenv(f"PHALANX_TIMING_{key.upper()}", raising=False)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "phalanx.toml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_are_valid() -> None:
+    cfg = load_config()
+    assert isinstance(cfg, Config)
+    t = cfg.timing
+    assert t.fence_timeout + t.fence_kill_grace + t.fence_margin < t.node_down_timeout
+    assert [p.name for p in cfg.cluster.partitions] == ["batch"]
+    assert cfg.cluster.default_requeue is True and cfg.cluster.default_mem_per_cpu_mb == 512
+
+
+def test_toml_breaking_the_fence_rule_is_refused(tmp_path: Path) -> None:
+    p = write(tmp_path, "[timing]\nnode_down_timeout = 8.0\nfence_timeout = 5.0\n")  # 5+2+1 = 8
+    with pytest.raises(ConfigError) as err:
+        load_config(p)
+    msg = err.value.message
+    assert FENCE_RULE in msg
+    assert str(p) in msg
+    assert "node_down_timeout=8.0" in msg  # the values are shown
+
+
+def test_fence_rule_holds_when_satisfied(tmp_path: Path) -> None:
+    p = write(tmp_path, "[timing]\nnode_down_timeout = 8.5\nfence_timeout = 5.0\n")
+    assert load_config(p).timing.node_down_timeout == 8.5
+
+
+@pytest.mark.parametrize(
+    ("timing", "rule"),
+    [
+        ("renew_interval = 3.0\nlease_ttl = 6.0", "renew_interval * 3 <= lease_ttl"),
+        ("heartbeat_interval = 3.0", "heartbeat_interval * 2 <= fence_timeout"),
+        ("db_retry_timeout = 3.0", "renew_interval + 2 * db_retry_timeout <= lease_ttl"),
+        ("heartbeat_flush_interval = 5.0", "heartbeat_flush_interval < node_down_timeout / 2"),
+    ],
+)
+def test_other_timing_rules(tmp_path: Path, timing: str, rule: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, f"[timing]\n{timing}\n"))
+    assert rule in err.value.message
+
+
+def test_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = write(tmp_path, "[timing]\nnode_down_timeout = 20.0\nkill_wait = 3\n")
+    monkeypatch.setenv("PHALANX_TIMING_NODE_DOWN_TIMEOUT", "30")
+    cfg = load_config(p)
+    assert cfg.timing.node_down_timeout == 30.0  # env beats the file
+    assert cfg.timing.kill_wait == 3.0  # the file beats the default
+
+
+def test_env_override_breaking_a_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PHALANX_TIMING_FENCE_TIMEOUT", "9")
+    with pytest.raises(ConfigError) as err:
+        load_config()
+    assert FENCE_RULE in err.value.message
+
+
+def test_env_override_not_a_number(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PHALANX_TIMING_KILL_WAIT", "soon")
+    with pytest.raises(ConfigError) as err:
+        load_config()
+    assert "PHALANX_TIMING_KILL_WAIT" in err.value.message
+
+
+def test_config_path_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = write(tmp_path, '[cluster]\nname = "lab"\n')
+    monkeypatch.setenv("PHALANX_CONFIG", str(p))
+    assert load_config().cluster.name == "lab"
+
+
+def test_overrides_beat_everything(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PHALANX_TIMING_KILL_WAIT", "4")
+    cfg = load_config(overrides={"timing": {"kill_wait": 7.0}})
+    assert cfg.timing.kill_wait == 7.0
+
+
+def test_missing_and_invalid_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(write(tmp_path, "[timing\n"))
+    with pytest.raises(ConfigError, match=r"timing\.bogus"):
+        load_config(write(tmp_path, "[timing]\nbogus = 1\n"))
+    with pytest.raises(ConfigError, match="heartbeat_interval"):
+        load_config(write(tmp_path, "[timing]\nheartbeat_interval = -1\n"))
+
+
+def test_partitions(tmp_path: Path) -> None:
+    cfg = load_config(
+        write(
+            tmp_path,
+            """
+[[cluster.partitions]]
+name = "cpu"
+nodes = "c*"
+default = true
+max_time = "1-00:00:00"
+
+[[cluster.partitions]]
+name = "gpu"
+nodes = "g[0-9]*"
+""",
+        )
+    )
+    assert [(p.name, p.default) for p in cfg.cluster.partitions] == [("cpu", True), ("gpu", False)]
+    with pytest.raises(ConfigError, match="unique"):
+        load_config(
+            write(
+                tmp_path, '[[cluster.partitions]]\nname = "a"\n[[cluster.partitions]]\nname = "a"\n'
+            )
+        )
+    with pytest.raises(ConfigError, match="only one partition may be the default"):
+        load_config(
+            write(
+                tmp_path,
+                '[[cluster.partitions]]\nname = "a"\ndefault = true\n'
+                '[[cluster.partitions]]\nname = "b"\ndefault = true\n',
+            )
+        )
+    with pytest.raises(ConfigError, match="partition a: max_time"):
+        load_config(write(tmp_path, '[[cluster.partitions]]\nname = "a"\nmax_time = "forever"\n'))
+    with pytest.raises(ConfigError, match="name"):
+        load_config(write(tmp_path, '[[cluster.partitions]]\nname = "bad name!"\n'))
