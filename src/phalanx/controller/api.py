@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Header, Query, Request
@@ -168,7 +170,19 @@ def _error(e: PhalanxError) -> JSONResponse:
 
 
 def create_app(ctl: Controller) -> FastAPI:
-    app = FastAPI(title="Phalanx", version=__version__, openapi_url="/v1/openapi.json", docs_url="/v1/docs")
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        # long-polls are woken from the controller's threads through this loop
+        ctl.waiters.bind(asyncio.get_running_loop())
+        yield
+
+    app = FastAPI(
+        title="Phalanx",
+        version=__version__,
+        openapi_url="/v1/openapi.json",
+        docs_url="/v1/docs",
+        lifespan=lifespan,
+    )
 
     @app.exception_handler(PhalanxError)
     async def _phalanx_error(_req: Request, e: PhalanxError) -> JSONResponse:
@@ -183,10 +197,6 @@ def create_app(ctl: Controller) -> FastAPI:
         first = e.errors()[0] if e.errors() else {}
         loc = [str(x) for x in first.get("loc", ()) if x != "body"]
         return _error(InvalidSpec("; ".join(msgs), field=".".join(loc)))
-
-    @app.on_event("startup")
-    async def _bind_loop() -> None:
-        ctl.waiters.bind(asyncio.get_running_loop())
 
     def user_of(x_phalanx_user: str | None) -> str:
         return (x_phalanx_user or "unknown")[:128]
