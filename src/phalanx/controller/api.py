@@ -116,7 +116,7 @@ def job_view(row: dict[str, Any], *, detail: bool = False) -> dict[str, Any]:
         err = expand_pattern(spec["error"], **fmt) if spec.get("error") else out
         view.update(
             {
-                "command": spec.get("script_path") or (spec.get("argv") or [None])[0] or spec.get("wrap"),
+                "command": _command(spec),
                 "workdir": workdir,
                 "submit_dir": spec.get("submit_dir"),
                 "stdout": out if out.startswith("/") or not workdir else f"{workdir}/{out}",
@@ -130,6 +130,16 @@ def job_view(row: dict[str, Any], *, detail: bool = False) -> dict[str, Any]:
             }
         )
     return view
+
+
+def _command(spec: dict[str, Any]) -> str | None:
+    """What `show` prints as Command= (scripts read it, as from scontrol show job)."""
+    if spec.get("script") is not None:
+        return spec.get("script_path") or "(batch script submitted through the API)"
+    if spec.get("wrap"):
+        return str(spec["wrap"])
+    argv = spec.get("argv") or []
+    return " ".join(argv) or None
 
 
 def node_view(n: dict[str, Any]) -> dict[str, Any]:
