@@ -19,6 +19,7 @@ demo: install
 
 lint: install
 	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/ruff format --check src tests bench scripts
 	$(BIN)/mypy
 
 test: install lint

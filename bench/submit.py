@@ -59,8 +59,16 @@ from typing import Any
 import httpx
 
 TRIVIAL = "#!/bin/sh\ntrue\n"
-STARTED = {"RUNNING", "COMPLETING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
-           "OUT_OF_MEMORY"}
+STARTED = {
+    "RUNNING",
+    "COMPLETING",
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+}
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 ACTIVE_STATES = "PENDING,HELD,STARTING,RUNNING,COMPLETING"
 
@@ -81,10 +89,12 @@ def log(msg: str) -> None:
 
 def busy_cpus(seconds: float = 1.0) -> float:
     """CPUs kept busy by anything on the host over a short sample (Linux /proc/stat)."""
+
     def sample() -> tuple[int, int]:
         with open("/proc/stat") as f:
             v = [int(x) for x in f.readline().split()[1:]]
         return sum(v), v[3] + v[4]
+
     try:
         t0, i0 = sample()
         time.sleep(seconds)
@@ -104,8 +114,23 @@ def free_port() -> int:
 def cluster(db: str | None, nodes: int, keep: bool) -> Iterator[str]:
     state = Path(tempfile.mkdtemp(prefix="phalanx-bench-"))
     port = free_port()
-    cmd = [sys.executable, "-m", "phalanx", "up", "--detach", "--state-dir", str(state),
-           "--port", str(port), "--nodes", str(nodes), "--cpus", "8", "--mem", "16G"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "phalanx",
+        "up",
+        "--detach",
+        "--state-dir",
+        str(state),
+        "--port",
+        str(port),
+        "--nodes",
+        str(nodes),
+        "--cpus",
+        "8",
+        "--mem",
+        "16G",
+    ]
     if db:
         cmd += ["--db", db]
     t0 = time.monotonic()
@@ -114,8 +139,11 @@ def cluster(db: str | None, nodes: int, keep: bool) -> Iterator[str]:
         log(f"cluster up in {time.monotonic() - t0:.1f}s (state {state}, port {port})")
         yield f"http://127.0.0.1:{port}"
     finally:
-        subprocess.run([sys.executable, "-m", "phalanx", "down", "--state-dir", str(state)],
-                       stdout=subprocess.DEVNULL, check=False)
+        subprocess.run(
+            [sys.executable, "-m", "phalanx", "down", "--state-dir", str(state)],
+            stdout=subprocess.DEVNULL,
+            check=False,
+        )
         if keep:
             log(f"kept {state}")
         else:
@@ -124,8 +152,11 @@ def cluster(db: str | None, nodes: int, keep: bool) -> Iterator[str]:
 
 class Api:
     def __init__(self, url: str) -> None:
-        self.http = httpx.Client(base_url=url, timeout=httpx.Timeout(300.0, connect=5.0),
-                                 headers={"X-Phalanx-User": getpass.getuser()})
+        self.http = httpx.Client(
+            base_url=url,
+            timeout=httpx.Timeout(300.0, connect=5.0),
+            headers={"X-Phalanx-User": getpass.getuser()},
+        )
 
     def post(self, path: str, body: Any) -> Any:
         r = self.http.post(path, json=body)
@@ -151,8 +182,10 @@ class Api:
 
     def cancel(self, ids: list[int]) -> None:
         for i in range(0, len(ids), 10_000):
-            self.post("/v1/jobs/cancel", {"jobs": [str(x) for x in ids[i:i + 10_000]],
-                                          "reason": "bench"})
+            self.post(
+                "/v1/jobs/cancel",
+                {"jobs": [str(x) for x in ids[i : i + 10_000]], "reason": "bench"},
+            )
 
 
 def spec(**kw: Any) -> dict[str, Any]:
@@ -171,7 +204,8 @@ def bench_latency(api: Api, samples: int) -> tuple[float, float]:
                 break
             if time.time() - t0 > 60:
                 raise RuntimeError(
-                    f"job {jid} not started after 60s: {job['state']} {job['reason']}")
+                    f"job {jid} not started after 60s: {job['state']} {job['reason']}"
+                )
             time.sleep(0.002)
         while job["state"] not in TERMINAL:
             time.sleep(0.02)
@@ -216,7 +250,7 @@ def bench_e2e(api: Api, n: int) -> tuple[float, float]:
     t_client = time.time() - t0
     jobs = {}
     for i in range(0, len(ids), 200):  # only ours: a shared --db may hold other runs' jobs
-        chunk = ",".join(str(x) for x in ids[i:i + 200])
+        chunk = ",".join(str(x) for x in ids[i : i + 200])
         jobs.update({j["id"]: j for j in api.get("/v1/jobs", job=chunk, limit=100_000)["jobs"]})
     bad: dict[str, int] = {}
     for i in ids:
@@ -234,6 +268,7 @@ def one_run(args: argparse.Namespace, k: int) -> dict[str, float]:
     with cluster(args.db, args.nodes, args.keep) as url:
         api = Api(url)
         try:
+
             def step(name: str, fn: Callable[[], Any]) -> Any:
                 t = time.monotonic()
                 out = fn()
@@ -241,12 +276,15 @@ def one_run(args: argparse.Namespace, k: int) -> dict[str, float]:
                 return out
 
             res["start_latency_s"], res["client_latency_s"] = step(
-                "latency", lambda: bench_latency(api, args.latency_samples))
+                "latency", lambda: bench_latency(api, args.latency_samples)
+            )
             res["single_per_s"] = step("single", lambda: bench_single(api, args.single))
             res["batch_per_s"] = step(
-                "batch", lambda: bench_batch(api, args.batch_requests, args.batch_size))
+                "batch", lambda: bench_batch(api, args.batch_requests, args.batch_size)
+            )
             res["e2e_per_s"], res["e2e_client_per_s"] = step(
-                "e2e", lambda: bench_e2e(api, args.e2e))
+                "e2e", lambda: bench_e2e(api, args.e2e)
+            )
         finally:
             api.http.close()
     return res
@@ -266,8 +304,10 @@ def fmt(v: float, unit: str) -> str:
 
 
 def table(summary: dict[str, dict[str, float]], nruns: int) -> str:
-    head = (f"{'metric':34} {'median':>9} {'min':>9} {'max':>9}  {'unit':6} "
-            f"{'slurm':>6} {'vs slurm':>8} {'bar':>7}  ok")
+    head = (
+        f"{'metric':34} {'median':>9} {'min':>9} {'max':>9}  {'unit':6} "
+        f"{'slurm':>6} {'vs slurm':>8} {'bar':>7}  ok"
+    )
     lines = [f"Phalanx submit benchmark: medians over {nruns} run(s)", head, "-" * len(head)]
     for key, (label, unit, ref, bar, higher) in METRICS.items():
         if key not in summary:
@@ -281,8 +321,9 @@ def table(summary: dict[str, dict[str, float]], nruns: int) -> str:
             f"{fmt(m['max'], unit):>9}  {unit:6} {fmt(ref, unit):>6} {ratio:>7.1f}x "
             f"{cmp}{fmt(bar, unit):>5}  {'yes' if ok else 'NO'}"
         )
-    lines.append("vs slurm: Phalanx/Slurm for rates, Slurm/Phalanx for latencies "
-                 "(higher is better)")
+    lines.append(
+        "vs slurm: Phalanx/Slurm for rates, Slurm/Phalanx for latencies (higher is better)"
+    )
     return "\n".join(lines)
 
 
@@ -301,39 +342,67 @@ def main() -> int:
     p.add_argument("--e2e", type=int, default=None, help="trivial jobs in the end-to-end batch")
     args = p.parse_args()
     if args.quick:
-        defaults = dict(runs=2, single=100, batch_size=1000, batch_requests=2,
-                        latency_samples=5, e2e=200)
+        defaults = dict(
+            runs=2, single=100, batch_size=1000, batch_requests=2, latency_samples=5, e2e=200
+        )
     else:
-        defaults = dict(runs=5, single=500, batch_size=1000, batch_requests=5,
-                        latency_samples=20, e2e=500)
+        defaults = dict(
+            runs=5, single=500, batch_size=1000, batch_requests=5, latency_samples=20, e2e=500
+        )
     for k, v in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
 
     load_before = busy_cpus()
     if load_before > 0.3:
-        log(f"warning: {load_before:.1f} of {os.cpu_count()} CPUs already busy before the runs: "
-            "other processes compete with the cluster and the numbers will be low")
+        log(
+            f"warning: {load_before:.1f} of {os.cpu_count()} CPUs already busy before the runs: "
+            "other processes compete with the cluster and the numbers will be low"
+        )
     runs = []
     for k in range(1, args.runs + 1):
         runs.append(one_run(args, k))
     load_after = os.getloadavg()[0]
     summary = summarize(runs)
     print(table(summary, len(runs)))
-    print(f"host: {os.cpu_count()} CPUs, {load_before:.2f} busy before the runs (1 s sample); "
-          f"load average at the end {load_after:.2f}")
+    print(
+        f"host: {os.cpu_count()} CPUs, {load_before:.2f} busy before the runs (1 s sample); "
+        f"load average at the end {load_after:.2f}"
+    )
     if args.json:
         doc = {
             "summary": summary,
             "runs": runs,
-            "params": {k: getattr(args, k) for k in (
-                "runs", "db", "nodes", "single", "batch_size", "batch_requests",
-                "latency_samples", "e2e")},
-            "reference": {k: {"label": v[0], "unit": v[1], "slurm_22_05": v[2], "bar": v[3],
-                              "higher_is_better": v[4]} for k, v in METRICS.items()},
-            "host": {"python": sys.version.split()[0], "platform": platform.platform(),
-                     "cpus": os.cpu_count(), "busy_cpus_before": load_before,
-                     "loadavg_after": load_after},
+            "params": {
+                k: getattr(args, k)
+                for k in (
+                    "runs",
+                    "db",
+                    "nodes",
+                    "single",
+                    "batch_size",
+                    "batch_requests",
+                    "latency_samples",
+                    "e2e",
+                )
+            },
+            "reference": {
+                k: {
+                    "label": v[0],
+                    "unit": v[1],
+                    "slurm_22_05": v[2],
+                    "bar": v[3],
+                    "higher_is_better": v[4],
+                }
+                for k, v in METRICS.items()
+            },
+            "host": {
+                "python": sys.version.split()[0],
+                "platform": platform.platform(),
+                "cpus": os.cpu_count(),
+                "busy_cpus_before": load_before,
+                "loadavg_after": load_after,
+            },
         }
         if args.db and "@" in args.db:
             doc["params"]["db"] = args.db.split("://")[0] + "://..."

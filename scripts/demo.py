@@ -103,8 +103,20 @@ def main() -> int:
     url = f"http://127.0.0.1:{port}"
     os.environ["PHALANX_URL"] = url
     write_scripts()
-    run("up", "--detach", "--nodes", "4", "--cpus", "4", "--mem", "8G", "--state-dir", str(STATE),
-        "--port", str(port))
+    run(
+        "up",
+        "--detach",
+        "--nodes",
+        "4",
+        "--cpus",
+        "4",
+        "--mem",
+        "8G",
+        "--state-dir",
+        str(STATE),
+        "--port",
+        str(port),
+    )
     try:
         run("nodes")
         array = job_id(run("submit", "array.sh", capture=True))
@@ -115,10 +127,14 @@ def main() -> int:
         terminal = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
-            out = subprocess.run([*PHALANX, "queue", "--all", "--json"], capture_output=True, text=True)
+            out = subprocess.run(
+                [*PHALANX, "queue", "--all", "--json"], capture_output=True, text=True
+            )
             jobs = json.loads(out.stdout or "[]")
             active = [j for j in jobs if j["state"] not in terminal]
-            print(f"\n--- {time.strftime('%H:%M:%S')}: {len(active)} of {len(jobs)} jobs not finished")
+            print(
+                f"\n--- {time.strftime('%H:%M:%S')}: {len(active)} of {len(jobs)} jobs not finished"
+            )
             run("queue")
             if not active:
                 break

@@ -126,7 +126,9 @@ class Client:
         return self.get(f"/v1/jobs/{ref}")["jobs"]
 
     def cancel(self, refs: Sequence[str | int], reason: str | None = None) -> dict[str, str]:
-        return self.post("/v1/jobs/cancel", {"jobs": [str(r) for r in refs], "reason": reason})["results"]
+        return self.post("/v1/jobs/cancel", {"jobs": [str(r) for r in refs], "reason": reason})[
+            "results"
+        ]
 
     def hold(self, refs: Sequence[str | int]) -> dict[str, str]:
         return self.post("/v1/jobs/hold", {"jobs": [str(r) for r in refs]})["results"]

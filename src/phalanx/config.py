@@ -23,39 +23,65 @@ class Timing(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     heartbeat_interval: float = Field(
-        1.0, gt=0, le=300, description="agent: seconds between heartbeats; also the longest long-poll"
+        1.0,
+        gt=0,
+        le=300,
+        description="agent: seconds between heartbeats; also the longest long-poll",
     )
     node_down_timeout: float = Field(
         10.0, gt=0, le=3600, description="controller: a node without heartbeat this long is DOWN"
     )
     fence_timeout: float = Field(
-        5.0, gt=0, le=3600, description="shepherd: stop the job after this long without a controller reply"
+        5.0,
+        gt=0,
+        le=3600,
+        description="shepherd: stop the job after this long without a controller reply",
     )
     fence_kill_grace: float = Field(
         2.0, ge=0, le=600, description="shepherd: SIGTERM→SIGKILL grace when self-fencing"
     )
     fence_margin: float = Field(
-        1.0, ge=0, le=600, description="safety margin between self-fencing and the node being declared DOWN"
+        1.0,
+        ge=0,
+        le=600,
+        description="safety margin between self-fencing and the node being declared DOWN",
     )
     kill_wait: float = Field(
-        10.0, ge=0, le=3600, description="SIGTERM→SIGKILL grace on cancel and time limit (Slurm KillWait)"
+        10.0,
+        ge=0,
+        le=3600,
+        description="SIGTERM→SIGKILL grace on cancel and time limit (Slurm KillWait)",
     )
-    lease_ttl: float = Field(6.0, gt=0, le=3600, description="a duty lease expires this long after its last renewal")
+    lease_ttl: float = Field(
+        6.0, gt=0, le=3600, description="a duty lease expires this long after its last renewal"
+    )
     renew_interval: float = Field(1.0, gt=0, le=600, description="how often a lease holder renews")
     db_retry_timeout: float = Field(
         1.0, gt=0, le=600, description="deadline for retrying one store operation"
     )
     scheduler_interval: float = Field(
-        1.0, gt=0, le=600, description="a scheduling pass runs at least this often, and at once on new work"
+        1.0,
+        gt=0,
+        le=600,
+        description="a scheduling pass runs at least this often, and at once on new work",
     )
     scheduler_min_gap: float = Field(
-        0.05, ge=0, le=10, description="shortest time between two scheduling passes (batches bursts)"
+        0.05,
+        ge=0,
+        le=10,
+        description="shortest time between two scheduling passes (batches bursts)",
     )
     heartbeat_flush_interval: float = Field(
-        0.5, gt=0, le=60, description="controller: heartbeats are written to the store in one batch this often"
+        0.5,
+        gt=0,
+        le=60,
+        description="controller: heartbeats are written to the store in one batch this often",
     )
     launch_timeout: float = Field(
-        60.0, gt=0, le=3600, description="a STARTING attempt that no agent confirms in this long is requeued"
+        60.0,
+        gt=0,
+        le=3600,
+        description="a STARTING attempt that no agent confirms in this long is requeued",
     )
 
     @model_validator(mode="after")
@@ -148,7 +174,9 @@ class Config(BaseModel):
     cluster: ClusterConfig = Field(default_factory=lambda: ClusterConfig())
 
 
-def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None) -> Config:
+def load_config(
+    path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None
+) -> Config:
     """Read `path` (or $PHALANX_CONFIG), apply PHALANX_TIMING_<NAME> env overrides, validate."""
     data: dict[str, Any] = {}
     path = path or os.environ.get("PHALANX_CONFIG")
@@ -175,7 +203,9 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str,
     try:
         return Config.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(f"invalid configuration{f' in {path}' if path else ''}: {_explain(e)}") from None
+        raise ConfigError(
+            f"invalid configuration{f' in {path}' if path else ''}: {_explain(e)}"
+        ) from None
 
 
 def _explain(e: ValidationError) -> str:

@@ -150,9 +150,18 @@ class LocalCluster:
 
     def start(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        existing = [p for p in (self.state_dir / "run").glob("*.pid")] if (self.state_dir / "run").is_dir() else []
-        live = [p.stem for p in existing if p.read_text().strip().isdigit()
-                and _alive(int(p.read_text().strip())) and _is_phalanx(int(p.read_text().strip()))]
+        existing = (
+            [p for p in (self.state_dir / "run").glob("*.pid")]
+            if (self.state_dir / "run").is_dir()
+            else []
+        )
+        live = [
+            p.stem
+            for p in existing
+            if p.read_text().strip().isdigit()
+            and _alive(int(p.read_text().strip()))
+            and _is_phalanx(int(p.read_text().strip()))
+        ]
         if live:
             raise PhalanxError(
                 f"a cluster is already running from {self.state_dir} ({', '.join(live)}): "
@@ -160,15 +169,49 @@ class LocalCluster:
             )
         for i in range(self.n_controllers):
             name = f"controller-{i + 1}"
-            self._spawn(name, ["controller", "--state-dir", str(self.state_dir), "--port", str(self.port + i),
-                               "--db", self.db, "--id", name, "--log-level", self.log_level])
+            self._spawn(
+                name,
+                [
+                    "controller",
+                    "--state-dir",
+                    str(self.state_dir),
+                    "--port",
+                    str(self.port + i),
+                    "--db",
+                    self.db,
+                    "--id",
+                    name,
+                    "--log-level",
+                    self.log_level,
+                ],
+            )
         for i, url in enumerate(self.urls):
-            self._wait(f"controller-{i + 1}", lambda url=url: httpx.get(url + "/healthz", timeout=2).status_code == 200)
+            self._wait(
+                f"controller-{i + 1}",
+                lambda url=url: httpx.get(url + "/healthz", timeout=2).status_code == 200,
+            )
         for node in self.node_names():
             name = f"agent-{node}"
-            self._spawn(name, ["agent", "--name", node, "--state-dir", str(self.state_dir / "nodes" / node),
-                               "--url", self.url, "--cpus", str(self.cpus), "--mem", self.mem,
-                               "--gpus", self.gpus, "--log-level", self.log_level])
+            self._spawn(
+                name,
+                [
+                    "agent",
+                    "--name",
+                    node,
+                    "--state-dir",
+                    str(self.state_dir / "nodes" / node),
+                    "--url",
+                    self.url,
+                    "--cpus",
+                    str(self.cpus),
+                    "--mem",
+                    self.mem,
+                    "--gpus",
+                    self.gpus,
+                    "--log-level",
+                    self.log_level,
+                ],
+            )
         want = set(self.node_names())
 
         def registered() -> bool:
@@ -183,14 +226,18 @@ class LocalCluster:
         while time.monotonic() < deadline:
             for name, p in self.procs.items():
                 if p.poll() is not None:
-                    raise PhalanxError(f"{name} exited with code {p.returncode}: {self._log_tail(name)}")
+                    raise PhalanxError(
+                        f"{name} exited with code {p.returncode}: {self._log_tail(name)}"
+                    )
             try:
                 if ready():  # type: ignore[operator]
                     return
             except (httpx.HTTPError, ValueError, KeyError):
                 pass
             time.sleep(0.1)
-        raise PhalanxError(f"{what} not ready after {READY_TIMEOUT:g}s; see {self.state_dir / 'logs'}")
+        raise PhalanxError(
+            f"{what} not ready after {READY_TIMEOUT:g}s; see {self.state_dir / 'logs'}"
+        )
 
     def wait(self) -> None:
         """Block until interrupted, or until a daemon dies (then report it and stop)."""
@@ -203,7 +250,10 @@ class LocalCluster:
         while not stop["flag"]:
             for name, p in self.procs.items():
                 if p.poll() is not None:
-                    print(f"{name} exited with code {p.returncode}: {self._log_tail(name)}", file=sys.stderr)
+                    print(
+                        f"{name} exited with code {p.returncode}: {self._log_tail(name)}",
+                        file=sys.stderr,
+                    )
                     return
             time.sleep(0.5)
 

@@ -55,6 +55,7 @@ def test_job_survives_controller_down_past_fence_timeout(cluster: Cluster, tmp_p
     ctl.kill(signal.SIGKILL)
     down_at = time.time()
     fence = _fence_file(cluster)
+
     # the agent keeps the fence file fresh while every controller refuses the connection: wait
     # until it has done so for twice the fence timeout (the shepherd checks about every second)
     def kept_fresh() -> bool:
@@ -67,7 +68,9 @@ def test_job_survives_controller_down_past_fence_timeout(cluster: Cluster, tmp_p
         what="the agent to keep the fence fresh for twice the fence timeout",
         interval=0.5,
     )
-    assert not (task / "exit.json").exists(), f"the job was stopped: {read_json(task / 'exit.json')}"
+    assert not (task / "exit.json").exists(), (
+        f"the job was stopped: {read_json(task / 'exit.json')}"
+    )
     assert cluster.job_pid_alive(task)
     cluster.restart(ctl)
     job = cluster.wait_state(jid, "RUNNING")

@@ -54,7 +54,11 @@ class Agent:
         self.resources = resources
         self.addr = addr or socket.gethostname()
         self.boot_id = uuid.uuid4().hex
-        self.timing: dict[str, Any] = {"heartbeat_interval": 1.0, "fence_timeout": 5.0, "fence_kill_grace": 2.0}
+        self.timing: dict[str, Any] = {
+            "heartbeat_interval": 1.0,
+            "fence_timeout": 5.0,
+            "fence_kill_grace": 2.0,
+        }
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._known_exited: set[str] = set()
@@ -128,7 +132,11 @@ class Agent:
         self._touch_fence()
         log.info(
             "registered %s with controller %s: %d cpus, %d MB, %d gpus",
-            self.name, reply.get("controller"), r.cpus, r.mem_mb, len(r.gpus),
+            self.name,
+            reply.get("controller"),
+            r.cpus,
+            r.mem_mb,
+            len(r.gpus),
         )
 
     # ------------------------------------------------------------------ protocol
@@ -193,7 +201,10 @@ class Agent:
                 rep["state"] = "starting"
             elif st == "lost":
                 rep["state"] = "lost"
-                rep["exit"] = {"error": status.get("reason") or "shepherd vanished", "ended_at": time.time()}
+                rep["exit"] = {
+                    "error": status.get("reason") or "shepherd vanished",
+                    "ended_at": time.time(),
+                }
             else:  # absent: the launch never happened (agent died in between)
                 rep["state"] = "lost"
                 rep["exit"] = {"error": "the shepherd was never started", "ended_at": time.time()}
@@ -251,12 +262,21 @@ class Agent:
             "time_limit_s": launch["time_limit_s"],
             "kill_grace_s": launch["kill_grace_s"],
             "signal": launch.get("signal"),
-            "fence": {"heartbeat_file": str(self.fence_file), "timeout_s": float(self.timing["fence_timeout"])},
+            "fence": {
+                "heartbeat_file": str(self.fence_file),
+                "timeout_s": float(self.timing["fence_timeout"]),
+            },
         }
         (tmp / "spec.json").write_text(json.dumps(spec))
         (tmp / "meta.json").write_text(
-            json.dumps({"attempt_id": launch["attempt_id"], "token": launch["token"],
-                        "job_id": launch["job_id"], "launched_at": time.time()})
+            json.dumps(
+                {
+                    "attempt_id": launch["attempt_id"],
+                    "token": launch["token"],
+                    "job_id": launch["job_id"],
+                    "launched_at": time.time(),
+                }
+            )
         )
         os.replace(tmp, d)
         launcher: shepherd.Launcher | None = getattr(self, "_launcher", None)
@@ -265,14 +285,28 @@ class Agent:
                 launcher.launch(d)
             else:  # apply() used without run()
                 shepherd.launch(d)
-            log.info("started job %s attempt %s rank %s", launch["job_id"], launch["attempt_id"], launch["rank"])
+            log.info(
+                "started job %s attempt %s rank %s",
+                launch["job_id"],
+                launch["attempt_id"],
+                launch["rank"],
+            )
         except Exception as e:
             log.error("could not start a shepherd for attempt %s: %s", launch["attempt_id"], e)
-            _write_json(d / "exit.json", {
-                "exit_code": None, "signal": None, "timed_out": False, "cancelled": False,
-                "fenced": False, "launch_failed": True, "error": f"cannot start the shepherd: {e}",
-                "started_at": None, "ended_at": time.time(),
-            })
+            _write_json(
+                d / "exit.json",
+                {
+                    "exit_code": None,
+                    "signal": None,
+                    "timed_out": False,
+                    "cancelled": False,
+                    "fenced": False,
+                    "launch_failed": True,
+                    "error": f"cannot start the shepherd: {e}",
+                    "started_at": None,
+                    "ended_at": time.time(),
+                },
+            )
 
     def _watch(self) -> None:
         """Report a task's exit as soon as its exit file appears."""

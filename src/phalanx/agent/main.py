@@ -61,7 +61,9 @@ def run_agent(
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    log.info("agent %s starting (state dir %s; jobs keep running if the agent stops)", name, state_dir)
+    log.info(
+        "agent %s starting (state dir %s; jobs keep running if the agent stops)", name, state_dir
+    )
     agent.run()
     client.close()
     log.info("agent %s stopped", name)

@@ -16,8 +16,25 @@ import psutil
 
 log = logging.getLogger(__name__)
 
-_KNOWN = ("gh200", "h200", "h100", "h800", "b200", "b100", "a100", "a800", "a40", "a30", "a10",
-          "l40s", "l40", "l4", "v100", "t4", "rtx")
+_KNOWN = (
+    "gh200",
+    "h200",
+    "h100",
+    "h800",
+    "b200",
+    "b100",
+    "a100",
+    "a800",
+    "a40",
+    "a30",
+    "a10",
+    "l40s",
+    "l40",
+    "l4",
+    "v100",
+    "t4",
+    "rtx",
+)
 
 
 class GpuAdapter(Protocol):

@@ -31,7 +31,9 @@ app = typer.Typer(
 console = Console(width=None if sys.stdout.isatty() else 200)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
-UrlOpt = typer.Option(None, "--url", help="controller URL(s), comma separated (default: $PHALANX_URL)")
+UrlOpt = typer.Option(
+    None, "--url", help="controller URL(s), comma separated (default: $PHALANX_URL)"
+)
 JsonOpt = typer.Option(False, "--json", help="print JSON")
 
 
@@ -58,8 +60,12 @@ def _run(fn: Any) -> Any:
 # ---------------------------------------------------------------------- daemons
 @app.command()
 def controller(
-    state_dir: Path = typer.Option(Path(".phalanx"), "--state-dir", help="where the SQLite store and logs live"),
-    db: str | None = typer.Option(None, "--db", help="database URL (default: sqlite in the state dir)"),
+    state_dir: Path = typer.Option(
+        Path(".phalanx"), "--state-dir", help="where the SQLite store and logs live"
+    ),
+    db: str | None = typer.Option(
+        None, "--db", help="database URL (default: sqlite in the state dir)"
+    ),
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(6817, "--port"),
     cid: str | None = typer.Option(None, "--id", help="controller id (default: host-port-random)"),
@@ -75,8 +81,15 @@ def controller(
     except PhalanxError as e:
         _fail(e.message, 2)
     raise typer.Exit(
-        run_controller(config=cfg, state_dir=state_dir, db_url=db, host=host, port=port, cid=cid,
-                       log_level=log_level)
+        run_controller(
+            config=cfg,
+            state_dir=state_dir,
+            db_url=db,
+            host=host,
+            port=port,
+            cid=cid,
+            log_level=log_level,
+        )
     )
 
 
@@ -95,8 +108,16 @@ def agent(
     from phalanx.agent.main import run_agent
 
     raise typer.Exit(
-        run_agent(name=name, state_dir=state_dir, url=url, cpus=cpus, mem=mem, gpus=gpus,
-                  features=features, log_level=log_level)
+        run_agent(
+            name=name,
+            state_dir=state_dir,
+            url=url,
+            cpus=cpus,
+            mem=mem,
+            gpus=gpus,
+            features=features,
+            log_level=log_level,
+        )
     )
 
 
@@ -106,10 +127,14 @@ def up(
     controllers: int = typer.Option(1, "--controllers", min=1, max=9),
     state_dir: Path = typer.Option(Path(".phalanx"), "--state-dir"),
     port: int = typer.Option(6817, "--port", help="first controller port (the next ones follow)"),
-    db: str | None = typer.Option(None, "--db", help="database URL (default: SQLite in the state dir)"),
+    db: str | None = typer.Option(
+        None, "--db", help="database URL (default: SQLite in the state dir)"
+    ),
     cpus: int = typer.Option(4, "--cpus", help="CPUs each local node offers"),
     mem: str = typer.Option("8G", "--mem", help="memory each local node offers"),
-    gpus: str = typer.Option("", "--gpus", help="GPUs each local node offers, e.g. h100:8 (no devices behind them)"),
+    gpus: str = typer.Option(
+        "", "--gpus", help="GPUs each local node offers, e.g. h100:8 (no devices behind them)"
+    ),
     config: Path | None = typer.Option(None, "--config", help="TOML configuration file"),
     detach: bool = typer.Option(False, "--detach", help="return once the cluster is ready"),
     as_json: bool = JsonOpt,
@@ -117,8 +142,17 @@ def up(
     """Start a local cluster: controllers and agents on this host."""
     from phalanx.local import LocalCluster
 
-    cluster = LocalCluster(state_dir, nodes=nodes, controllers=controllers, port=port, db=db,
-                           cpus=cpus, mem=mem, gpus=gpus, config=config)
+    cluster = LocalCluster(
+        state_dir,
+        nodes=nodes,
+        controllers=controllers,
+        port=port,
+        db=db,
+        cpus=cpus,
+        mem=mem,
+        gpus=gpus,
+        config=config,
+    )
     try:
         cluster.start()
     except PhalanxError as e:
@@ -127,7 +161,9 @@ def up(
     if as_json:
         _emit({"url": cluster.url, "pids": cluster.pids(), "state_dir": str(state_dir.absolute())})
     else:
-        console.print(f"Phalanx cluster up: {controllers} controller(s), {nodes} node(s), state in {state_dir}")
+        console.print(
+            f"Phalanx cluster up: {controllers} controller(s), {nodes} node(s), state in {state_dir}"
+        )
         console.print(f"export PHALANX_URL={cluster.url}", highlight=False, soft_wrap=True)
     if detach:
         return
@@ -169,7 +205,9 @@ def submit(
     ctx: typer.Context,
     url: str | None = UrlOpt,
     as_json: bool = JsonOpt,
-    help_options: bool = typer.Option(False, "--help-options", help="list the sbatch options understood"),
+    help_options: bool = typer.Option(
+        False, "--help-options", help="list the sbatch options understood"
+    ),
 ) -> None:
     from phalanx.cli.submitting import build_spec, options_help
 
@@ -184,7 +222,8 @@ def submit(
         err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
     if ignored:
         err_console.print(
-            f"[yellow]note:[/yellow] accepted with no effect here: {', '.join(ignored)}", highlight=False
+            f"[yellow]note:[/yellow] accepted with no effect here: {', '.join(ignored)}",
+            highlight=False,
         )
     with _client(url) as c:
         res = _run(lambda: c.submit(spec))
@@ -244,7 +283,9 @@ def show(
 
 @app.command()
 def cancel(
-    refs: list[str] = typer.Argument(..., help="job ids (123, 123_4, or an array id for all of it)"),
+    refs: list[str] = typer.Argument(
+        ..., help="job ids (123, 123_4, or an array id for all of it)"
+    ),
     url: str | None = UrlOpt,
     as_json: bool = JsonOpt,
 ) -> None:
@@ -255,7 +296,9 @@ def cancel(
 
 
 @app.command()
-def hold(refs: list[str] = typer.Argument(...), url: str | None = UrlOpt, as_json: bool = JsonOpt) -> None:
+def hold(
+    refs: list[str] = typer.Argument(...), url: str | None = UrlOpt, as_json: bool = JsonOpt
+) -> None:
     """Hold pending jobs (they are not scheduled until released)."""
     with _client(url) as c:
         res = _run(lambda: c.hold(refs))
@@ -263,7 +306,9 @@ def hold(refs: list[str] = typer.Argument(...), url: str | None = UrlOpt, as_jso
 
 
 @app.command()
-def release(refs: list[str] = typer.Argument(...), url: str | None = UrlOpt, as_json: bool = JsonOpt) -> None:
+def release(
+    refs: list[str] = typer.Argument(...), url: str | None = UrlOpt, as_json: bool = JsonOpt
+) -> None:
     """Release held jobs."""
     with _client(url) as c:
         res = _run(lambda: c.release(refs))
@@ -282,7 +327,9 @@ def _print_results(res: dict[str, str], as_json: bool) -> None:
 def wait(
     refs: list[str] = typer.Argument(...),
     url: str | None = UrlOpt,
-    timeout: float = typer.Option(0, "--timeout", help="give up after this many seconds (0 = never)"),
+    timeout: float = typer.Option(
+        0, "--timeout", help="give up after this many seconds (0 = never)"
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Wait until jobs end; exit 0 only if every one COMPLETED."""
@@ -299,7 +346,12 @@ def wait(
                 _fail(f"timed out after {timeout:g}s waiting for {', '.join(refs)}", 2)
             time.sleep(0.25)
     if as_json:
-        _emit([{"job_id": j["job_id"], "state": j["state"], "exit_code": j["exit_code"]} for j in jobs])
+        _emit(
+            [
+                {"job_id": j["job_id"], "state": j["state"], "exit_code": j["exit_code"]}
+                for j in jobs
+            ]
+        )
     else:
         for j in jobs:
             extra = f" exit code {j['exit_code']}" if j["exit_code"] is not None else ""
@@ -355,7 +407,9 @@ def drain(
 
 
 @app.command()
-def resume(node: str = typer.Argument(...), url: str | None = UrlOpt, as_json: bool = JsonOpt) -> None:
+def resume(
+    node: str = typer.Argument(...), url: str | None = UrlOpt, as_json: bool = JsonOpt
+) -> None:
     """Return a drained or down node to service."""
     with _client(url) as c:
         n = _run(lambda: c.resume(node))

@@ -26,13 +26,30 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Table:
     for col in ("JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "NODES", "NODELIST(REASON)"):
         t.add_column(col)
     for j in jobs:
-        where = j["nodelist"] if j["state"] in ("STARTING", "RUNNING", "COMPLETING") else f"({j['reason'] or 'None'})"
-        if j["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+        where = (
+            j["nodelist"]
+            if j["state"] in ("STARTING", "RUNNING", "COMPLETING")
+            else f"({j['reason'] or 'None'})"
+        )
+        if j["state"] in (
+            "COMPLETED",
+            "FAILED",
+            "CANCELLED",
+            "TIMEOUT",
+            "NODE_FAIL",
+            "OUT_OF_MEMORY",
+        ):
             code = f" exit {j['exit_code']}" if j["exit_code"] is not None else ""
             where = f"{j['nodelist'] or ''}{code}"
         t.add_row(
-            j["job_id"], j["partition"] or "", j["name"], j["user"], j["state"], _elapsed(j),
-            str(j["nodes"]), where,
+            j["job_id"],
+            j["partition"] or "",
+            j["name"],
+            j["user"],
+            j["state"],
+            _elapsed(j),
+            str(j["nodes"]),
+            where,
         )
     return t
 
@@ -41,7 +58,11 @@ def job_detail(j: dict[str, Any]) -> str:
     attempts = j.get("attempts") or []
     lines = [
         f"JobId={j['id']} JobName={j['name']}"
-        + (f" ArrayJobId={j['array_job_id']} ArrayTaskId={j['array_task_id']}" if j["array_job_id"] else ""),
+        + (
+            f" ArrayJobId={j['array_job_id']} ArrayTaskId={j['array_task_id']}"
+            if j["array_job_id"]
+            else ""
+        ),
         f"   UserId={j['user']} Priority={j['priority']} Partition={j['partition']}",
         f"   JobState={j['state']} Reason={j['reason'] or 'None'} Dependency={_deps(j['dependency'])}",
         f"   Requeue={int(j['requeue'])} Restarts={j['restart_count']} ExitCode={_exit(j)}",
@@ -49,7 +70,11 @@ def job_detail(j: dict[str, Any]) -> str:
         f"   SubmitTime={_ts(j['submit_time'])} StartTime={_ts(j['start_time'])} EndTime={_ts(j['end_time'])}",
         f"   NodeList={j['nodelist'] or '(null)'} NumNodes={j['nodes']} CPUs/Node={j['cpus_per_node']}"
         f" Mem/Node={j['mem_per_node_mb']}M"
-        + (f" GPUs/Node={j['gpus_per_node']}{':' + j['gpu_type'] if j['gpu_type'] else ''}" if j["gpus_per_node"] else ""),
+        + (
+            f" GPUs/Node={j['gpus_per_node']}{':' + j['gpu_type'] if j['gpu_type'] else ''}"
+            if j["gpus_per_node"]
+            else ""
+        ),
         f"   Exclusive={int(j['exclusive'])} Features={j.get('constraint') or '(null)'}",
         f"   Command={j.get('command') or '(null)'}",
         f"   WorkDir={j.get('workdir') or '(null)'}",
@@ -85,8 +110,13 @@ def nodes_table(nodes: list[dict[str, Any]]) -> Table:
         if n["drain_by"]:
             reason += f" [{n['drain_by']}]"
         t.add_row(
-            n["name"], n["state"], f"{n['cpus_alloc']}/{n['cpus']}", f"{n['mem_alloc_mb']}/{n['mem_mb']}",
-            f"{n['gpus_alloc']}/{len(n['gpus'])}", ",".join(n["features"]) or "-", reason,
+            n["name"],
+            n["state"],
+            f"{n['cpus_alloc']}/{n['cpus']}",
+            f"{n['mem_alloc_mb']}/{n['mem_mb']}",
+            f"{n['gpus_alloc']}/{len(n['gpus'])}",
+            ",".join(n["features"]) or "-",
+            reason,
         )
     return t
 
@@ -96,7 +126,8 @@ def node_detail(n: dict[str, Any]) -> str:
     lines = [
         f"NodeName={n['name']} State={n['state']} Addr={n['addr']}",
         f"   CPUAlloc={n['cpus_alloc']} CPUTot={n['cpus']} RealMemory={n['mem_mb']} AllocMem={n['mem_alloc_mb']}",
-        f"   Gres=gpu:{len(n['gpus'])}" + (f" ({','.join(gpu_types)})" if gpu_types else "")
+        f"   Gres=gpu:{len(n['gpus'])}"
+        + (f" ({','.join(gpu_types)})" if gpu_types else "")
         + f" GresUsed=gpu:{n['gpus_alloc']} Features={','.join(n['features']) or '(null)'}",
         f"   LastHeartbeat={_ts(n['last_heartbeat'])} Registered={_ts(n['registered_at'])}",
         f"   Jobs={','.join(str(x) for x in n['jobs']) or '(none)'}",
@@ -115,7 +146,14 @@ def events_table(evs: list[dict[str, Any]]) -> Table:
     for col in ("TIME", "KIND", "JOB", "NODE", "BY", "MESSAGE"):
         t.add_column(col)
     for e in evs:
-        t.add_row(_ts(e["ts"]), e["kind"], str(e["job_id"] or ""), e["node"] or "", e["actor"], e["message"])
+        t.add_row(
+            _ts(e["ts"]),
+            e["kind"],
+            str(e["job_id"] or ""),
+            e["node"] or "",
+            e["actor"],
+            e["message"],
+        )
     return t
 
 
@@ -125,7 +163,9 @@ def cluster_summary(st: dict[str, Any]) -> str:
         lines.append(f"  {c['id']}  {c['url']}  last seen {_ts(c['last_seen'])}")
     lines.append("Leases:")
     for le in st["leases"]:
-        lines.append(f"  {le['name']:<10} holder={le['holder']} term={le['term']} valid={le['valid']}")
+        lines.append(
+            f"  {le['name']:<10} holder={le['holder']} term={le['term']} valid={le['valid']}"
+        )
     lines.append("Partitions:")
     for p in st["partitions"]:
         lines.append(

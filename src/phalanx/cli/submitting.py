@@ -10,8 +10,9 @@ from phalanx.domain.directives import OPTIONS, Effect, parse_submission, split_c
 from phalanx.errors import InvalidSpec
 
 
-def build_spec(argv: list[str], *, cwd: str | None = None, environ: dict[str, str] | None = None
-               ) -> tuple[dict[str, Any], list[str], list[str]]:
+def build_spec(
+    argv: list[str], *, cwd: str | None = None, environ: dict[str, str] | None = None
+) -> tuple[dict[str, Any], list[str], list[str]]:
     """Return (spec body, warnings, options accepted without effect)."""
     opts, rest = split_cli_args(argv)
     script_text: str | None = None
@@ -52,7 +53,9 @@ def options_help() -> str:
         if opt.effect is Effect.APPLIED:
             lines.append(f"  {opt.usage:<36} {opt.help}")
     lines += ["", "Accepted with no effect here (site bookkeeping):"]
-    lines.append("  " + ", ".join(o.flag for o in OPTIONS if o.effect in (Effect.STORED, Effect.IGNORED)))
+    lines.append(
+        "  " + ", ".join(o.flag for o in OPTIONS if o.effect in (Effect.STORED, Effect.IGNORED))
+    )
     refused = [o for o in OPTIONS if o.effect is Effect.REFUSED]
     if refused:
         lines += ["", "Refused (not supported):", "  " + ", ".join(o.flag for o in refused)]

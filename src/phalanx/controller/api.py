@@ -1,6 +1,6 @@
 """The REST API (`/v1`), served by every controller. Errors mirror `phalanx.errors`:
 
-    {"error": {"code": "invalid_spec", "message": "nodes: ...", "details": {...}}}
+{"error": {"code": "invalid_spec", "message": "nodes: ...", "details": {...}}}
 """
 
 from __future__ import annotations
@@ -227,7 +227,9 @@ def create_app(ctl: Controller) -> FastAPI:
         return {"job_id": ids[0], "job_ids": ids, "array": bool(spec.array)}
 
     @app.post("/v1/jobs/batch", status_code=201)
-    def submit_batch(body: BatchIn, x_phalanx_user: str | None = Header(default=None)) -> dict[str, Any]:
+    def submit_batch(
+        body: BatchIn, x_phalanx_user: str | None = Header(default=None)
+    ) -> dict[str, Any]:
         ids = ctl.submit(body.jobs, user_of(x_phalanx_user))
         return {"jobs": [{"job_id": i[0], "job_ids": i} for i in ids]}
 
@@ -242,9 +244,20 @@ def create_app(ctl: Controller) -> FastAPI:
         limit: int = Query(default=10_000, ge=1, le=100_000),
     ) -> dict[str, Any]:
         states = [x.upper() for s in state or [] for x in s.split(",") if x]
-        ids = ctl.store.resolve_refs([x for j in job or [] for x in j.split(",") if x]) if job else None
-        rows = ctl.store.list_jobs(states=states, user=user, partition=partition, name=name, ids=ids,
-                                   node=node, limit=limit)
+        ids = (
+            ctl.store.resolve_refs([x for j in job or [] for x in j.split(",") if x])
+            if job
+            else None
+        )
+        rows = ctl.store.list_jobs(
+            states=states,
+            user=user,
+            partition=partition,
+            name=name,
+            ids=ids,
+            node=node,
+            limit=limit,
+        )
         return {"jobs": [job_view(r) for r in rows]}
 
     def _one(ref: str) -> list[int]:
@@ -273,7 +286,9 @@ def create_app(ctl: Controller) -> FastAPI:
 
     @app.post("/v1/jobs/cancel")
     def cancel(body: RefsIn, x_phalanx_user: str | None = Header(default=None)) -> dict[str, Any]:
-        return _bulk(body.jobs, ctl.store.cancel, user_of(x_phalanx_user), body.reason or "cancelled")
+        return _bulk(
+            body.jobs, ctl.store.cancel, user_of(x_phalanx_user), body.reason or "cancelled"
+        )
 
     @app.post("/v1/jobs/hold")
     def hold(body: RefsIn, x_phalanx_user: str | None = Header(default=None)) -> dict[str, Any]:
@@ -303,7 +318,9 @@ def create_app(ctl: Controller) -> FastAPI:
         return view
 
     @app.post("/v1/nodes/{name}/drain")
-    def drain(name: str, body: DrainIn, x_phalanx_user: str | None = Header(default=None)) -> dict[str, Any]:
+    def drain(
+        name: str, body: DrainIn, x_phalanx_user: str | None = Header(default=None)
+    ) -> dict[str, Any]:
         ctl.store.drain(name, body.reason, user_of(x_phalanx_user))
         ctl.kick()
         return node_view(ctl.store.get_node(name))
@@ -326,8 +343,9 @@ def create_app(ctl: Controller) -> FastAPI:
         }
 
     @app.get("/v1/events")
-    def events(since: int = 0, limit: int = Query(default=1000, ge=1, le=10_000),
-               node: str | None = None) -> dict[str, Any]:
+    def events(
+        since: int = 0, limit: int = Query(default=1000, ge=1, le=10_000), node: str | None = None
+    ) -> dict[str, Any]:
         return {"events": ctl.store.events(since_id=since, limit=limit, node=node)}
 
     # ---------------------------------------------------------------- agents

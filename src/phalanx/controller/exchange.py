@@ -27,7 +27,9 @@ class Reply:
         return not (self.start or self.stop)
 
 
-def needs_write(work: list[dict[str, Any]], reports: list[TaskReport], taken_at: float | None) -> bool:
+def needs_write(
+    work: list[dict[str, Any]], reports: list[TaskReport], taken_at: float | None
+) -> bool:
     """Whether the agent's report says anything the store does not already know."""
     by_id = {w["attempt_id"]: w for w in work}
     reported = set()
@@ -39,7 +41,10 @@ def needs_write(work: list[dict[str, Any]], reports: list[TaskReport], taken_at:
         ts = w["task_state"]
         if r.state == "running" and ts == TaskState.STARTING.value:
             return True
-        if r.state in ("exited", "lost") and ts in (TaskState.STARTING.value, TaskState.RUNNING.value):
+        if r.state in ("exited", "lost") and ts in (
+            TaskState.STARTING.value,
+            TaskState.RUNNING.value,
+        ):
             return True
     if taken_at is None:
         return False
@@ -48,7 +53,10 @@ def needs_write(work: list[dict[str, Any]], reports: list[TaskReport], taken_at:
             continue
         if w["task_state"] == TaskState.RUNNING.value:
             return True
-        if w["task_state"] == TaskState.STARTING.value and w["attempt_state"] == AttemptState.STOPPING.value:
+        if (
+            w["task_state"] == TaskState.STARTING.value
+            and w["attempt_state"] == AttemptState.STOPPING.value
+        ):
             return True
     return False
 
@@ -64,14 +72,24 @@ def decide(work: list[dict[str, Any]], reports: list[TaskReport], ended: set[int
         if w["attempt_state"] in (AttemptState.STARTING.value, AttemptState.RUNNING.value):
             if r is None and w["task_state"] == TaskState.STARTING.value:
                 reply.start.append(w)
-        elif w["attempt_state"] == AttemptState.STOPPING.value and r is not None and r.state in _ALIVE:
-            reply.stop.append({"attempt_id": aid, "token": w["token"], "reason": w["stop_reason"] or "stop"})
+        elif (
+            w["attempt_state"] == AttemptState.STOPPING.value
+            and r is not None
+            and r.state in _ALIVE
+        ):
+            reply.stop.append(
+                {"attempt_id": aid, "token": w["token"], "reason": w["stop_reason"] or "stop"}
+            )
     for r in reports:
         row = by_id.get(r.attempt_id)
         stale = row is None or row["token"] != r.token
         if stale and r.state in _ALIVE:
             reply.stop.append(
-                {"attempt_id": r.attempt_id, "token": r.token, "reason": "attempt is no longer current"}
+                {
+                    "attempt_id": r.attempt_id,
+                    "token": r.token,
+                    "reason": "attempt is no longer current",
+                }
             )
         elif r.state in ("exited", "lost") and (stale or r.attempt_id in ended):
             reply.forget.append(r.attempt_id)

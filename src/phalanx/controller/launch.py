@@ -16,8 +16,17 @@ from phalanx.domain.values import parse_export
 BASE_MASTER_PORT = 29500
 
 
-def expand_pattern(pattern: str, *, job_id: int, array_job_id: int | None, array_task_id: int | None,
-                   name: str, user: str, node: str, rank: int) -> str:
+def expand_pattern(
+    pattern: str,
+    *,
+    job_id: int,
+    array_job_id: int | None,
+    array_task_id: int | None,
+    name: str,
+    user: str,
+    node: str,
+    rank: int,
+) -> str:
     """Slurm filename patterns: %j %A %a %x %u %N %n %t %% (with optional zero padding, %4a)."""
 
     def repl(m: re.Match[str]) -> str:
@@ -109,7 +118,11 @@ def job_environment(work: dict[str, Any], *, node: str) -> dict[str, str]:
     if mode == "ALL":
         env = dict(submitted)
     else:
-        env = {k: submitted[k] for k in ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "TERM") if k in submitted}
+        env = {
+            k: submitted[k]
+            for k in ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "TERM")
+            if k in submitted
+        }
     for k, v in extra.items():
         if v is not None:
             env[k] = v

@@ -113,7 +113,9 @@ class Controller:
             ("presence", self.presence_tick, lambda: 5.0),
         ]
         for name, fn, interval in loops:
-            t = threading.Thread(target=self._loop, args=(name, fn, interval), name=f"phx-{name}", daemon=True)
+            t = threading.Thread(
+                target=self._loop, args=(name, fn, interval), name=f"phx-{name}", daemon=True
+            )
             t.start()
             self._threads.append(t)
 
@@ -165,7 +167,9 @@ class Controller:
             self._cluster_since = time.monotonic() if term is not None else None
         if term is not None:
             with contextlib.suppress(PhalanxError):
-                self.store.add_event("lease.take", f"{self.cid} took lease {name} term {term}", term=term)
+                self.store.add_event(
+                    "lease.take", f"{self.cid} took lease {name} term {term}", term=term
+                )
             self.kick()
 
     def kick(self) -> None:
@@ -271,7 +275,8 @@ class Controller:
                         "mem_per_node_mb": p.mem_per_node_mb,
                         "gpu_ids": p.gpu_ids,
                         "exclusive": next(
-                            (bool(j["exclusive"]) for j in snap.pending if j["id"] == p.job_id), False
+                            (bool(j["exclusive"]) for j in snap.pending if j["id"] == p.job_id),
+                            False,
                         ),
                     }
                     for p in plan.starts
@@ -285,7 +290,9 @@ class Controller:
         self.store.set_pending_reasons(changed)
         if not (plan.starts or plan.never):
             return "idle"
-        return plan.sentence() + (f" (applied {len(started)})" if len(started) != len(plan.starts) else "")
+        return plan.sentence() + (
+            f" (applied {len(started)})" if len(started) != len(plan.starts) else ""
+        )
 
     # ------------------------------------------------------------------ cluster duty
     def cluster_tick(self) -> str:
@@ -307,11 +314,15 @@ class Controller:
                 reason = f"no heartbeat for {silent:.1f}s (node_down_timeout {self.timing.node_down_timeout:g}s)"
                 if self.store.mark_down(n["name"], reason, fence):
                     said.append(f"{n['name']} DOWN")
-                    self.store.fail_node_tasks(n["name"], f"node {n['name']} is DOWN: {reason}", fence)
+                    self.store.fail_node_tasks(
+                        n["name"], f"node {n['name']} is DOWN: {reason}", fence
+                    )
                     self.kick()
         for att in self.store.stale_starting_attempts(time.time() - self.timing.launch_timeout):
             if self.store.requeue_lost_launch(
-                att["id"], f"no agent confirmed the launch within {self.timing.launch_timeout:g}s", fence
+                att["id"],
+                f"no agent confirmed the launch within {self.timing.launch_timeout:g}s",
+                fence,
             ):
                 said.append(f"attempt {att['id']} launch timed out")
                 self.kick()

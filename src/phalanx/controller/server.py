@@ -48,7 +48,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
     except OSError as e:
         sock.close()
         if e.errno in (98, 48):  # EADDRINUSE
-            raise StartupError(f"port {port} on {host} is already in use: choose another with --port") from None
+            raise StartupError(
+                f"port {port} on {host} is already in use: choose another with --port"
+            ) from None
         raise StartupError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     sock.listen(2048)
     sock.set_inheritable(True)
@@ -87,7 +89,9 @@ def run_controller(
             store.sync_partitions(partition_rows(config))
         except PhalanxError as e:
             sock.close()
-            raise StartupError(f"cannot use the database {describe_url(url)}: {e.message}") from None
+            raise StartupError(
+                f"cannot use the database {describe_url(url)}: {e.message}"
+            ) from None
     except StartupError as e:
         print(f"phalanx controller: {e}", file=sys.stderr)
         return 2
@@ -96,7 +100,9 @@ def run_controller(
     ctl = Controller(store, config, cid=cid, url=public)
     app = create_app(ctl)
     server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30, lifespan="on")
+        uvicorn.Config(
+            app, log_level="warning", access_log=False, timeout_keep_alive=30, lifespan="on"
+        )
     )
     try:
         ctl.start()

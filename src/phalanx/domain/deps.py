@@ -46,7 +46,10 @@ def evaluate(
             if state is None:
                 if kind == "afterany":
                     continue
-                return DepVerdict.NEVER, f"dependency {kind}:{jid} can never be satisfied: job {jid} is unknown"
+                return (
+                    DepVerdict.NEVER,
+                    f"dependency {kind}:{jid} can never be satisfied: job {jid} is unknown",
+                )
             if not state.terminal:
                 waiting.append(f"{kind}:{jid}")
                 continue

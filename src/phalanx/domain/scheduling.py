@@ -40,7 +40,9 @@ def node_partitions(node: str, partitions: Iterable[dict[str, Any]]) -> frozense
     return frozenset(out)
 
 
-def node_views(nodes: list[dict[str, Any]], partitions: dict[str, dict[str, Any]]) -> list[NodeView]:
+def node_views(
+    nodes: list[dict[str, Any]], partitions: dict[str, dict[str, Any]]
+) -> list[NodeView]:
     return [
         NodeView(
             name=n["name"],

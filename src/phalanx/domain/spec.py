@@ -26,13 +26,17 @@ class JobSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str | None = Field(default=None, max_length=256)
-    partition: str | None = Field(default=None, description="partition, or a comma list to try in order")
+    partition: str | None = Field(
+        default=None, description="partition, or a comma list to try in order"
+    )
     nodes: int = Field(default=1, ge=1, le=100_000)
     nodes_max: int | None = Field(default=None, ge=1)
     ntasks: int | None = Field(default=None, ge=1)
     ntasks_per_node: int | None = Field(default=None, ge=1)
     cpus_per_task: int = Field(default=1, ge=1, le=100_000)
-    mem_mb: int | None = Field(default=None, ge=0, description="per node; 0 = all of the node's memory")
+    mem_mb: int | None = Field(
+        default=None, ge=0, description="per node; 0 = all of the node's memory"
+    )
     mem_per_cpu_mb: int | None = Field(default=None, ge=1)
     gpus_per_node: int | None = Field(default=None, ge=0)
     gpus_total: int | None = Field(default=None, ge=0)
@@ -61,7 +65,9 @@ class JobSpec(BaseModel):
     hold: bool = False
     priority: int = Field(default=0, ge=-1_000_000, le=1_000_000)
     script: str | None = Field(default=None, max_length=MAX_SCRIPT_BYTES)
-    script_path: str | None = Field(default=None, description="where the script was read from (shown as Command)")
+    script_path: str | None = Field(
+        default=None, description="where the script was read from (shown as Command)"
+    )
     argv: list[str] = Field(default_factory=list)
     wrap: str | None = None
     account: str | None = None
@@ -155,9 +161,7 @@ def normalize(
         tasks_per_node = spec.ntasks_per_node
     elif spec.ntasks is not None:
         if spec.ntasks < nodes:
-            raise _field_error(
-                "ntasks", f"--ntasks={spec.ntasks} is fewer than --nodes={nodes}"
-            )
+            raise _field_error("ntasks", f"--ntasks={spec.ntasks} is fewer than --nodes={nodes}")
         tasks_per_node = math.ceil(spec.ntasks / nodes)
     else:
         tasks_per_node = 1
@@ -180,7 +184,10 @@ def normalize(
         if v is not None
     ]
     if len(given) > 1:
-        raise _field_error(given[1], f"give only one of --gres/--gpus-per-node, --gpus, --gpus-per-task (got {', '.join(given)})")
+        raise _field_error(
+            given[1],
+            f"give only one of --gres/--gpus-per-node, --gpus, --gpus-per-task (got {', '.join(given)})",
+        )
     if spec.gpus_total is not None:
         if spec.gpus_total % nodes:
             raise _field_error(
@@ -245,10 +252,13 @@ def normalize(
             raise _field_error("export", str(e)) from None
     overlap = set(spec.nodelist) & set(spec.exclude)
     if overlap:
-        raise _field_error("nodelist", f"nodes both required and excluded: {', '.join(sorted(overlap))}")
+        raise _field_error(
+            "nodelist", f"nodes both required and excluded: {', '.join(sorted(overlap))}"
+        )
     if spec.nodelist and len(set(spec.nodelist)) > nodes:
         raise _field_error(
-            "nodelist", f"--nodelist names {len(set(spec.nodelist))} nodes but the job asks for {nodes}"
+            "nodelist",
+            f"--nodelist names {len(set(spec.nodelist))} nodes but the job asks for {nodes}",
         )
 
     submit_dir = spec.submit_dir or "/"

@@ -51,7 +51,10 @@ JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.PENDING: frozenset({JobState.HELD, JobState.STARTING, JobState.CANCELLED}),
     JobState.HELD: frozenset({JobState.PENDING, JobState.CANCELLED}),
     # STARTING -> PENDING: the launch failed or the node went away before the job ran (requeue).
-    JobState.STARTING: frozenset({JobState.RUNNING, JobState.COMPLETING, JobState.PENDING, JobState.HELD}) | _ENDINGS,
+    JobState.STARTING: frozenset(
+        {JobState.RUNNING, JobState.COMPLETING, JobState.PENDING, JobState.HELD}
+    )
+    | _ENDINGS,
     JobState.RUNNING: frozenset({JobState.COMPLETING, JobState.PENDING, JobState.HELD}) | _ENDINGS,
     JobState.COMPLETING: frozenset({JobState.PENDING, JobState.HELD}) | _ENDINGS,
 }

@@ -52,10 +52,14 @@ class Engines:
         if self.dialect == "sqlite":
             db = u.database
             if not db or db == ":memory:":
-                raise StoreUnavailable("SQLite needs a file path, e.g. sqlite:////var/lib/phalanx/phalanx.db")
+                raise StoreUnavailable(
+                    "SQLite needs a file path, e.g. sqlite:////var/lib/phalanx/phalanx.db"
+                )
             parent = Path(db).absolute().parent
             if not parent.is_dir():
-                raise StoreUnavailable(f"cannot open database {db}: directory {parent} does not exist")
+                raise StoreUnavailable(
+                    f"cannot open database {db}: directory {parent} does not exist"
+                )
             self.write = self._sqlite_engine(immediate=True, timeout=max(connect_timeout, 10.0))
             self.read = self._sqlite_engine(immediate=False, timeout=max(connect_timeout, 10.0))
         elif self.dialect == "postgresql":
@@ -112,7 +116,9 @@ class Engines:
                 and "database is locked" not in str(e.orig)
             ):
                 raise
-            raise StoreUnavailable(f"database unavailable ({describe_url(self.url)}): {_first_line(e)}") from e
+            raise StoreUnavailable(
+                f"database unavailable ({describe_url(self.url)}): {_first_line(e)}"
+            ) from e
 
     def db_now_sql(self) -> Any:
         if self.dialect == "sqlite":

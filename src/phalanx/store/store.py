@@ -183,7 +183,9 @@ class Store:
         if new.terminal and "end_time" not in values:
             values["end_time"] = _now()
         res = conn.execute(
-            update(s.jobs).where(s.jobs.c.id == job["id"], s.jobs.c.state == old.value).values(**values)
+            update(s.jobs)
+            .where(s.jobs.c.id == job["id"], s.jobs.c.state == old.value)
+            .values(**values)
         )
         if res.rowcount != 1:
             return False
@@ -202,7 +204,9 @@ class Store:
         names = sorted(set(nodes))
         if names:
             conn.execute(
-                update(s.nodes).where(s.nodes.c.name.in_(names)).values(work_gen=s.nodes.c.work_gen + 1)
+                update(s.nodes)
+                .where(s.nodes.c.name.in_(names))
+                .values(work_gen=s.nodes.c.work_gen + 1)
             )
 
     # ------------------------------------------------------------------ leases
@@ -220,7 +224,9 @@ class Store:
                 )
             else:
                 conn.execute(
-                    text("INSERT OR IGNORE INTO leases (name, holder, term, expires_at) VALUES (:n, NULL, 0, 0)"),
+                    text(
+                        "INSERT OR IGNORE INTO leases (name, holder, term, expires_at) VALUES (:n, NULL, 0, 0)"
+                    ),
                     {"n": name},
                 )
             res = conn.execute(
@@ -253,7 +259,9 @@ class Store:
         with self.db.begin() as conn:
             res = conn.execute(
                 update(s.leases)
-                .where(s.leases.c.name == name, s.leases.c.holder == holder, s.leases.c.term == term)
+                .where(
+                    s.leases.c.name == name, s.leases.c.holder == holder, s.leases.c.term == term
+                )
                 .values(expires_at=0.0)
             )
             return res.rowcount == 1
@@ -277,7 +285,9 @@ class Store:
             existing = {r.name for r in conn.execute(select(s.partitions.c.name))}
             for p in parts:
                 if p["name"] in existing:
-                    conn.execute(update(s.partitions).where(s.partitions.c.name == p["name"]).values(**p))
+                    conn.execute(
+                        update(s.partitions).where(s.partitions.c.name == p["name"]).values(**p)
+                    )
                 else:
                     conn.execute(insert(s.partitions).values(**p))
             gone = existing - {p["name"] for p in parts}
@@ -303,19 +313,28 @@ class Store:
         now = _now()
         with self.db.begin() as conn:
             res = conn.execute(
-                update(s.controllers).where(s.controllers.c.id == cid).values(url=url, started_at=now, last_seen=now)
+                update(s.controllers)
+                .where(s.controllers.c.id == cid)
+                .values(url=url, started_at=now, last_seen=now)
             )
             if res.rowcount == 0:
-                conn.execute(insert(s.controllers).values(id=cid, url=url, started_at=now, last_seen=now))
+                conn.execute(
+                    insert(s.controllers).values(id=cid, url=url, started_at=now, last_seen=now)
+                )
             self._event(conn, "controller.start", f"controller {cid} started at {url}")
 
     def touch_controller(self, cid: str) -> None:
         with self.db.begin() as conn:
-            conn.execute(update(s.controllers).where(s.controllers.c.id == cid).values(last_seen=_now()))
+            conn.execute(
+                update(s.controllers).where(s.controllers.c.id == cid).values(last_seen=_now())
+            )
 
     def list_controllers(self) -> list[dict[str, Any]]:
         with self.db.begin(write=False) as conn:
-            return [dict(r) for r in conn.execute(select(s.controllers).order_by(s.controllers.c.id)).mappings()]
+            return [
+                dict(r)
+                for r in conn.execute(select(s.controllers).order_by(s.controllers.c.id)).mappings()
+            ]
 
     # ------------------------------------------------------------------ jobs
     def submit(
@@ -401,7 +420,9 @@ class Store:
             "array_task_id": None,
         }
 
-    def _resolve_dependencies(self, conn: Connection, deps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _resolve_dependencies(
+        self, conn: Connection, deps: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
         """Turn `123` / `123_4` references into concrete job ids; unknown jobs are refused."""
         out = []
         for dep in deps:
@@ -425,7 +446,9 @@ class Store:
                 if not (a.isdigit() and t.isdigit()):
                     raise InvalidSpec(f"invalid job id '{ref}': use 123 or 123_4")
                 row = conn.execute(
-                    select(s.jobs.c.id).where(s.jobs.c.array_job_id == int(a), s.jobs.c.array_task_id == int(t))
+                    select(s.jobs.c.id).where(
+                        s.jobs.c.array_job_id == int(a), s.jobs.c.array_task_id == int(t)
+                    )
                 ).first()
                 if row:
                     ids.append(int(row.id))
@@ -489,12 +512,16 @@ class Store:
             atts = [
                 dict(r)
                 for r in conn.execute(
-                    select(s.attempts).where(s.attempts.c.job_id == job_id).order_by(s.attempts.c.id)
+                    select(s.attempts)
+                    .where(s.attempts.c.job_id == job_id)
+                    .order_by(s.attempts.c.id)
                 ).mappings()
             ]
             if atts:
                 tasks = conn.execute(
-                    select(s.tasks).where(s.tasks.c.attempt_id.in_([a["id"] for a in atts])).order_by(s.tasks.c.rank)
+                    select(s.tasks)
+                    .where(s.tasks.c.attempt_id.in_([a["id"] for a in atts]))
+                    .order_by(s.tasks.c.rank)
                 ).mappings()
                 by: dict[int, list[dict[str, Any]]] = {}
                 for t in tasks:
@@ -503,11 +530,17 @@ class Store:
                     a["tasks"] = by.get(a["id"], [])
             return atts
 
-    def cancel(self, job_ids: Sequence[int], actor: str, reason: str = "cancelled") -> dict[int, str]:
+    def cancel(
+        self, job_ids: Sequence[int], actor: str, reason: str = "cancelled"
+    ) -> dict[int, str]:
         """Cancel jobs: pending ones end at once; running ones are asked to stop."""
         out: dict[int, str] = {}
         with self.db.begin() as conn:
-            rows = conn.execute(select(*_JOB_SUMMARY).where(s.jobs.c.id.in_(list(job_ids)))).mappings().all()
+            rows = (
+                conn.execute(select(*_JOB_SUMMARY).where(s.jobs.c.id.in_(list(job_ids))))
+                .mappings()
+                .all()
+            )
             found = {r["id"]: dict(r) for r in rows}
             for jid in job_ids:
                 job = found.get(jid)
@@ -526,10 +559,14 @@ class Store:
                     out[jid] = "stopping"
         return out
 
-    def _stop_attempt(self, conn: Connection, job: dict[str, Any], stop_reason: str, *, actor: str) -> None:
-        att = conn.execute(
-            select(s.attempts).where(s.attempts.c.id == job["attempt_id"])
-        ).mappings().first()
+    def _stop_attempt(
+        self, conn: Connection, job: dict[str, Any], stop_reason: str, *, actor: str
+    ) -> None:
+        att = (
+            conn.execute(select(s.attempts).where(s.attempts.c.id == job["attempt_id"]))
+            .mappings()
+            .first()
+        )
         if att is None or att["state"] == AttemptState.ENDED.value:
             return
         if att["state"] != AttemptState.STOPPING.value or not att["stop_reason"]:
@@ -552,7 +589,11 @@ class Store:
         out: dict[int, str] = {}
         src, dst = (JobState.PENDING, JobState.HELD) if hold else (JobState.HELD, JobState.PENDING)
         with self.db.begin() as conn:
-            rows = conn.execute(select(*_JOB_SUMMARY).where(s.jobs.c.id.in_(list(job_ids)))).mappings().all()
+            rows = (
+                conn.execute(select(*_JOB_SUMMARY).where(s.jobs.c.id.in_(list(job_ids))))
+                .mappings()
+                .all()
+            )
             found = {r["id"]: dict(r) for r in rows}
             for jid in job_ids:
                 job = found.get(jid)
@@ -569,7 +610,9 @@ class Store:
     # ------------------------------------------------------------------ scheduler
     def sched_snapshot(self, pending_limit: int = 5000) -> SchedSnapshot:
         with self.db.begin(write=False) as conn:
-            nodes = [dict(r) for r in conn.execute(select(s.nodes).order_by(s.nodes.c.name)).mappings()]
+            nodes = [
+                dict(r) for r in conn.execute(select(s.nodes).order_by(s.nodes.c.name)).mappings()
+            ]
             parts = {r["name"]: dict(r) for r in conn.execute(select(s.partitions)).mappings()}
             allocs = [
                 dict(r)
@@ -601,15 +644,23 @@ class Store:
             dep_started: dict[int, bool] = {}
             for chunk in _chunks(sorted(dep_ids), 500):
                 for r in conn.execute(
-                    select(s.jobs.c.id, s.jobs.c.state, s.jobs.c.start_time).where(s.jobs.c.id.in_(chunk))
+                    select(s.jobs.c.id, s.jobs.c.state, s.jobs.c.start_time).where(
+                        s.jobs.c.id.in_(chunk)
+                    )
                 ):
                     dep_states[int(r.id)] = JobState(r.state)
                     dep_started[int(r.id)] = r.start_time is not None
-            active_states = [JobState.STARTING.value, JobState.RUNNING.value, JobState.COMPLETING.value]
+            active_states = [
+                JobState.STARTING.value,
+                JobState.RUNNING.value,
+                JobState.COMPLETING.value,
+            ]
             active_names = {
                 (r.name, r.user)
                 for r in conn.execute(
-                    select(s.jobs.c.name, s.jobs.c.user).where(s.jobs.c.state.in_(active_states)).distinct()
+                    select(s.jobs.c.name, s.jobs.c.user)
+                    .where(s.jobs.c.state.in_(active_states))
+                    .distinct()
                 )
             }
             array_active = {
@@ -645,16 +696,18 @@ class Store:
             term = fence.term if fence else 0
             current: dict[int, Any] = {}
             for chunk in _chunks([int(st["job_id"]) for st in starts], 500):
-                q = select(s.jobs.c.id, s.jobs.c.state, s.jobs.c.restart_count, s.jobs.c.time_limit_s).where(
-                    s.jobs.c.id.in_(chunk)
-                )
+                q = select(
+                    s.jobs.c.id, s.jobs.c.state, s.jobs.c.restart_count, s.jobs.c.time_limit_s
+                ).where(s.jobs.c.id.in_(chunk))
                 if self.dialect == "postgresql":
                     q = q.with_for_update()  # a concurrent cancel waits for us, or we see it
                 current.update({int(r.id): r for r in conn.execute(q)})
             # a job cancelled or held since the snapshot is skipped
             ok = [
-                st for st in starts
-                if (r := current.get(int(st["job_id"]))) is not None and r.state == JobState.PENDING.value
+                st
+                for st in starts
+                if (r := current.get(int(st["job_id"]))) is not None
+                and r.state == JobState.PENDING.value
             ]
             if not ok:
                 return []
@@ -670,7 +723,9 @@ class Store:
                         "nodes": list(st["nodes"]),
                         "fence_term": term,
                         "created_at": now,
-                        "expected_end": (now + tl) if (tl := current[int(st["job_id"])].time_limit_s) else None,
+                        "expected_end": (now + tl)
+                        if (tl := current[int(st["job_id"])].time_limit_s)
+                        else None,
                     }
                     for st in ok
                 ],
@@ -704,7 +759,12 @@ class Store:
                     nodelist_run=bindparam("b_nodes"),
                 ),
                 [
-                    {"b_id": st["job_id"], "b_att": aid, "b_part": st["partition"], "b_nodes": list(st["nodes"])}
+                    {
+                        "b_id": st["job_id"],
+                        "b_att": aid,
+                        "b_part": st["partition"],
+                        "b_nodes": list(st["nodes"]),
+                    }
                     for st, aid in zip(ok, att_ids, strict=True)
                 ],
             )
@@ -729,10 +789,14 @@ class Store:
         """End a pending job the scheduler found can never run (e.g. a dependency that failed)."""
         with self.db.begin() as conn:
             self._check_fence(conn, fence)
-            job = conn.execute(select(*_JOB_SUMMARY).where(s.jobs.c.id == job_id)).mappings().first()
+            job = (
+                conn.execute(select(*_JOB_SUMMARY).where(s.jobs.c.id == job_id)).mappings().first()
+            )
             if job is None or job["state"] != JobState.PENDING.value:
                 return False
-            return self._set_job_state(conn, dict(job), state, reason, term=fence.term if fence else None)
+            return self._set_job_state(
+                conn, dict(job), state, reason, term=fence.term if fence else None
+            )
 
     def set_pending_reasons(self, reasons: Mapping[int, str | None]) -> None:
         """Record why pending jobs wait (Slurm's Reason column); no event, not a state change."""
@@ -773,23 +837,39 @@ class Store:
             "last_heartbeat": now,
         }
         with self.db.begin() as conn:
-            values["last_heartbeat"] = float(conn.execute(select(self.db.db_now_sql())).scalar_one())
+            values["last_heartbeat"] = float(
+                conn.execute(select(self.db.db_now_sql())).scalar_one()
+            )
             row = conn.execute(select(s.nodes).where(s.nodes.c.name == name)).mappings().first()
             if row is None:
                 conn.execute(
                     insert(s.nodes).values(name=name, down=False, drain=False, work_gen=0, **values)
                 )
-                self._event(conn, "node.register", f"node {name} registered: {cpus} cpus, {mem_mb} MB, "
-                            f"{len(gpus)} gpus", node=name, actor=name)
+                self._event(
+                    conn,
+                    "node.register",
+                    f"node {name} registered: {cpus} cpus, {mem_mb} MB, {len(gpus)} gpus",
+                    node=name,
+                    actor=name,
+                )
             else:
                 if row["down"]:
                     values.update(down=False, down_reason=None)
-                    self._event(conn, "node.up", f"node {name} is back (was DOWN: {row['down_reason']})",
-                                node=name, actor=name)
+                    self._event(
+                        conn,
+                        "node.up",
+                        f"node {name} is back (was DOWN: {row['down_reason']})",
+                        node=name,
+                        actor=name,
+                    )
                 else:
-                    self._event(conn, "node.register", f"node {name} re-registered", node=name, actor=name)
+                    self._event(
+                        conn, "node.register", f"node {name} re-registered", node=name, actor=name
+                    )
                 conn.execute(update(s.nodes).where(s.nodes.c.name == name).values(**values))
-            return dict(conn.execute(select(s.nodes).where(s.nodes.c.name == name)).mappings().one())
+            return dict(
+                conn.execute(select(s.nodes).where(s.nodes.c.name == name)).mappings().one()
+            )
 
     def record_heartbeats(self, ages: dict[str, float]) -> None:
         """One transaction for a batch of heartbeats: node -> seconds since it was seen.
@@ -814,7 +894,10 @@ class Store:
 
     def node_gens(self) -> dict[str, int]:
         with self.db.begin(write=False) as conn:
-            return {r.name: int(r.work_gen) for r in conn.execute(select(s.nodes.c.name, s.nodes.c.work_gen))}
+            return {
+                r.name: int(r.work_gen)
+                for r in conn.execute(select(s.nodes.c.name, s.nodes.c.work_gen))
+            }
 
     def node_work(self, node: str, conn: Connection | None = None) -> list[dict[str, Any]]:
         """Every task of a not-yet-ended attempt on this node, with its job, for the agent."""
@@ -860,13 +943,16 @@ class Store:
                 int(r.id)
                 for r in conn.execute(
                     select(s.attempts.c.id).where(
-                        s.attempts.c.id.in_(list(attempt_ids)), s.attempts.c.state != AttemptState.ENDED.value
+                        s.attempts.c.id.in_(list(attempt_ids)),
+                        s.attempts.c.state != AttemptState.ENDED.value,
                     )
                 )
             }
         return set(attempt_ids) - live
 
-    def apply_reports(self, node: str, reports: Sequence[TaskReport], taken_at: float | None) -> None:
+    def apply_reports(
+        self, node: str, reports: Sequence[TaskReport], taken_at: float | None
+    ) -> None:
         """Record what an agent says about its tasks; finish attempts whose every task is done.
 
         Reports about attempts that are not the job's current one, or with a wrong token, are
@@ -876,11 +962,15 @@ class Store:
         """
         now = _now()
         with self.db.begin() as conn:
-            rows = conn.execute(
-                select(s.tasks, s.attempts.c.token, s.attempts.c.state.label("attempt_state"))
-                .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
-                .where(s.tasks.c.node == node, s.attempts.c.state != AttemptState.ENDED.value)
-            ).mappings().all()
+            rows = (
+                conn.execute(
+                    select(s.tasks, s.attempts.c.token, s.attempts.c.state.label("attempt_state"))
+                    .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
+                    .where(s.tasks.c.node == node, s.attempts.c.state != AttemptState.ENDED.value)
+                )
+                .mappings()
+                .all()
+            )
             mine = {r["attempt_id"]: dict(r) for r in rows}
             touched: set[int] = set()
             reported = {r.attempt_id for r in reports}
@@ -905,7 +995,9 @@ class Store:
                         update(s.tasks)
                         .where(s.tasks.c.attempt_id == rep.attempt_id, s.tasks.c.node == node)
                         .values(
-                            state=(TaskState.EXITED if rep.state == "exited" else TaskState.LOST).value,
+                            state=(
+                                TaskState.EXITED if rep.state == "exited" else TaskState.LOST
+                            ).value,
                             started_at=task["started_at"] or ex.get("started_at"),
                             ended_at=ex.get("ended_at") or now,
                             exit_code=ex.get("exit_code"),
@@ -952,15 +1044,20 @@ class Store:
 
     def _advance_attempt(self, conn: Connection, attempt_id: int) -> None:
         """Move an attempt (and its job) forward after its tasks changed."""
-        att = dict(conn.execute(select(s.attempts).where(s.attempts.c.id == attempt_id)).mappings().one())
+        att = dict(
+            conn.execute(select(s.attempts).where(s.attempts.c.id == attempt_id)).mappings().one()
+        )
         if att["state"] == AttemptState.ENDED.value:
             return
         tasks = [
             dict(t)
-            for t in conn.execute(select(s.tasks).where(s.tasks.c.attempt_id == attempt_id).order_by(s.tasks.c.rank))
-            .mappings()
+            for t in conn.execute(
+                select(s.tasks).where(s.tasks.c.attempt_id == attempt_id).order_by(s.tasks.c.rank)
+            ).mappings()
         ]
-        job = dict(conn.execute(select(*_JOB_SUMMARY).where(s.jobs.c.id == att["job_id"])).mappings().one())
+        job = dict(
+            conn.execute(select(*_JOB_SUMMARY).where(s.jobs.c.id == att["job_id"])).mappings().one()
+        )
         now = _now()
         started = [t for t in tasks if t["started_at"] is not None]
         if att["state"] == AttemptState.STARTING.value and started:
@@ -969,16 +1066,28 @@ class Store:
             conn.execute(
                 update(s.attempts)
                 .where(s.attempts.c.id == attempt_id)
-                .values(state=AttemptState.RUNNING.value, start_time=start, expected_end=(start + tl) if tl else None)
+                .values(
+                    state=AttemptState.RUNNING.value,
+                    start_time=start,
+                    expected_end=(start + tl) if tl else None,
+                )
             )
             att["state"] = AttemptState.RUNNING.value
             att["start_time"] = start  # a task that also exited in this report ends the job below
             if job["state"] == JobState.STARTING.value:
-                self._set_job_state(conn, job, JobState.RUNNING, None, extra={"start_time": start},
-                                    message=f"running on {','.join(att['nodes'])}")
+                self._set_job_state(
+                    conn,
+                    job,
+                    JobState.RUNNING,
+                    None,
+                    extra={"start_time": start},
+                    message=f"running on {','.join(att['nodes'])}",
+                )
                 job["state"] = JobState.RUNNING.value
                 job["start_time"] = start
-        finished = [t for t in tasks if t["state"] in (TaskState.EXITED.value, TaskState.LOST.value)]
+        finished = [
+            t for t in tasks if t["state"] in (TaskState.EXITED.value, TaskState.LOST.value)
+        ]
         if not finished:
             return
         if len(finished) < len(tasks):
@@ -1006,7 +1115,8 @@ class Store:
                 result=result.value,
                 exit_code=code,
                 exit_signal=sig,
-                start_time=att["start_time"] or (min((t["started_at"] for t in started), default=None)),
+                start_time=att["start_time"]
+                or (min((t["started_at"] for t in started), default=None)),
             )
         )
         self._bump_gen(conn, att["nodes"])
@@ -1023,7 +1133,11 @@ class Store:
                 job,
                 JobState.PENDING,
                 requeue_reason,
-                extra={"restart_count": job["restart_count"] + 1, "exit_code": code, "exit_signal": sig},
+                extra={
+                    "restart_count": job["restart_count"] + 1,
+                    "exit_code": code,
+                    "exit_signal": sig,
+                },
                 event_kind="job.requeue",
             )
             return
@@ -1032,15 +1146,23 @@ class Store:
             job,
             result,
             reason,
-            extra={"exit_code": code, "exit_signal": sig, "end_time": now,
-                   "start_time": job["start_time"] or att["start_time"]},
+            extra={
+                "exit_code": code,
+                "exit_signal": sig,
+                "end_time": now,
+                "start_time": job["start_time"] or att["start_time"],
+            },
         )
 
     def requeue_lost_launch(self, attempt_id: int, reason: str, fence: Fence | None) -> bool:
         """A STARTING attempt nobody confirmed: mark its tasks lost and advance (used by the reaper)."""
         with self.db.begin() as conn:
             self._check_fence(conn, fence)
-            att = conn.execute(select(s.attempts).where(s.attempts.c.id == attempt_id)).mappings().first()
+            att = (
+                conn.execute(select(s.attempts).where(s.attempts.c.id == attempt_id))
+                .mappings()
+                .first()
+            )
             if att is None or att["state"] == AttemptState.ENDED.value:
                 return False
             conn.execute(
@@ -1083,10 +1205,18 @@ class Store:
     # ------------------------------------------------------------------ nodes
     def list_nodes(self) -> list[dict[str, Any]]:
         with self.db.begin(write=False) as conn:
-            nodes = [dict(r) for r in conn.execute(select(s.nodes).order_by(s.nodes.c.name)).mappings()]
+            nodes = [
+                dict(r) for r in conn.execute(select(s.nodes).order_by(s.nodes.c.name)).mappings()
+            ]
             usage: dict[str, dict[str, Any]] = {}
             for r in conn.execute(
-                select(s.tasks.c.node, s.tasks.c.cpus, s.tasks.c.mem_mb, s.tasks.c.gpu_ids, s.attempts.c.job_id)
+                select(
+                    s.tasks.c.node,
+                    s.tasks.c.cpus,
+                    s.tasks.c.mem_mb,
+                    s.tasks.c.gpu_ids,
+                    s.attempts.c.job_id,
+                )
                 .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
                 .where(s.attempts.c.state != AttemptState.ENDED.value)
             ).mappings():
@@ -1129,7 +1259,14 @@ class Store:
             conn.execute(
                 update(s.nodes)
                 .where(s.nodes.c.name == name)
-                .values(drain=False, drain_reason=None, drain_by=None, drain_time=None, down=False, down_reason=None)
+                .values(
+                    drain=False,
+                    drain_reason=None,
+                    drain_by=None,
+                    drain_time=None,
+                    down=False,
+                    down_reason=None,
+                )
             )
             self._event(conn, "node.resume", f"resumed by {actor}", node=name, actor=actor)
 
@@ -1137,11 +1274,15 @@ class Store:
         with self.db.begin() as conn:
             self._check_fence(conn, fence)
             res = conn.execute(
-                update(s.nodes).where(s.nodes.c.name == name, s.nodes.c.down.is_(False)).values(down=True, down_reason=reason)
+                update(s.nodes)
+                .where(s.nodes.c.name == name, s.nodes.c.down.is_(False))
+                .values(down=True, down_reason=reason)
             )
             if res.rowcount != 1:
                 return False
-            self._event(conn, "node.down", f"DOWN: {reason}", node=name, term=fence.term if fence else None)
+            self._event(
+                conn, "node.down", f"DOWN: {reason}", node=name, term=fence.term if fence else None
+            )
             return True
 
     # ------------------------------------------------------------------ events & status
@@ -1150,7 +1291,12 @@ class Store:
             self._event(conn, kind, message, **kw)
 
     def events(
-        self, *, job_id: int | None = None, node: str | None = None, since_id: int = 0, limit: int = 1000
+        self,
+        *,
+        job_id: int | None = None,
+        node: str | None = None,
+        since_id: int = 0,
+        limit: int = 1000,
     ) -> list[dict[str, Any]]:
         q = select(s.events).where(s.events.c.id > since_id).order_by(s.events.c.id).limit(limit)
         if job_id is not None:
@@ -1162,15 +1308,23 @@ class Store:
 
     def cluster_counts(self) -> dict[str, Any]:
         with self.db.begin(write=False) as conn:
-            by_state = {r.state: int(r.n) for r in conn.execute(
-                select(s.jobs.c.state, func.count().label("n")).group_by(s.jobs.c.state)
-            )}
+            by_state = {
+                r.state: int(r.n)
+                for r in conn.execute(
+                    select(s.jobs.c.state, func.count().label("n")).group_by(s.jobs.c.state)
+                )
+            }
             n_nodes = conn.execute(select(func.count()).select_from(s.nodes)).scalar_one()
-            down = conn.execute(select(func.count()).select_from(s.nodes).where(s.nodes.c.down.is_(True))).scalar_one()
+            down = conn.execute(
+                select(func.count()).select_from(s.nodes).where(s.nodes.c.down.is_(True))
+            ).scalar_one()
             drain = conn.execute(
                 select(func.count()).select_from(s.nodes).where(and_(s.nodes.c.drain.is_(True)))
             ).scalar_one()
-        return {"jobs": by_state, "nodes": {"total": int(n_nodes), "down": int(down), "drain": int(drain)}}
+        return {
+            "jobs": by_state,
+            "nodes": {"total": int(n_nodes), "down": int(down), "drain": int(drain)},
+        }
 
     def stale_starting_attempts(self, older_than: float) -> list[dict[str, Any]]:
         with self.db.begin(write=False) as conn:
@@ -1178,7 +1332,8 @@ class Store:
                 dict(r)
                 for r in conn.execute(
                     select(s.attempts).where(
-                        s.attempts.c.state == AttemptState.STARTING.value, s.attempts.c.created_at < older_than
+                        s.attempts.c.state == AttemptState.STARTING.value,
+                        s.attempts.c.created_at < older_than,
                     )
                 ).mappings()
             ]
@@ -1204,7 +1359,12 @@ def _task_failed(t: dict[str, Any]) -> bool:
     if t["state"] == TaskState.LOST.value:
         return True
     d = t["detail"] or {}
-    return bool(d.get("launch_failed") or d.get("timed_out") or t["exit_code"] not in (0,) or t["exit_signal"])
+    return bool(
+        d.get("launch_failed")
+        or d.get("timed_out")
+        or t["exit_code"] not in (0,)
+        or t["exit_signal"]
+    )
 
 
 def _describe_exit(t: dict[str, Any]) -> str:
@@ -1220,7 +1380,9 @@ def _describe_exit(t: dict[str, Any]) -> str:
     return f"exited with code {t['exit_code']}"
 
 
-def _outcome(att: dict[str, Any], tasks: list[dict[str, Any]]) -> tuple[JobState, str | None, int | None, int | None]:
+def _outcome(
+    att: dict[str, Any], tasks: list[dict[str, Any]]
+) -> tuple[JobState, str | None, int | None, int | None]:
     """The job state an attempt produced, from its tasks' exit records (pure)."""
     details = [t["detail"] or {} for t in tasks]
     stop = att["stop_reason"] or ""
