@@ -148,8 +148,8 @@ class Client:
     def node(self, name: str) -> dict[str, Any]:
         return self.get(f"/v1/nodes/{name}")
 
-    def drain(self, name: str, reason: str) -> dict[str, Any]:
-        return self.post(f"/v1/nodes/{name}/drain", {"reason": reason})
+    def drain(self, name: str, reason: str, *, now: bool = False) -> dict[str, Any]:
+        return self.post(f"/v1/nodes/{name}/drain", {"reason": reason, "now": now})
 
     def resume(self, name: str) -> dict[str, Any]:
         return self.post(f"/v1/nodes/{name}/resume")

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from phalanx.domain.policy import FailurePolicy
 from phalanx.errors import ConfigError
 
 
@@ -77,6 +78,19 @@ class Timing(BaseModel):
         le=60,
         description="controller: heartbeats are written to the store in one batch this often",
     )
+    checkpoint_grace: float = Field(
+        30.0,
+        ge=0,
+        le=86400,
+        description="planned stops: time between the checkpoint signal and SIGTERM "
+        "(a job's --signal=SIG@N asks for N instead)",
+    )
+    launch_backoff_base: float = Field(
+        2.0, gt=0, le=3600, description="wait before retrying a failed launch; doubles each time"
+    )
+    launch_backoff_max: float = Field(
+        60.0, gt=0, le=86400, description="longest wait between launch retries"
+    )
     launch_timeout: float = Field(
         60.0,
         gt=0,
@@ -103,6 +117,10 @@ class Timing(BaseModel):
             (
                 self.heartbeat_interval * 2 <= self.fence_timeout,
                 "heartbeat_interval * 2 <= fence_timeout",
+            ),
+            (
+                self.launch_backoff_base <= self.launch_backoff_max,
+                "launch_backoff_base <= launch_backoff_max",
             ),
             (
                 self.scheduler_min_gap <= self.scheduler_interval,
@@ -143,6 +161,12 @@ class ClusterConfig(BaseModel):
     name: str = "phalanx"
     default_requeue: bool = True
     default_mem_per_cpu_mb: int = Field(512, ge=1)
+    max_launch_failures: int = Field(
+        3, ge=1, le=100, description="failed launches before a job is held"
+    )
+    node_launch_failures_to_drain: int = Field(
+        3, ge=1, le=100, description="failed launches in a row that drain a node"
+    )
     partitions: list[PartitionConfig] = Field(
         default_factory=lambda: [PartitionConfig(name="batch", default=True, nodes="*")]
     )
@@ -172,6 +196,14 @@ class Config(BaseModel):
 
     timing: Timing = Field(default_factory=lambda: Timing())
     cluster: ClusterConfig = Field(default_factory=lambda: ClusterConfig())
+
+    def failure_policy(self) -> FailurePolicy:
+        return FailurePolicy(
+            max_launch_failures=self.cluster.max_launch_failures,
+            launch_backoff_base=self.timing.launch_backoff_base,
+            launch_backoff_max=self.timing.launch_backoff_max,
+            node_launch_failures_to_drain=self.cluster.node_launch_failures_to_drain,
+        )
 
 
 def load_config(

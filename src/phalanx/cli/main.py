@@ -394,16 +394,22 @@ def nodes(url: str | None = UrlOpt, as_json: bool = JsonOpt) -> None:
 def drain(
     node: str = typer.Argument(...),
     reason: str = typer.Option(..., "--reason", help="why (shown in `phalanx nodes`)"),
+    now: bool = typer.Option(
+        False, "--now", help="also checkpoint-signal and requeue its requeue-able jobs"
+    ),
     url: str | None = UrlOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Drain a node: no new work; running jobs finish."""
+    """Drain a node: no new work; running jobs finish (or, with --now, checkpoint and requeue)."""
     with _client(url) as c:
-        n = _run(lambda: c.drain(node, reason))
+        n = _run(lambda: c.drain(node, reason, now=now))
     if as_json:
         _emit(n)
     else:
         console.print(f"node {node}: {n['state']} ({reason})", highlight=False)
+        if n.get("requeued"):
+            jobs = ", ".join(str(j) for j in n["requeued"])
+            console.print(f"checkpointing and requeueing jobs: {jobs}", highlight=False)
 
 
 @app.command()

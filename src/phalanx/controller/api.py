@@ -42,6 +42,9 @@ class RefsIn(BaseModel):
 
 class DrainIn(BaseModel):
     reason: str = Field(min_length=1, max_length=1024)
+    now: bool = Field(
+        default=False, description="also checkpoint-signal and requeue the node's requeue-able jobs"
+    )
 
 
 class RegisterIn(BaseModel):
@@ -52,6 +55,7 @@ class RegisterIn(BaseModel):
     addr: str | None = None
     boot_id: str | None = None
     version: str | None = None
+    health: dict[str, Any] | None = None  # the preflight's result
 
 
 class ReportIn(BaseModel):
@@ -66,6 +70,7 @@ class HeartbeatIn(BaseModel):
     tasks: list[ReportIn] = Field(default_factory=list)
     taken_at: float | None = None
     wait: float = Field(default=0.0, ge=0, le=60)
+    health: dict[str, Any] | None = None
 
 
 def job_view(row: dict[str, Any], *, detail: bool = False) -> dict[str, Any]:
@@ -321,9 +326,11 @@ def create_app(ctl: Controller) -> FastAPI:
     def drain(
         name: str, body: DrainIn, x_phalanx_user: str | None = Header(default=None)
     ) -> dict[str, Any]:
-        ctl.store.drain(name, body.reason, user_of(x_phalanx_user))
+        requeued = ctl.store.drain(name, body.reason, user_of(x_phalanx_user), now=body.now)
+        if requeued:
+            ctl.waiters.notify([name])
         ctl.kick()
-        return node_view(ctl.store.get_node(name))
+        return {**node_view(ctl.store.get_node(name)), "requeued": requeued}
 
     @app.post("/v1/nodes/{name}/resume")
     def resume(name: str, x_phalanx_user: str | None = Header(default=None)) -> dict[str, Any]:
@@ -359,12 +366,12 @@ def create_app(ctl: Controller) -> FastAPI:
         ctl.seen(node)
         reports = [TaskReport(**r.model_dump()) for r in body.tasks]
         deadline = time.monotonic() + min(body.wait, ctl.timing.heartbeat_interval)
-        reply = await run_in_threadpool(ctl.exchange, node, reports, body.taken_at)
+        reply = await run_in_threadpool(ctl.exchange, node, reports, body.taken_at, body.health)
         while reply.empty and time.monotonic() < deadline:
             woke = await ctl.waiters.wait(node, deadline - time.monotonic())
             if not woke:
                 break
-            reply = await run_in_threadpool(ctl.exchange, node, reports, body.taken_at)
+            reply = await run_in_threadpool(ctl.exchange, node, reports, body.taken_at, body.health)
         return {
             "start": await run_in_threadpool(ctl.launch_specs, reply, node),
             "stop": reply.stop,

@@ -7,6 +7,7 @@ reconciles again. Pure functions over plain data.
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,7 +62,24 @@ def needs_write(
     return False
 
 
-def decide(work: list[dict[str, Any]], reports: list[TaskReport], ended: set[int]) -> Reply:
+def stop_item(w: dict[str, Any], checkpoint_grace: float) -> dict[str, Any]:
+    """A stop request; planned stops (requeue) first give the job its checkpoint signal."""
+    reason = w["stop_reason"] or "stop"
+    item: dict[str, Any] = {"attempt_id": w["attempt_id"], "token": w["token"], "reason": reason}
+    if reason.startswith("requeue"):
+        sig = (w.get("spec") or {}).get("signal_parsed") or {}
+        item["checkpoint_signal"] = int(sig.get("signum") or signal.SIGUSR1)
+        item["checkpoint_grace"] = float(sig.get("before_s") or checkpoint_grace)
+    return item
+
+
+def decide(
+    work: list[dict[str, Any]],
+    reports: list[TaskReport],
+    ended: set[int],
+    *,
+    checkpoint_grace: float = 30.0,
+) -> Reply:
     """What the agent must do. `ended`: reported attempts the store has fully recorded."""
     reply = Reply()
     by_id = {w["attempt_id"]: w for w in work}
@@ -77,9 +95,7 @@ def decide(work: list[dict[str, Any]], reports: list[TaskReport], ended: set[int
             and r is not None
             and r.state in _ALIVE
         ):
-            reply.stop.append(
-                {"attempt_id": aid, "token": w["token"], "reason": w["stop_reason"] or "stop"}
-            )
+            reply.stop.append(stop_item(w, checkpoint_grace))
     for r in reports:
         row = by_id.get(r.attempt_id)
         stale = row is None or row["token"] != r.token

@@ -96,6 +96,7 @@ class Controller:
         self._beats: dict[str, float] = {}  # node -> monotonic time last seen
         self._beats_lock = threading.Lock()
         self._gens: dict[str, int] = {}
+        self._health: dict[str, tuple[Any, ...]] = {}  # node -> last health summary applied
         self._cluster_since: float | None = None  # monotonic time the cluster duty was taken
         self.last_tick: dict[str, float] = {}
         self._partitions_cache: tuple[float, Any] | None = None
@@ -297,6 +298,16 @@ class Controller:
     # ------------------------------------------------------------------ cluster duty
     def cluster_tick(self) -> str:
         """Failure detector and reaper; only the holder of the `cluster` lease acts."""
+        try:
+            return self._cluster_duty()
+        except StoreUnavailable:
+            # Heartbeats could not be recorded while the store was away: judge no node until
+            # a full timeout of fresh heartbeats has been seen again.
+            if self._cluster_since is not None:
+                self._cluster_since = time.monotonic()
+            raise
+
+    def _cluster_duty(self) -> str:
         fence = self.leases.fence(CLUSTER_LEASE)
         if fence is None or self._cluster_since is None:
             return "idle"
@@ -341,12 +352,17 @@ class Controller:
             return "idle"
         now = time.monotonic()
         try:
-            self.store.record_heartbeats({n: now - t for n, t in beats.items()})
+            back = self.store.record_heartbeats({n: now - t for n, t in beats.items()})
         except StoreUnavailable:
             with self._beats_lock:
                 for n, t in beats.items():
                     self._beats.setdefault(n, t)
+            if self._cluster_since is not None:
+                self._cluster_since = time.monotonic()  # see cluster_tick
             raise
+        if back:
+            self.kick()
+            return f"back in service: {', '.join(back)}"
         return "idle"
 
     def gen_tick(self) -> str:
@@ -374,11 +390,33 @@ class Controller:
         )
         self.seen(node)
         self._views_cache = None
+        self._health.pop(node, None)
+        self.update_health(node, info.get("health"))
         self.kick()
         return row
 
-    def exchange(self, node: str, reports: list[TaskReport], taken_at: float | None) -> Reply:
+    def update_health(self, node: str, summary: dict[str, Any] | None) -> None:
+        """Apply an agent's health summary when it changed (the store acts on transitions)."""
+        if not summary:
+            return
+        key = (summary.get("status"), summary.get("check"), summary.get("reason"))
+        if self._health.get(node) == key:
+            return
+        said = self.store.apply_health(node, summary)
+        self._health[node] = key
+        if said:
+            log.info("health: %s", said)
+            self.kick()
+
+    def exchange(
+        self,
+        node: str,
+        reports: list[TaskReport],
+        taken_at: float | None,
+        health: dict[str, Any] | None = None,
+    ) -> Reply:
         """Apply an agent's report and compute its reply (runs in a worker thread)."""
+        self.update_health(node, health)
         work = self.store.node_work(node)
         if needs_write(work, reports, taken_at):
             self.store.apply_reports(node, reports, taken_at)
@@ -387,7 +425,7 @@ class Controller:
         ended = self.store.finished_attempts(
             [r.attempt_id for r in reports if r.state in ("exited", "lost")]
         )
-        return decide(work, reports, ended)
+        return decide(work, reports, ended, checkpoint_grace=self.timing.checkpoint_grace)
 
     def launch_specs(self, reply: Reply, node: str) -> list[dict[str, Any]]:
         return [build_launch(w, node=node, kill_wait=self.timing.kill_wait) for w in reply.start]

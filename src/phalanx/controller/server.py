@@ -84,7 +84,7 @@ def run_controller(
         url = db_url or f"sqlite:///{state_dir.absolute() / 'phalanx.db'}"
         sock = bind_socket(host, port)
         try:
-            store = Store(url, actor=cid)
+            store = Store(url, actor=cid, policy=config.failure_policy())
             store.migrate()
             store.sync_partitions(partition_rows(config))
         except PhalanxError as e:

@@ -8,6 +8,7 @@ verdicts, array concurrency limits, singleton, placement) is unit-testable on pl
 from __future__ import annotations
 
 import fnmatch
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,7 +75,7 @@ def job_request(job: dict[str, Any]) -> JobRequest:
         exclusive=bool(job["exclusive"]),
         constraint=_pred if expr else None,
         nodelist=tuple(job["nodelist"] or ()),
-        exclude=tuple(job["exclude"] or ()),
+        exclude=tuple(sorted(set(job["exclude"] or ()) | set(job.get("avoid_nodes") or ()))),
         time_limit_s=job["time_limit_s"],
     )
 
@@ -101,6 +102,11 @@ def plan(snap: Any, now: float, *, backfill: bool = True) -> Plan:
     for job in snap.pending:
         jid = int(job["id"])
         key = (job["name"], job["user"])
+        eligible_at = job.get("eligible_time")
+        if eligible_at and eligible_at > now:
+            at = time.strftime("%H:%M:%S", time.localtime(eligible_at))
+            out.reasons[jid] = f"BeginTime (not before {at})"
+            continue
         singleton = any(d["type"] == "singleton" for d in job["dependency"])
         verdict, why = evaluate(
             job["dependency"],

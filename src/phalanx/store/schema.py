@@ -62,6 +62,8 @@ jobs = Table(
     Column("restart_count", Integer, nullable=False, default=0),
     Column("attempt_id", IdType, nullable=True),  # current or last attempt
     Column("nodelist_run", JSON, nullable=True),  # nodes of the current/last attempt
+    Column("launch_failures", Integer, nullable=False, default=0, server_default="0"),
+    Column("avoid_nodes", JSON, nullable=True),  # nodes it failed on: not used again (soft)
     sqlite_autoincrement=True,
 )
 Index("ix_jobs_state", jobs.c.state)
@@ -133,6 +135,8 @@ nodes = Table(
     Column("registered_at", Float, nullable=True),
     Column("last_heartbeat", Float, nullable=True),
     Column("work_gen", Integer, nullable=False, default=0),  # bumped when its desired work changes
+    Column("health", JSON, nullable=True),  # the agent's last health summary
+    Column("launch_failures", Integer, nullable=False, default=0, server_default="0"),  # in a row
 )
 
 partitions = Table(

@@ -28,6 +28,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, bindparam, func, insert, select, text, update
 
+from phalanx.domain.policy import Action, FailurePolicy, after_attempt
 from phalanx.domain.spec import PartitionInfo, ResolvedJob
 from phalanx.domain.states import (
     AttemptState,
@@ -85,10 +86,18 @@ def _now() -> float:
 
 
 class Store:
-    def __init__(self, url: str, *, actor: str = "phalanx", connect_timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        actor: str = "phalanx",
+        connect_timeout: float = 5.0,
+        policy: FailurePolicy | None = None,
+    ) -> None:
         self.db = Engines(url, connect_timeout=connect_timeout)
         self.actor = actor  # default actor/controller id stamped on events
         self.dialect = self.db.dialect
+        self.policy = policy or FailurePolicy()
 
     # ------------------------------------------------------------------ schema
     def migrate(self) -> None:
@@ -871,14 +880,17 @@ class Store:
                 conn.execute(select(s.nodes).where(s.nodes.c.name == name)).mappings().one()
             )
 
-    def record_heartbeats(self, ages: dict[str, float]) -> None:
+    def record_heartbeats(self, ages: dict[str, float]) -> list[str]:
         """One transaction for a batch of heartbeats: node -> seconds since it was seen.
 
         Stamped with the database's clock (now - age), so controllers on hosts whose clocks
-        disagree still agree on when a node was last heard from.
+        disagree still agree on when a node was last heard from. A node that was DOWN only
+        because it stopped answering is back in service as soon as it is heard from again
+        (its jobs were requeued and its agent is told to stop the old attempts); an operator's
+        drain is untouched. Returns the nodes that came back.
         """
         if not ages:
-            return
+            return []
         with self.db.begin() as conn:
             db_now = float(conn.execute(select(self.db.db_now_sql())).scalar_one())
             conn.execute(
@@ -887,6 +899,30 @@ class Store:
                 .values(last_heartbeat=bindparam("b_t")),
                 [{"b_name": n, "b_t": db_now - age} for n, age in ages.items()],
             )
+            back = conn.execute(
+                select(s.nodes.c.name, s.nodes.c.down_reason).where(
+                    s.nodes.c.name.in_(sorted(ages)), s.nodes.c.down.is_(True)
+                )
+            ).all()
+            if back:
+                conn.execute(
+                    update(s.nodes)
+                    .where(s.nodes.c.name.in_([r.name for r in back]))
+                    .values(down=False, down_reason=None)
+                )
+                self._events_many(
+                    conn,
+                    [
+                        {
+                            "kind": "node.up",
+                            "node": r.name,
+                            "actor": r.name,
+                            "message": f"node {r.name} answers again (was DOWN: {r.down_reason})",
+                        }
+                        for r in back
+                    ],
+                )
+            return [r.name for r in back]
 
     def db_time(self) -> float:
         with self.db.begin(write=False) as conn:
@@ -1039,6 +1075,16 @@ class Store:
                             )
                         )
                         touched.add(aid)
+            if any(
+                r.state == "running" or (r.state == "exited" and (r.exit or {}).get("started_at"))
+                for r in reports
+            ):
+                # a job started here: the node's failed launches are no longer "in a row"
+                conn.execute(
+                    update(s.nodes)
+                    .where(s.nodes.c.name == node, s.nodes.c.launch_failures > 0)
+                    .values(launch_failures=0)
+                )
             for aid in sorted(touched):
                 self._advance_attempt(conn, aid)
 
@@ -1120,39 +1166,77 @@ class Store:
             )
         )
         self._bump_gen(conn, att["nodes"])
+        launch_failed = [(t["node"], err) for t in tasks if (err := _launch_error(t))]
+        if launch_failed:
+            self._count_node_launch_failures(conn, launch_failed)
         if job["attempt_id"] != attempt_id or JobState(job["state"]).terminal:
             return
-        requeue_reason = None
-        if result is JobState.NODE_FAIL and job["requeue"]:
-            requeue_reason = f"requeued after node failure: {reason}"
-        elif (att["stop_reason"] or "").startswith("requeue"):
-            requeue_reason = att["stop_reason"]
-        if requeue_reason:
-            self._set_job_state(
-                conn,
-                job,
-                JobState.PENDING,
-                requeue_reason,
-                extra={
-                    "restart_count": job["restart_count"] + 1,
-                    "exit_code": code,
-                    "exit_signal": sig,
-                },
-                event_kind="job.requeue",
-            )
+        verdict = after_attempt(
+            result=result,
+            reason=reason,
+            stop_reason=att["stop_reason"],
+            requeue=bool(job["requeue"]),
+            lost_nodes=[t["node"] for t in tasks if t["state"] == TaskState.LOST.value],
+            launch_failed=launch_failed,
+            launch_failures=int(job["launch_failures"] or 0),
+            policy=self.policy,
+        )
+        extra: dict[str, Any] = {"exit_code": code, "exit_signal": sig}
+        if verdict.launch_failure:
+            extra["launch_failures"] = int(job["launch_failures"] or 0) + 1
+        if verdict.avoid:
+            extra["avoid_nodes"] = self._avoidable(conn, job, verdict.avoid)
+        if verdict.action is Action.END:
+            extra.update(end_time=now, start_time=job["start_time"] or att["start_time"])
+            self._set_job_state(conn, job, verdict.state, verdict.reason, extra=extra)
             return
+        extra["restart_count"] = job["restart_count"] + 1
+        if verdict.retry_after:
+            extra["eligible_time"] = now + verdict.retry_after
         self._set_job_state(
             conn,
             job,
-            result,
-            reason,
-            extra={
-                "exit_code": code,
-                "exit_signal": sig,
-                "end_time": now,
-                "start_time": job["start_time"] or att["start_time"],
-            },
+            verdict.state,
+            verdict.reason,
+            extra=extra,
+            event_kind="job.requeue" if verdict.action is Action.REQUEUE else "job.held",
         )
+
+    def _avoidable(
+        self, conn: Connection, job: dict[str, Any], failed: Sequence[str]
+    ) -> list[str] | None:
+        """Nodes the job should avoid from now on, unless that would leave too few to run it."""
+        avoid = sorted(set(job["avoid_nodes"] or []) | set(failed))
+        usable = conn.execute(
+            select(func.count())
+            .select_from(s.nodes)
+            .where(
+                s.nodes.c.registered.is_(True),
+                s.nodes.c.name.not_in(avoid + list(job["exclude"] or [])),
+            )
+        ).scalar_one()
+        return avoid if usable >= job["nodes"] else None
+
+    def _count_node_launch_failures(self, conn: Connection, failed: list[tuple[str, str]]) -> None:
+        """Failed launches in a row on one node drain it: something there is broken."""
+        limit = self.policy.node_launch_failures_to_drain
+        for node, error in failed:
+            conn.execute(
+                update(s.nodes)
+                .where(s.nodes.c.name == node)
+                .values(launch_failures=s.nodes.c.launch_failures + 1)
+            )
+            row = conn.execute(
+                select(s.nodes.c.launch_failures, s.nodes.c.drain).where(s.nodes.c.name == node)
+            ).first()
+            if row is not None and row.launch_failures >= limit and not row.drain:
+                reason = f"{row.launch_failures} launch failures in a row, last: {error}"
+                conn.execute(
+                    update(s.nodes)
+                    .where(s.nodes.c.name == node)
+                    .values(drain=True, drain_reason=reason, drain_by="phalanx", drain_time=_now())
+                )
+                self._event(conn, "node.drain", f"drained by phalanx: {reason}", node=node)
 
     def requeue_lost_launch(self, attempt_id: int, reason: str, fence: Fence | None) -> bool:
         """A STARTING attempt nobody confirmed: mark its tasks lost and advance (used by the reaper)."""
@@ -1235,7 +1319,10 @@ class Store:
                 return n
         raise NotFound(f"node {name} does not exist", node=name)
 
-    def drain(self, name: str, reason: str, actor: str) -> None:
+    def drain(self, name: str, reason: str, actor: str, *, now: bool = False) -> list[int]:
+        """No new work on the node. With `now`, its requeue-able jobs also get their
+        checkpoint signal and are requeued; the others run to their end. Returns the jobs
+        being requeued."""
         if not reason.strip():
             raise InvalidSpec("drain needs a reason (--reason)", field="reason")
         with self.db.begin() as conn:
@@ -1247,7 +1334,98 @@ class Store:
                 .where(s.nodes.c.name == name)
                 .values(drain=True, drain_reason=reason, drain_by=actor, drain_time=_now())
             )
-            self._event(conn, "node.drain", f"drained by {actor}: {reason}", node=name, actor=actor)
+            self._event(
+                conn,
+                "node.drain",
+                f"drained{' now' if now else ''} by {actor}: {reason}",
+                node=name,
+                actor=actor,
+            )
+            if not now:
+                return []
+            return self._requeue_running_on(
+                conn, name, f"requeue: node {name} drained by {actor}: {reason}", actor
+            )
+
+    def _requeue_running_on(self, conn: Connection, node: str, why: str, actor: str) -> list[int]:
+        """Planned stop of the requeue-able jobs with a task on `node` (checkpoint, then requeue)."""
+        rows = conn.execute(
+            select(s.attempts.c.id, s.attempts.c.nodes, s.attempts.c.job_id)
+            .join(s.tasks, s.tasks.c.attempt_id == s.attempts.c.id)
+            .where(
+                s.tasks.c.node == node,
+                s.attempts.c.state.in_([AttemptState.STARTING.value, AttemptState.RUNNING.value]),
+            )
+        ).all()
+        requeued = []
+        for r in rows:
+            job = dict(
+                conn.execute(select(*_JOB_SUMMARY).where(s.jobs.c.id == r.job_id)).mappings().one()
+            )
+            if not job["requeue"] or job["attempt_id"] != r.id:
+                continue
+            conn.execute(
+                update(s.attempts)
+                .where(s.attempts.c.id == r.id)
+                .values(state=AttemptState.STOPPING.value, stop_reason=why)
+            )
+            if job["state"] in (JobState.STARTING.value, JobState.RUNNING.value):
+                self._set_job_state(conn, job, JobState.COMPLETING, why, actor=actor)
+            self._bump_gen(conn, r.nodes)
+            requeued.append(int(r.job_id))
+        return requeued
+
+    def apply_health(self, node: str, summary: dict[str, Any]) -> str | None:
+        """Act on an agent's health summary; return a sentence when something changed.
+
+        fail: drain (by `health:<check>`) and requeue its requeue-able jobs with a checkpoint;
+        warn: drain only (no new work); ok: a node drained by a health check resumes. A node
+        an operator drained stays drained whatever the checks say.
+        """
+        status = summary.get("status") or "ok"
+        with self.db.begin() as conn:
+            row = conn.execute(select(s.nodes).where(s.nodes.c.name == node)).mappings().first()
+            if row is None:
+                return None
+            prev = (row["health"] or {}).get("status") or "ok"
+            conn.execute(update(s.nodes).where(s.nodes.c.name == node).values(health=summary))
+            by_health = (row["drain_by"] or "").startswith("health:")
+            said = None
+            if status in ("fail", "warn"):
+                check = summary.get("check") or "health"
+                reason = f"health check {check}: {summary.get('reason') or status}"
+                if not row["drain"] or (by_health and row["drain_reason"] != reason):
+                    conn.execute(
+                        update(s.nodes)
+                        .where(s.nodes.c.name == node)
+                        .values(
+                            drain=True,
+                            drain_reason=reason,
+                            drain_by=f"health:{check}",
+                            drain_time=_now(),
+                        )
+                    )
+                    self._event(conn, "node.drain", f"drained: {reason}", node=node, actor=node)
+                    said = f"{node} drained: {reason}"
+                if status == "fail" and prev != "fail":
+                    jobs = self._requeue_running_on(conn, node, f"requeue: {node} {reason}", node)
+                    if jobs:
+                        said = f"{said or node}; requeueing jobs {jobs}"
+            elif row["drain"] and by_health:
+                conn.execute(
+                    update(s.nodes)
+                    .where(s.nodes.c.name == node)
+                    .values(drain=False, drain_reason=None, drain_by=None, drain_time=None)
+                )
+                self._event(
+                    conn,
+                    "node.resume",
+                    f"resumed: health checks pass again (was: {row['drain_reason']})",
+                    node=node,
+                    actor=node,
+                )
+                said = f"{node} resumed by its health checks"
+            return said
 
     def resume(self, name: str, actor: str) -> None:
         with self.db.begin() as conn:
@@ -1365,6 +1543,20 @@ def _task_failed(t: dict[str, Any]) -> bool:
         or t["exit_code"] not in (0,)
         or t["exit_signal"]
     )
+
+
+def _launch_error(t: dict[str, Any]) -> str | None:
+    """Why a task never started (its launch failed), or None if it did start."""
+    d = t["detail"] or {}
+    if d.get("launch_failed"):
+        return str(d.get("error") or "launch failed")
+    if (
+        t["state"] == TaskState.LOST.value
+        and t["started_at"] is None
+        and "never started" in str(d.get("error") or "")
+    ):
+        return str(d["error"])
+    return None
 
 
 def _describe_exit(t: dict[str, Any]) -> str:

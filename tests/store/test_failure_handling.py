@@ -1,0 +1,193 @@
+"""Failure handling in the store, on SQLite and PostgreSQL: planned stops (drain --now, health
+checks), nodes coming back, launch failures that back off, hold and drain, and nodes a
+requeued job avoids."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from test_store_contract import (  # the contract suite's helpers and `store` fixture
+    add_node,
+    exited,
+    running,
+    start,
+    state,
+    store,
+    submit1,
+)
+
+from phalanx.domain import scheduling
+from phalanx.store import schema
+from phalanx.store.store import Store, TaskReport
+
+__all__ = ["store"]
+
+
+def launch_failed(
+    att: dict[str, Any], error: str = "cannot open output file /x: No such file"
+) -> TaskReport:
+    return TaskReport(
+        att["id"],
+        att["token"],
+        "exited",
+        exit={"exit_code": None, "launch_failed": True, "error": error, "ended_at": time.time()},
+    )
+
+
+def test_drain_now_requeues_only_requeueable_jobs(store: Store) -> None:
+    add_node(store, "n1")
+    keep = submit1(store, requeue=False)
+    move = submit1(store, requeue=True)
+    a_keep, a_move = start(store, keep, ["n1"]), start(store, move, ["n1"])
+    store.apply_reports("n1", [running(a_keep), running(a_move)], None)
+
+    assert store.drain("n1", "replace PSU", "ops", now=True) == [move]
+    node = store.get_node("n1")
+    assert node["drain"] and node["drain_by"] == "ops"
+    assert state(store, keep) == "RUNNING"
+    assert state(store, move) == "COMPLETING"
+    work = {w["attempt_id"]: w for w in store.node_work("n1")}
+    assert work[a_move["id"]]["stop_reason"].startswith("requeue: node n1 drained by ops")
+
+    # the job saves and exits after its checkpoint signal: it goes back to the queue
+    store.apply_reports("n1", [exited(a_move, 0)], None)
+    job = store.get_job(move)
+    assert job["state"] == "PENDING" and job["restart_count"] == 1
+    assert "drained by ops" in job["reason"]
+    # and never lands on the drained node again while it is drained
+    plan = scheduling.plan(store.sched_snapshot(), time.time())
+    assert not plan.starts
+
+
+def test_health_fail_drains_requeues_and_recovers(store: Store) -> None:
+    add_node(store, "n1")
+    jid = submit1(store, requeue=True)
+    att = start(store, jid, ["n1"])
+    store.apply_reports("n1", [running(att)], None)
+
+    fail = {"status": "fail", "check": "gpu", "reason": "GPU 0: XID 79"}
+    said = store.apply_health("n1", fail)
+    assert said and "XID 79" in said
+    node = store.get_node("n1")
+    assert node["drain"] and node["drain_by"] == "health:gpu"
+    assert "XID 79" in node["drain_reason"]
+    assert state(store, jid) == "COMPLETING"
+    # the same summary again changes nothing (no second requeue, no new event)
+    n_events = len(store.events(node="n1"))
+    store.apply_health("n1", fail)
+    assert len(store.events(node="n1")) == n_events
+
+    store.apply_reports("n1", [exited(att, 0)], None)
+    assert state(store, jid) == "PENDING"
+
+    assert store.apply_health("n1", {"status": "ok", "check": None, "reason": None})
+    node = store.get_node("n1")
+    assert not node["drain"]
+    assert any(e["kind"] == "node.resume" for e in store.events(node="n1"))
+
+
+def test_health_warning_only_stops_new_work(store: Store) -> None:
+    add_node(store, "n1")
+    jid = submit1(store, requeue=True)
+    att = start(store, jid, ["n1"])
+    store.apply_reports("n1", [running(att)], None)
+    store.apply_health("n1", {"status": "warn", "check": "memory", "reason": "512 MB available"})
+    assert store.get_node("n1")["drain"]
+    assert state(store, jid) == "RUNNING"
+
+
+def test_operator_drain_is_not_lifted_by_health(store: Store) -> None:
+    add_node(store, "n1")
+    store.drain("n1", "firmware update", "ops")
+    store.apply_health("n1", {"status": "fail", "check": "disk", "reason": "/ckpt full"})
+    store.apply_health("n1", {"status": "ok"})
+    node = store.get_node("n1")
+    assert node["drain"] and node["drain_by"] == "ops" and node["drain_reason"] == "firmware update"
+
+
+def test_heartbeat_brings_a_down_node_back(store: Store) -> None:
+    add_node(store, "n1")
+    add_node(store, "n2")
+    assert store.mark_down("n1", "no heartbeat for 11s", None)
+    assert store.record_heartbeats({"n2": 0.1}) == []
+    assert store.record_heartbeats({"n1": 0.1}) == ["n1"]
+    assert not store.get_node("n1")["down"]
+    assert [e["kind"] for e in store.events(node="n1")][-1] == "node.up"
+
+
+def test_launch_failures_back_off_then_hold(store: Store) -> None:
+    for n in ("n1", "n2", "n3"):
+        add_node(store, n)
+    jid = submit1(store)
+    for i, node in enumerate(("n1", "n2", "n3")):
+        att = start(store, jid, [node])
+        store.apply_reports(node, [launch_failed(att)], None)
+        job = store.get_job(jid)
+        if i < 2:
+            assert job["state"] == "PENDING", job
+            assert job["eligible_time"] > time.time()  # backoff: not right away
+            assert node in job["avoid_nodes"]
+            assert "launch failed on" in job["reason"]
+            # make it eligible again for the next round, as time passing would
+            with store.db.begin() as conn:
+                conn.execute(
+                    schema.jobs.update().where(schema.jobs.c.id == jid).values(eligible_time=None)
+                )
+    job = store.get_job(jid)
+    assert job["state"] == "HELD"
+    assert "launch failed 3 times, last on n3" in job["reason"]
+    assert "phalanx release" in job["reason"]
+    # one failure on each node: none of them is drained for it
+    assert not any(n["drain"] for n in store.list_nodes())
+
+
+def test_repeated_launch_failures_drain_the_node(store: Store) -> None:
+    add_node(store, "n1")
+    for _ in range(3):
+        jid = submit1(store)
+        att = start(store, jid, ["n1"])
+        store.apply_reports(
+            "n1", [launch_failed(att, "cannot start the shepherd: fork failed")], None
+        )
+    node = store.get_node("n1")
+    assert node["drain"] and node["drain_by"] == "phalanx"
+    assert "3 launch failures in a row" in node["drain_reason"]
+    assert "fork failed" in node["drain_reason"]
+
+
+def test_a_successful_start_resets_the_node_failure_count(store: Store) -> None:
+    add_node(store, "n1")
+    for _ in range(2):
+        att = start(store, submit1(store), ["n1"])
+        store.apply_reports("n1", [launch_failed(att)], None)
+    ok = start(store, submit1(store), ["n1"])
+    store.apply_reports("n1", [running(ok)], None)
+    for _ in range(2):
+        att = start(store, submit1(store), ["n1"])
+        store.apply_reports("n1", [launch_failed(att)], None)
+    assert not store.get_node("n1")["drain"]
+
+
+def test_node_failure_requeue_avoids_the_failed_node(store: Store) -> None:
+    add_node(store, "n1")
+    add_node(store, "n2")
+    jid = submit1(store, requeue=True)
+    att = start(store, jid, ["n1"])
+    store.apply_reports("n1", [running(att)], None)
+    store.fail_node_tasks("n1", "node n1 is DOWN", None)
+    job = store.get_job(jid)
+    assert job["state"] == "PENDING" and job["avoid_nodes"] == ["n1"]
+    store.mark_down("n2", "test", None)  # only n1 would be schedulable: it must not be used
+    store.record_heartbeats({"n1": 0.0})
+    plan = scheduling.plan(store.sched_snapshot(), time.time())
+    assert not plan.starts
+
+
+def test_avoiding_is_dropped_when_it_would_leave_too_few_nodes(store: Store) -> None:
+    add_node(store, "n1")
+    jid = submit1(store, requeue=True)
+    att = start(store, jid, ["n1"])
+    store.apply_reports("n1", [running(att)], None)
+    store.fail_node_tasks("n1", "node n1 is DOWN", None)
+    assert store.get_job(jid)["avoid_nodes"] is None  # the only node: the job may come back there
