@@ -164,6 +164,8 @@ def test_exit_code_and_separate_streams(tasks: Tasks) -> None:
     assert result["signal"] is None
     assert not (result["timed_out"] or result["cancelled"] or result["fenced"])
     assert result["launch_failed"] is False and result["error"] is None
+    assert result["stop_requested"] is False
+    assert result["stop_reason"] is None and result["checkpoint_signal_sent_at"] is None
     assert result["started_at"] <= result["ended_at"]
     assert (td / "out").read_text() == "to-out\n"
     assert (td / "err").read_text() == "to-err\n"
@@ -236,6 +238,7 @@ def test_time_limit_sends_term_then_kill_after_grace(tasks: Tasks) -> None:
     result = tasks.wait_exited(td)
     assert result["timed_out"] is True
     assert result["cancelled"] is False
+    assert result["stop_requested"] is False
     assert result["signal"] == signal.SIGKILL
     assert "term" in read_text(marker)  # SIGTERM was delivered and ignored...
     elapsed = result["ended_at"] - result["started_at"]
@@ -324,6 +327,8 @@ def test_request_stop_cancels_job(tasks: Tasks) -> None:
     assert result["cancelled"] is True
     assert result["timed_out"] is False
     assert result["signal"] == signal.SIGTERM
+    assert result["stop_requested"] is True
+    assert result["stop_reason"] is None and result["checkpoint_signal_sent_at"] is None
     assert request_stop(td) is False  # nothing left to stop
     assert forward_signal(td, signal.SIGUSR1) is False
 
@@ -350,6 +355,191 @@ def test_request_stop_kills_job_that_ignores_term(tasks: Tasks) -> None:
     result = tasks.wait_exited(td)
     assert result["cancelled"] is True
     assert result["signal"] == signal.SIGKILL
+
+
+# -- checkpoint, then stop --------------------------------------------------------------------
+
+
+def _stamps(path: Path) -> dict[str, list[float]]:
+    """``word EPOCHREALTIME`` lines written by a job's traps, grouped by word."""
+    out: dict[str, list[float]] = {}
+    for line in read_text(path).splitlines():
+        word, _, stamp = line.partition(" ")
+        out.setdefault(word, []).append(float(stamp) if stamp else 0.0)
+    return out
+
+
+def _checkpointing_job(tasks: Tasks, marker: Path, *, exits: bool, term: str = "dies") -> Path:
+    """A job that logs USR1 (and exits 0 if ``exits``) and logs TERM, then ignores or dies."""
+    on_usr1 = "; exit 0" if exits else ""
+    on_term = "" if term == "ignores" else "; exit 143"
+    return tasks.script(
+        f"trap 'echo \"usr1 $EPOCHREALTIME\" >> {marker}{on_usr1}' USR1\n"
+        f"trap 'echo \"term $EPOCHREALTIME\" >> {marker}{on_term}' TERM\n"
+        f"echo ready >> {marker}\n"
+        "while :; do sleep 0.05; done\n"
+    )
+
+
+def test_checkpoint_stop_lets_the_job_save_and_exit(tasks: Tasks) -> None:
+    marker = tasks.root / "marker"
+    saved = tasks.root / "saved"
+    job = tasks.script(
+        f"trap 'echo checkpointed > {saved}; exit 0' USR1\n"
+        f"trap 'echo term >> {marker}' TERM\n"
+        f"echo ready >> {marker}\n"
+        "while :; do sleep 0.05; done\n"
+    )
+    td = tasks.launch(job)
+    wait_for(lambda: "ready" in read_text(marker), "job ready")
+    assert request_stop(td, checkpoint_signal=signal.SIGUSR1, checkpoint_grace=10, reason="drain")
+    request = json.loads((td / "stop.json").read_text())
+    assert request["checkpoint_signal"] == signal.SIGUSR1
+    assert request["checkpoint_grace"] == 10.0 and request["reason"] == "drain"
+    result = tasks.wait_exited(td)
+    assert result["exit_code"] == 0 and result["signal"] is None
+    assert result["stop_requested"] is True and result["stop_reason"] == "drain"
+    assert result["cancelled"] is True and result["timed_out"] is False
+    sent = result["checkpoint_signal_sent_at"]
+    assert result["started_at"] <= sent <= result["ended_at"]
+    assert result["ended_at"] - sent < 10.0  # exited by itself, long before the grace ran out
+    assert read_text(saved) == "checkpointed\n"
+    assert "term" not in read_text(marker)  # never sent SIGTERM
+
+
+@pytest.mark.parametrize("term", ["dies", "ignores"])
+def test_checkpoint_stop_grace_then_term_then_kill(tasks: Tasks, term: str) -> None:
+    marker = tasks.root / "marker"
+    td = tasks.launch(_checkpointing_job(tasks, marker, exits=False, term=term), kill_grace_s=1.0)
+    wait_for(lambda: "ready" in read_text(marker), "job ready")
+    assert request_stop(td, checkpoint_signal=signal.SIGUSR1, checkpoint_grace=1.0)
+    result = tasks.wait_exited(td)
+    assert result["cancelled"] is True and result["stop_requested"] is True
+    assert result["stop_reason"] is None
+    assert result["signal"] == (signal.SIGKILL if term == "ignores" else None)
+    assert result["exit_code"] == (None if term == "ignores" else 143)
+    stamps = _stamps(marker)
+    sent = result["checkpoint_signal_sent_at"]
+    assert len(stamps["usr1"]) == 1 and len(stamps["term"]) == 1
+    assert sent <= stamps["usr1"][0] <= stamps["term"][0]
+    assert stamps["term"][0] - sent >= 0.9  # SIGTERM only after the checkpoint grace
+    elapsed = result["ended_at"] - sent
+    if term == "ignores":
+        assert elapsed >= 1.9  # then SIGKILL after kill_grace_s
+    assert elapsed < 1.0 + 1.0 + 15.0
+
+
+@pytest.mark.parametrize("batch_only", [True, False])
+def test_checkpoint_signal_batch_only_reaches_main_process_only(
+    tasks: Tasks, batch_only: bool
+) -> None:
+    """The child dies on USR1 (default action) but logs SIGTERM: it only logs if it got none."""
+    marker = tasks.root / "marker"
+    job = tasks.script(
+        f"( trap 'echo child-term >> {marker}; exit 0' TERM\n"
+        f"  echo ready-child >> {marker}\n"
+        "  while :; do sleep 0.05; done ) &\n"
+        f"trap 'echo main-usr1 >> {marker}' USR1\n"
+        f"echo ready-main >> {marker}\n"
+        "while :; do sleep 0.05; done\n"
+    )
+    td = tasks.launch(
+        job,
+        kill_grace_s=5.0,
+        signal={"signum": int(signal.SIGUSR1), "before_s": 0, "batch_only": batch_only},
+    )
+    wait_for(lambda: {"ready-main", "ready-child"} <= set(read_text(marker).split()), "ready")
+    assert request_stop(td, checkpoint_signal=signal.SIGUSR1, checkpoint_grace=1.0)
+    result = tasks.wait_exited(td)
+    assert result["cancelled"] is True and result["signal"] == signal.SIGTERM
+    lines = read_text(marker).split()
+    assert "main-usr1" in lines
+    assert ("child-term" in lines) is batch_only
+
+
+def test_checkpoint_stop_is_idempotent_and_keeps_its_grace(tasks: Tasks) -> None:
+    marker = tasks.root / "marker"
+    td = tasks.launch(_checkpointing_job(tasks, marker, exits=False))
+    wait_for(lambda: "ready" in read_text(marker), "job ready")
+    assert request_stop(td, checkpoint_signal=signal.SIGUSR1, checkpoint_grace=2.0, reason="a")
+    wait_for(lambda: "usr1" in _stamps(marker), "checkpoint signal")
+    # Neither a repeat with a longer grace nor a plain request restarts or ends the grace.
+    assert request_stop(td, checkpoint_signal=signal.SIGUSR1, checkpoint_grace=60.0, reason="b")
+    assert request_stop(td) is True
+    result = tasks.wait_exited(td)
+    assert json.loads((td / "stop.json").read_text())["reason"] == "a"  # the first one won
+    assert result["stop_reason"] == "a" and result["exit_code"] == 143
+    stamps = _stamps(marker)
+    sent = result["checkpoint_signal_sent_at"]
+    assert len(stamps["usr1"]) == 1 and len(stamps["term"]) == 1
+    assert 1.9 <= stamps["term"][0] - sent < 30.0
+    assert request_stop(td, checkpoint_signal=signal.SIGUSR1, checkpoint_grace=1.0) is False
+
+
+def test_checkpoint_signal_without_handler_ends_the_job(tasks: Tasks) -> None:
+    ready = tasks.root / "ready"
+    td = tasks.launch(tasks.script(f"touch {ready}\nwhile :; do sleep 0.05; done\n"))
+    wait_for(ready.exists, "job ready")
+    assert request_stop(td, checkpoint_signal=signal.SIGUSR2, checkpoint_grace=30.0)
+    result = tasks.wait_exited(td)
+    assert result["signal"] == signal.SIGUSR2
+    assert result["cancelled"] is True and result["checkpoint_signal_sent_at"] is not None
+    assert result["ended_at"] - result["checkpoint_signal_sent_at"] < 30.0
+
+
+def test_checkpoint_signal_resumes_a_stopped_job(tasks: Tasks) -> None:
+    saved = tasks.root / "saved"
+    job = tasks.script(
+        f"trap 'echo checkpointed > {saved}; exit 0' USR1\nkill -STOP $$\n"
+        "while :; do sleep 0.05; done\n"
+    )
+    td = tasks.launch(job, kill_grace_s=30.0)
+    job_pid = tasks.wait_state(td, "running")["job_pid"]
+    wait_for(lambda: proc_state(job_pid) == "T", "job to stop itself")
+    assert request_stop(td, checkpoint_signal=signal.SIGUSR1, checkpoint_grace=30.0)
+    result = tasks.wait_exited(td)
+    assert result["exit_code"] == 0
+    assert result["ended_at"] - result["checkpoint_signal_sent_at"] < 30.0
+    assert read_text(saved) == "checkpointed\n"
+
+
+def test_stop_reason_without_checkpoint_is_a_plain_stop(tasks: Tasks) -> None:
+    marker = tasks.root / "marker"
+    td = tasks.launch(_checkpointing_job(tasks, marker, exits=False))
+    wait_for(lambda: "ready" in read_text(marker), "job ready")
+    assert request_stop(td, reason="health check failed") is True
+    result = tasks.wait_exited(td)
+    assert result["exit_code"] == 143 and result["cancelled"] is True
+    assert result["stop_reason"] == "health check failed"
+    assert result["checkpoint_signal_sent_at"] is None
+    assert "usr1" not in _stamps(marker)
+
+
+def test_time_limit_during_checkpoint_grace_wins(tasks: Tasks) -> None:
+    marker = tasks.root / "marker"
+    td = tasks.launch(_checkpointing_job(tasks, marker, exits=False), time_limit_s=5.0)
+    wait_for(lambda: "ready" in read_text(marker), "job ready")
+    assert request_stop(td, checkpoint_signal=signal.SIGUSR1, checkpoint_grace=60.0)
+    result = tasks.wait_exited(td)
+    assert result["timed_out"] is True and result["cancelled"] is False
+    assert result["stop_requested"] is True
+    assert result["ended_at"] - result["started_at"] < 30.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"checkpoint_signal": 0}, "signal"),
+        ({"checkpoint_signal": 4096}, "signal"),
+        ({"checkpoint_signal": signal.SIGUSR1, "checkpoint_grace": -1}, "grace"),
+        ({"checkpoint_signal": signal.SIGUSR1, "checkpoint_grace": float("nan")}, "grace"),
+    ],
+)
+def test_request_stop_rejects_invalid_checkpoint(
+    tmp_path: Path, kwargs: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        request_stop(tmp_path, **kwargs)
 
 
 # -- detachment -------------------------------------------------------------------------------

@@ -218,7 +218,12 @@ class Agent:
             d = self.tasks_dir / str(stop["attempt_id"])
             if d.is_dir():
                 log.info("stopping attempt %s: %s", stop["attempt_id"], stop.get("reason"))
-                shepherd.request_stop(d)
+                shepherd.request_stop(
+                    d,
+                    checkpoint_signal=stop.get("checkpoint_signal"),
+                    checkpoint_grace=float(stop.get("checkpoint_grace") or 0.0),
+                    reason=stop.get("reason"),
+                )
         for aid in reply.get("forget", []):
             d = self.tasks_dir / str(aid)
             if d.is_dir():

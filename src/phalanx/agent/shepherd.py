@@ -35,6 +35,11 @@ Written by the agent:
   shepherd reads and deletes every pending request on SIGHUP (and once right after the job
   starts, so requests made while it was starting are not lost).  Unique names mean concurrent
   requests never overwrite each other.
+* ``stop.json``: ``{"checkpoint_signal": int | null, "checkpoint_grace": float, "reason": str |
+  null, "requested_at": float}``, written by :func:`request_stop` before it sends SIGTERM to the
+  shepherd, which reads it when the SIGTERM arrives.  Created exclusively: the first request
+  wins and later ones only re-send the SIGTERM (harmless; retrying a request whose signal was
+  lost is safe).  A SIGTERM without the file is a plain stop.
 
 Written by the shepherd:
 
@@ -45,14 +50,25 @@ Written by the shepherd:
   The job is a session and process-group leader (``pgid == pid``); an agent that finds the
   shepherd "lost" can clean up with ``os.killpg(pgid, SIGKILL)``.
 * ``exit.json``: the final record (exit_code, signal, timed_out, cancelled, fenced,
-  launch_failed, error, started_at, ended_at).  Its presence means the task is over and every
-  process of the job's process group has been terminated.
+  launch_failed, error, started_at, ended_at, stop_requested, stop_reason,
+  checkpoint_signal_sent_at).  Its presence means the task is over and every process of the
+  job's process group has been terminated.  ``cancelled`` is true for any requested stop that
+  was not preceded by the time limit or the fence, including a job that exited by itself during
+  its checkpoint grace (``exit_code``/``signal`` then say how it really ended);
+  ``stop_requested`` is true whenever a stop request (SIGTERM/SIGINT) reached the shepherd while
+  the job had not ended; ``stop_reason`` is ``stop.json``'s reason;
+  ``checkpoint_signal_sent_at`` is the wall-clock time the checkpoint signal went out, or null.
 * ``shepherd.log``: the shepherd's own diagnostics (stdout/stderr of the daemon).
 
 Signals understood by the shepherd:
 
-* SIGTERM / SIGINT: stop the job (SIGTERM to the group, SIGKILL after ``kill_grace_s``),
-  ``cancelled=true``.
+* SIGTERM / SIGINT: stop the job, ``cancelled=true``.  The first one reads ``stop.json``; with a
+  ``checkpoint_signal`` the shepherd first delivers it (to the group, or to the main process
+  only if the spec's ``signal.batch_only`` is true, then SIGCONT to the group so a suspended
+  job can act on it) and waits up to ``checkpoint_grace`` seconds for the job to exit by
+  itself.  Then (or at once, without a checkpoint signal) the usual stop: SIGTERM to the group,
+  SIGKILL after ``kill_grace_s``.  Further SIGTERMs neither restart nor cut short a running
+  grace; the time limit and the fence still apply during it (and win, as the first reason).
 * SIGHUP: process ``signal-*.json`` requests.
 * SIGUSR1 / SIGUSR2: forwarded as-is to the job's whole process group.
 
@@ -66,6 +82,7 @@ import os
 import select
 import sys
 import time
+from _thread import get_ident as _get_ident  # builtin module: free to import
 
 # ``typing`` costs ~7 ms of startup, so it is only imported for the type checker (which
 # recognises a module-level ``TYPE_CHECKING`` by name); annotations are never evaluated.
@@ -93,6 +110,7 @@ SPEC_FILE = "spec.json"
 PID_FILE = "shepherd.pid"
 JOB_FILE = "job.json"
 EXIT_FILE = "exit.json"
+STOP_FILE = "stop.json"
 LOG_FILE = "shepherd.log"
 SIGNAL_REQUEST_PREFIX = "signal-"
 
@@ -206,7 +224,8 @@ def _dumps(obj: Any) -> str:
 def _write_tmp(path: str, obj: Any) -> str:
     """Write ``obj`` to a fresh temporary file next to ``path``; return its name."""
     data = (_dumps(obj) + "\n").encode()
-    tmp = f"{path}.tmp.{os.getpid()}"
+    # pid and thread: two threads of one agent may write the same request file at once.
+    tmp = f"{path}.tmp.{os.getpid()}.{_get_ident()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(data)
@@ -574,18 +593,53 @@ def read_status(task_dir: str | os.PathLike[str]) -> dict[str, Any]:
     }
 
 
-def request_stop(task_dir: str | os.PathLike[str]) -> bool:
-    """Ask the shepherd to stop the job (SIGTERM, SIGKILL after grace; ``cancelled=true``).
+def request_stop(
+    task_dir: str | os.PathLike[str],
+    *,
+    checkpoint_signal: int | None = None,
+    checkpoint_grace: float = 0.0,
+    reason: str | None = None,
+) -> bool:
+    """Ask the shepherd to stop the job; ``cancelled=true`` (and ``stop_requested=true``).
 
-    Returns False when there is nothing to stop: the shepherd is gone or already wrote
-    ``exit.json``.
+    Without ``checkpoint_signal``: SIGTERM to the job's group, SIGKILL after its grace.  With
+    one ("checkpoint, then stop", for drains, failing health checks, preemption): the shepherd
+    first delivers ``checkpoint_signal`` (to the main process only if the spec's
+    ``signal.batch_only`` is true) and gives the job up to ``checkpoint_grace`` seconds to exit
+    by itself, then stops it as above.  ``reason`` ends up in ``exit.json`` as ``stop_reason``.
+
+    The request is written to ``stop.json`` (created exclusively, so the first request wins),
+    then the shepherd gets SIGTERM.  Repeating a request, with or without a checkpoint signal,
+    is safe: it neither restarts nor cuts short a grace already running.  Returns False when
+    there is nothing to stop: the shepherd is gone or already wrote ``exit.json``.  Raises
+    ValueError for an invalid signal number or grace.
     """
+    if checkpoint_signal is not None and (
+        isinstance(checkpoint_signal, bool)
+        or not isinstance(checkpoint_signal, int)
+        or not 0 < checkpoint_signal < _signal.NSIG
+    ):
+        raise ValueError(f"invalid checkpoint signal {checkpoint_signal!r}")
+    grace = float(checkpoint_grace)
+    if not 0.0 <= grace < float("inf"):
+        raise ValueError(f"invalid checkpoint grace {checkpoint_grace!r}")
     td = os.fspath(task_dir)
     if os.path.exists(os.path.join(td, EXIT_FILE)):
         return False
     live = _live_shepherd(td)
     if live is None:
         return False
+    request = {
+        "checkpoint_signal": None if checkpoint_signal is None else int(checkpoint_signal),
+        "checkpoint_grace": grace,
+        "reason": None if reason is None else str(reason),
+        "requested_at": time.time(),
+    }
+    import contextlib
+
+    # An unwritable dir or a corrupt earlier request: the shepherd does a plain stop.
+    with contextlib.suppress(OSError, ValueError):
+        _claim_json(os.path.join(td, STOP_FILE), request)
     return _signal_process(live[0], live[1], _signal.SIGTERM)
 
 
@@ -648,6 +702,10 @@ class _Shepherd:
         self.reason: str | None = None  # "timed_out" | "cancelled" | "fenced"
         self.kill_at: float | None = None
         self.grace = 10.0
+        self.stop_requested = False
+        self.stop_reason: str | None = None
+        self.checkpoint_sent_at: float | None = None  # wall clock, for exit.json
+        self.checkpoint_until: float | None = None  # monotonic end of a running grace
         self.out_fd = -1
         self.err_fd = -1
 
@@ -860,7 +918,11 @@ class _Shepherd:
                 self._handle_pending()
                 now = time.monotonic()
                 if self.reason is not None:
-                    signal_at = limit_at = fence_at = None
+                    signal_at = limit_at = fence_at = self.checkpoint_until = None
+                if self.checkpoint_until is not None and now >= self.checkpoint_until:
+                    self.checkpoint_until = None
+                    _log("checkpoint grace over: the job is still running")
+                    self._stop("cancelled")
                 if signal_at is not None and now >= signal_at:
                     signal_at = None
                     assert isinstance(sig, dict)
@@ -877,7 +939,7 @@ class _Shepherd:
                     _log("grace period over: SIGKILL to the job's process group")
                     self._killpg(_signal.SIGKILL)
                     self.kill_at = now + _REKILL_INTERVAL_S
-                candidates = (signal_at, limit_at, fence_at, self.kill_at)
+                candidates = (signal_at, limit_at, fence_at, self.checkpoint_until, self.kill_at)
                 deadlines = [t for t in candidates if t is not None]
                 timeout_ms = None
                 if deadlines:
@@ -899,11 +961,58 @@ class _Shepherd:
         pending, self.pending = self.pending, []
         for signum in pending:
             if signum in (_signal.SIGTERM, _signal.SIGINT):
-                self._stop("cancelled")
+                self._stop_requested()
             elif signum == _signal.SIGHUP:
                 self._process_requests()
             elif signum in (_signal.SIGUSR1, _signal.SIGUSR2):
                 self._deliver(signum, batch_only=False)
+
+    def _stop_requested(self) -> None:
+        """A stop request: checkpoint signal and grace first if ``stop.json`` asks for them.
+
+        Only the first request is read.  Later ones leave a running grace alone and are
+        otherwise plain stops (no-ops once the stop sequence has begun).
+        """
+        if not self.stop_requested and not self.reaped:
+            self.stop_requested = True
+            signum, grace, self.stop_reason = self._read_stop_request()
+            if signum is not None and self.reason is None and self.pid:
+                sig = self.spec.get("signal")
+                batch_only = isinstance(sig, dict) and bool(sig.get("batch_only"))
+                _log(
+                    f"stop requested ({self.stop_reason or 'no reason given'}): checkpoint"
+                    f" signal {signum}{' to the main process' if batch_only else ''},"
+                    f" stopping in {grace:g}s unless the job exits"
+                )
+                self._deliver(signum, batch_only)
+                self._killpg(_signal.SIGCONT)  # a suspended job must run to checkpoint
+                self.checkpoint_sent_at = time.time()
+                self.checkpoint_until = time.monotonic() + grace
+                return
+        if self.checkpoint_until is None:
+            self._stop("cancelled")
+
+    def _read_stop_request(self) -> tuple[int | None, float, str | None]:
+        """(checkpoint signal, grace, reason) from ``stop.json``; a plain stop if absent/bad."""
+        try:
+            req = _read_json(self._path(STOP_FILE))
+        except (OSError, ValueError) as exc:
+            _log(f"unreadable {STOP_FILE} ({exc}): stopping without a checkpoint")
+            return None, 0.0, None
+        if not isinstance(req, dict):
+            return None, 0.0, None
+        reason = req.get("reason")
+        reason = reason if isinstance(reason, str) else None
+        signum = req.get("checkpoint_signal")
+        if signum is None:
+            return None, 0.0, reason
+        if isinstance(signum, bool) or not isinstance(signum, int) or not 0 < signum < _signal.NSIG:
+            _log(f"invalid checkpoint signal {signum!r}: stopping without a checkpoint")
+            return None, 0.0, reason
+        grace = req.get("checkpoint_grace")
+        if isinstance(grace, bool) or not isinstance(grace, int | float) or not grace >= 0:
+            grace = 0.0
+        return signum, min(float(grace), 1e9), reason
 
     def _stop(self, reason: str) -> None:
         """Begin graceful termination; the first reason wins (a timed-out job stays timed out)."""
@@ -1046,12 +1155,17 @@ class _Shepherd:
             "exit_code": exit_code,
             "signal": signum,
             "timed_out": self.reason == "timed_out",
-            "cancelled": self.reason == "cancelled",
+            # A job that exits by itself during its checkpoint grace was still stopped on request.
+            "cancelled": self.reason == "cancelled"
+            or (self.reason is None and self.stop_requested),
             "fenced": self.reason == "fenced",
             "launch_failed": launch_failed,
             "error": error,
             "started_at": self.started_at,
             "ended_at": time.time(),
+            "stop_requested": self.stop_requested,
+            "stop_reason": self.stop_reason,
+            "checkpoint_signal_sent_at": self.checkpoint_sent_at,
         }
 
 
