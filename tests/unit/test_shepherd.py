@@ -715,6 +715,39 @@ def test_stale_heartbeat_at_launch_does_not_start_job(tasks: Tasks) -> None:
     assert not marker.exists()
 
 
+def test_fencing_uses_its_own_short_kill_grace(tasks: Tasks) -> None:
+    """A fenced job that ignores SIGTERM dies after fence kill_grace_s, not the long kill grace:
+    it must be gone before the controller may requeue it elsewhere."""
+    heartbeat = tasks.root / "heartbeat"
+    heartbeat.touch()
+    ready = tasks.root / "ready"
+    td = tasks.launch(
+        tasks.script(f"trap '' TERM\ntouch {ready}\nwhile :; do sleep 0.1; done\n"),
+        kill_grace_s=600.0,
+        fence={"heartbeat_file": str(heartbeat), "timeout_s": 1.0, "kill_grace_s": 0.5},
+    )
+    wait_for(ready.exists, "job ready")
+    result = tasks.wait_exited(td)  # well before the 600 s kill grace
+    assert result["fenced"] is True
+    assert result["signal"] == signal.SIGKILL
+
+
+def test_fence_shortens_the_grace_of_a_job_already_stopping(tasks: Tasks) -> None:
+    heartbeat = tasks.root / "heartbeat"
+    heartbeat.touch()
+    ready = tasks.root / "ready"
+    td = tasks.launch(
+        tasks.script(f"trap '' TERM\ntouch {ready}\nwhile :; do sleep 0.1; done\n"),
+        kill_grace_s=600.0,
+        fence={"heartbeat_file": str(heartbeat), "timeout_s": 2.0, "kill_grace_s": 0.5},
+    )
+    wait_for(ready.exists, "job ready")
+    assert request_stop(td) is True  # a cancel with a 600 s grace; then the agent goes silent
+    result = tasks.wait_exited(td)
+    assert result["cancelled"] is True
+    assert result["signal"] == signal.SIGKILL
+
+
 def test_fresh_heartbeat_does_not_fence(tasks: Tasks) -> None:
     heartbeat = tasks.root / "heartbeat"
     heartbeat.touch()

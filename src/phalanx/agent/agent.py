@@ -270,6 +270,7 @@ class Agent:
             "fence": {
                 "heartbeat_file": str(self.fence_file),
                 "timeout_s": float(self.timing["fence_timeout"]),
+                "kill_grace_s": float(self.timing["fence_kill_grace"]),
             },
         }
         (tmp / "spec.json").write_text(json.dumps(spec))

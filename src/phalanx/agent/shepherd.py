@@ -918,7 +918,8 @@ class _Shepherd:
                 self._handle_pending()
                 now = time.monotonic()
                 if self.reason is not None:
-                    signal_at = limit_at = fence_at = self.checkpoint_until = None
+                    # already stopping; the fence still watches, and shortens a long grace
+                    signal_at = limit_at = self.checkpoint_until = None
                 if self.checkpoint_until is not None and now >= self.checkpoint_until:
                     self.checkpoint_until = None
                     _log("checkpoint grace over: the job is still running")
@@ -934,7 +935,10 @@ class _Shepherd:
                 if fence_at is not None and now >= fence_at:
                     fence_at = now + _FENCE_CHECK_INTERVAL_S
                     if self._fence_stale():
-                        self._stop("fenced")
+                        if self.reason is None:
+                            self._stop("fenced")
+                        else:
+                            self._hurry_for_fence(now)
                 if self.kill_at is not None and now >= self.kill_at:
                     _log("grace period over: SIGKILL to the job's process group")
                     self._killpg(_signal.SIGKILL)
@@ -1021,10 +1025,27 @@ class _Shepherd:
         self.reason = reason
         if not self.pid or self.reaped:
             return
-        _log(f"stopping job ({reason}): SIGTERM, SIGKILL in {self.grace:g}s")
+        grace = self.grace
+        fence = self.spec.get("fence")
+        if reason == "fenced" and isinstance(fence, dict) and fence.get("kill_grace_s") is not None:
+            # self-fencing must finish before the controller may requeue the job elsewhere
+            # (fence_timeout + fence_kill_grace + margin < node_down_timeout)
+            grace = min(grace, float(fence["kill_grace_s"]))
+        _log(f"stopping job ({reason}): SIGTERM, SIGKILL in {grace:g}s")
         self._killpg(_signal.SIGTERM)
         self._killpg(_signal.SIGCONT)  # a stopped job must run to see its SIGTERM
-        self.kill_at = time.monotonic() + self.grace
+        self.kill_at = time.monotonic() + grace
+
+    def _hurry_for_fence(self, now: float) -> None:
+        """Fenced while already stopping (a cancel, the time limit): never wait longer than the
+        fence's kill grace, or the job could outlive the moment it is requeued elsewhere."""
+        fence = self.spec.get("fence")
+        if not isinstance(fence, dict) or fence.get("kill_grace_s") is None:
+            return
+        deadline = now + float(fence["kill_grace_s"])
+        if self.kill_at is None or self.kill_at > deadline:
+            _log("fenced while stopping: SIGKILL moved forward")
+            self.kill_at = deadline
 
     def _killpg(self, signum: int) -> bool:
         """Signal the job's process group; False if the group no longer exists."""
