@@ -99,8 +99,10 @@ class LocalCluster:
         mem: str,
         gpus: str,
         config: Path | None,
+        health_config: Path | None = None,
         log_level: str = "info",
     ) -> None:
+        self.health_config = health_config.absolute() if health_config else None
         self.state_dir = state_dir.absolute()
         self.n_nodes = nodes
         self.n_controllers = controllers
@@ -190,6 +192,7 @@ class LocalCluster:
                 f"controller-{i + 1}",
                 lambda url=url: httpx.get(url + "/healthz", timeout=2).status_code == 200,
             )
+        health = self.health_config or self._local_health_config()
         for node in self.node_names():
             name = f"agent-{node}"
             self._spawn(
@@ -210,6 +213,8 @@ class LocalCluster:
                     self.gpus,
                     "--log-level",
                     self.log_level,
+                    "--health-config",
+                    str(health),
                 ],
             )
         want = set(self.node_names())
@@ -220,6 +225,16 @@ class LocalCluster:
             return want <= got
 
         self._wait("agents", registered)
+
+    def _local_health_config(self) -> Path:
+        """Local nodes share one host: the host-wide checks (kernel log, disks) would drain all
+        of them at once and say nothing about any one, so they run the GPU and memory checks."""
+        path = self.state_dir / "local-health.toml"
+        path.write_text(
+            "# health checks of the local cluster's nodes (see docs/health.md)\n"
+            "[health]\ngpu = true\nmemory = { min_available_mb = 256 }\ninterval = 10\n"
+        )
+        return path
 
     def _wait(self, what: str, ready: object) -> None:
         deadline = time.monotonic() + READY_TIMEOUT

@@ -26,6 +26,7 @@ from typing import Any
 
 from phalanx import __version__
 from phalanx.agent import shepherd
+from phalanx.agent.health import HealthMonitor, Status
 from phalanx.agent.resources import NodeResources
 from phalanx.client import Client
 from phalanx.errors import PhalanxError
@@ -45,8 +46,10 @@ class Agent:
         client: Client,
         resources: NodeResources,
         addr: str | None = None,
+        health: HealthMonitor | None = None,
     ) -> None:
         self.name = name
+        self.health = health
         self.state_dir = state_dir
         self.tasks_dir = state_dir / "tasks"
         self.fence_file = state_dir / "heartbeat"
@@ -82,6 +85,12 @@ class Agent:
             self._launcher.start()
         except OSError as e:
             log.warning("cannot start the shepherd launcher (launching directly): %s", e)
+        if self.health is not None:
+            # preflight: a node whose checks fail joins drained, with the reason
+            first = self.health.preflight()
+            if first.status is not Status.OK:
+                log.warning("preflight %s: %s: %s", first.status, first.check, first.reason)
+            self.health.start_thread(self._stop, period=1.0)
         watcher = threading.Thread(target=self._watch, name="phx-watch", daemon=True)
         watcher.start()
         backoff = 0.2
@@ -123,6 +132,7 @@ class Agent:
                 "addr": self.addr,
                 "boot_id": self.boot_id,
                 "version": __version__,
+                "health": self.health.summary() if self.health else None,
             },
             idempotent=True,
             timeout=10.0,
@@ -148,7 +158,12 @@ class Agent:
         # timeout is short so a hung controller does not hold the agent past its fence timeout.
         reply = self.client.post(
             f"/v1/agents/{self.name}/heartbeat",
-            {"tasks": tasks, "taken_at": taken_at, "wait": wait},
+            {
+                "tasks": tasks,
+                "taken_at": taken_at,
+                "wait": wait,
+                "health": self.health.summary() if self.health else None,
+            },
             idempotent=True,
             timeout=wait + HEARTBEAT_GRACE,
         )

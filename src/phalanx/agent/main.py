@@ -6,10 +6,13 @@ import logging
 import signal
 import socket
 import sys
+import tomllib
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from phalanx.agent.agent import Agent
+from phalanx.agent.health import build_monitor
 from phalanx.agent.resources import detect, parse_gpu_override
 from phalanx.client import Client
 from phalanx.controller.server import StartupError, check_state_dir, setup_logging
@@ -17,6 +20,19 @@ from phalanx.domain.values import parse_memory_mb
 from phalanx.errors import PhalanxError
 
 log = logging.getLogger("phalanx.agent")
+
+
+def load_health_config(path: Path | None) -> dict[str, Any]:
+    """The [health] table of a TOML file (or the whole file); none = the default checks."""
+    if path is None:
+        return {}
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise StartupError(f"health config {path} does not exist") from None
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise StartupError(f"health config {path} is not valid TOML: {e}") from None
+    return dict(data.get("health", data))
 
 
 def run_agent(
@@ -28,6 +44,7 @@ def run_agent(
     mem: str | None,
     gpus: str | None,
     features: str,
+    health_config: Path | None = None,
     log_level: str = "info",
 ) -> int:
     name = name or socket.gethostname().split(".")[0]
@@ -50,11 +67,15 @@ def run_agent(
             except ValueError as e:
                 raise StartupError(f"--gpus: {e}") from None
         res.features = [f.strip() for f in features.split(",") if f.strip()]
+        try:
+            monitor = build_monitor(load_health_config(health_config))
+        except ValueError as e:
+            raise StartupError(f"health config {health_config}: {e}") from None
         client = Client(url, user=f"agent:{name}")
     except (StartupError, PhalanxError) as e:
         print(f"phalanx agent: {e}", file=sys.stderr)
         return 2
-    agent = Agent(name=name, state_dir=state_dir, client=client, resources=res)
+    agent = Agent(name=name, state_dir=state_dir, client=client, resources=res, health=monitor)
 
     def _stop(_sig: int, _frame: FrameType | None) -> None:
         agent.stop()

@@ -102,6 +102,9 @@ def agent(
     mem: str | None = typer.Option(None, "--mem", help="override detected memory (e.g. 64G)"),
     gpus: str | None = typer.Option(None, "--gpus", help="override detected GPUs, e.g. h100:8"),
     features: str = typer.Option("", "--features", help="comma list of node features"),
+    health_config: Path | None = typer.Option(
+        None, "--health-config", help="TOML file with a [health] table (default: built-in checks)"
+    ),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Run a node agent (registers the node, runs its jobs through shepherds)."""
@@ -109,6 +112,7 @@ def agent(
 
     raise typer.Exit(
         run_agent(
+            health_config=health_config,
             name=name,
             state_dir=state_dir,
             url=url,
@@ -136,6 +140,9 @@ def up(
         "", "--gpus", help="GPUs each local node offers, e.g. h100:8 (no devices behind them)"
     ),
     config: Path | None = typer.Option(None, "--config", help="TOML configuration file"),
+    health_config: Path | None = typer.Option(
+        None, "--health-config", help="agents' health checks (default: GPU and memory only)"
+    ),
     detach: bool = typer.Option(False, "--detach", help="return once the cluster is ready"),
     as_json: bool = JsonOpt,
 ) -> None:
@@ -152,6 +159,7 @@ def up(
         mem=mem,
         gpus=gpus,
         config=config,
+        health_config=health_config,
     )
     try:
         cluster.start()
