@@ -132,6 +132,10 @@ def node_detail(n: dict[str, Any]) -> str:
         f"   LastHeartbeat={_ts(n['last_heartbeat'])} Registered={_ts(n['registered_at'])}",
         f"   Jobs={','.join(str(x) for x in n['jobs']) or '(none)'}",
     ]
+    health = n.get("health") or {}
+    if health:
+        what = f" ({health.get('check')}: {health.get('reason')})" if health.get("check") else ""
+        lines.append(f"   Health={health.get('status', 'ok')}{what}")
     if n["drain"]:
         lines.append(f"   Reason={n['drain_reason']} [{n['drain_by']}@{_ts(n['drain_time'])}]")
     if n["down"]:

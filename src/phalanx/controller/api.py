@@ -177,6 +177,8 @@ def node_view(n: dict[str, Any]) -> dict[str, Any]:
         "registered_at": n["registered_at"],
         "addr": n["addr"],
         "jobs": sorted(set(used["jobs"])),
+        "health": n.get("health"),
+        "launch_failures": n.get("launch_failures", 0),
     }
 
 
