@@ -97,7 +97,10 @@ class LeaseKeeper:
                     if self.on_change:
                         self.on_change(name, None)
             else:
-                if before is None or before.term != term:
+                # A lease that lapsed locally (its deadline passed while the store or this
+                # process was stuck) counts as newly taken even with the same term, so duties
+                # restart their grace instead of acting on what they saw before.
+                if before is None or before.term != term or before.deadline <= start:
                     log.info("took lease %s term %s", name, term)
                     parts.append(f"{name}: took term {term}")
                     if self.on_change:

@@ -22,6 +22,7 @@ from phalanx.controller.exchange import Reply, decide, needs_write
 from phalanx.controller.launch import build_launch
 from phalanx.controller.leases import LeaseKeeper
 from phalanx.domain import scheduling, values
+from phalanx.domain.detector import silent_nodes
 from phalanx.domain.spec import JobSpec, normalize
 from phalanx.domain.states import JobState
 from phalanx.errors import Fenced, PhalanxError, StoreUnavailable, Unsatisfiable
@@ -307,28 +308,45 @@ class Controller:
                 self._cluster_since = time.monotonic()
             raise
 
-    def _cluster_duty(self) -> str:
+    def _judging_fence(self) -> Fence | None:
+        """The cluster lease's fence if this controller may judge nodes right now.
+
+        A new holder first waits one full timeout (an outage of the control plane must never
+        look like a dead cluster). Asked again before every verdict is applied: a tick that
+        was stalled (a paused process, a hung store) must not act on what it read before.
+        """
         fence = self.leases.fence(CLUSTER_LEASE)
-        if fence is None or self._cluster_since is None:
-            return "idle"
-        # A new holder first waits one full timeout: an outage of the control plane must
-        # never look like a dead cluster.
-        if time.monotonic() - self._cluster_since < self.timing.node_down_timeout:
+        since = self._cluster_since
+        if fence is None or since is None:
+            return None
+        if time.monotonic() - since < self.timing.node_down_timeout:
+            return None
+        return fence
+
+    def _cluster_duty(self) -> str:
+        if self._judging_fence() is None:
             return "idle"
         said = []
         db_now = self.store.db_time()
-        for n in self.store.list_nodes():
-            if not n["registered"] or n["down"] or n["last_heartbeat"] is None:
-                continue
-            silent = db_now - n["last_heartbeat"]
-            if silent > self.timing.node_down_timeout:
-                reason = f"no heartbeat for {silent:.1f}s (node_down_timeout {self.timing.node_down_timeout:g}s)"
-                if self.store.mark_down(n["name"], reason, fence):
-                    said.append(f"{n['name']} DOWN")
-                    self.store.fail_node_tasks(
-                        n["name"], f"node {n['name']} is DOWN: {reason}", fence
-                    )
-                    self.kick()
+        with self._beats_lock:
+            unflushed = list(self._beats)
+        verdicts = silent_nodes(
+            self.store.list_nodes(),
+            db_now,
+            self.timing.node_down_timeout,
+            heard_recently=unflushed,
+        )
+        for name, reason in verdicts:
+            fence = self._judging_fence()
+            if fence is None:
+                return "lost the right to judge nodes mid-cycle; nothing more applied"
+            if self.store.mark_down(name, reason, fence):
+                said.append(f"{name} DOWN")
+                self.store.fail_node_tasks(name, f"node {name} is DOWN: {reason}", fence)
+                self.kick()
+        fence = self._judging_fence()
+        if fence is None:
+            return ", ".join(said) or "idle"
         for att in self.store.stale_starting_attempts(time.time() - self.timing.launch_timeout):
             if self.store.requeue_lost_launch(
                 att["id"],

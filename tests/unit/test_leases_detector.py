@@ -1,0 +1,88 @@
+"""LeaseKeeper (local deadlines over the store's leases) and the failure detector's verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from phalanx.clock import FakeClock
+from phalanx.controller.leases import LeaseKeeper
+from phalanx.domain.detector import silent_nodes
+from phalanx.store.store import Store
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    st = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    st.migrate()
+    return st
+
+
+def keeper(store: Store, clock: FakeClock, changes: list[tuple[str, int | None]]) -> LeaseKeeper:
+    return LeaseKeeper(
+        store,
+        "ctl-a",
+        ["cluster"],
+        ttl=30.0,
+        renew_interval=1.0,
+        clock=clock,
+        on_change=lambda name, term: changes.append((name, term)),
+    )
+
+
+def test_holds_until_its_local_deadline_only(store: Store) -> None:
+    clock, changes = FakeClock(), []
+    k = keeper(store, clock, changes)
+    k.tick()
+    assert k.held("cluster") and changes == [("cluster", 1)]
+    clock.advance(29.9)
+    assert k.held("cluster")
+    clock.advance(0.2)  # no renewal succeeded: the duty stops at once
+    assert not k.held("cluster")
+    assert k.fence("cluster") is None
+
+
+def test_a_lapsed_lease_retaken_with_the_same_term_counts_as_new(store: Store) -> None:
+    clock, changes = FakeClock(), []
+    k = keeper(store, clock, changes)
+    k.tick()
+    k.tick()  # a plain renewal is not a change
+    assert changes == [("cluster", 1)]
+    clock.advance(31.0)  # stalled past the deadline (nobody else took it: same term)
+    k.tick()
+    assert k.held("cluster")
+    assert changes == [("cluster", 1), ("cluster", 1)]  # duties restart their grace
+
+
+def test_another_holder_cannot_take_a_valid_lease(store: Store) -> None:
+    clock = FakeClock()
+    a = keeper(store, clock, [])
+    a.tick()
+    b = LeaseKeeper(store, "ctl-b", ["cluster"], ttl=30.0, renew_interval=1.0, clock=clock)
+    b.tick()
+    assert a.held("cluster") and not b.held("cluster")
+
+
+def node(name: str, last: float | None, *, down: bool = False, registered: bool = True) -> dict:
+    return {"name": name, "registered": registered, "down": down, "last_heartbeat": last}
+
+
+def test_detector_names_only_registered_live_nodes_silent_too_long() -> None:
+    nodes = [
+        node("quiet", 80.0),
+        node("fresh", 95.0),
+        node("already-down", 10.0, down=True),
+        node("never", None),
+        node("unregistered", 10.0, registered=False),
+        node("unflushed", 10.0),
+    ]
+    verdicts = silent_nodes(nodes, 100.0, 10.0, heard_recently=["unflushed"])
+    assert [n for n, _ in verdicts] == ["quiet"]
+    assert "no heartbeat for 20.0s" in verdicts[0][1]
+    assert "node_down_timeout 10s" in verdicts[0][1]
+
+
+def test_detector_boundary_is_strictly_longer_than_the_timeout() -> None:
+    assert silent_nodes([node("n", 90.0)], 100.0, 10.0) == []
+    assert silent_nodes([node("n", 89.9)], 100.0, 10.0)
