@@ -239,8 +239,18 @@ class Cluster:
         return self.state_dir / "nodes" / node
 
     def start_agent(
-        self, node: str, *, cpus: int = 4, mem: str = "8G", gpus: str = "", wait: bool = True
+        self,
+        node: str,
+        *,
+        cpus: int = 4,
+        mem: str = "8G",
+        gpus: str = "",
+        wait: bool = True,
+        env: dict[str, str] | None = None,
+        extra_args: Sequence[str] = (),
     ) -> Daemon:
+        """Start `phalanx agent` for `node`; `env` adds to its environment (e.g. PHX_FAKE_NVML)
+        and `extra_args` to its command line (e.g. --health-config FILE). A restart keeps both."""
         args = [
             "agent",
             "--name",
@@ -255,9 +265,10 @@ class Cluster:
             mem,
             "--gpus",
             gpus,
+            *extra_args,
         ]
         name = f"agent-{node}"
-        d = Daemon(name, "agent", args, self.logs / f"{name}.log", self.env()).spawn()
+        d = Daemon(name, "agent", args, self.logs / f"{name}.log", self.env(**(env or {}))).spawn()
         self.daemons[name] = d
         if wait:
             self.wait_agents([node])
