@@ -405,11 +405,15 @@ class Controller:
             addr=info.get("addr"),
             boot_id=info.get("boot_id"),
             version=info.get("version"),
+            health=info.get("health"),
         )
         self.seen(node)
         self._views_cache = None
-        self._health.pop(node, None)
-        self.update_health(node, info.get("health"))
+        health = info.get("health")
+        if health:  # applied with the registration; remember it so heartbeats compare to it
+            self._health[node] = (health.get("status"), health.get("check"), health.get("reason"))
+        else:
+            self._health.pop(node, None)
         self.kick()
         return row
 

@@ -831,6 +831,7 @@ class Store:
         addr: str | None,
         boot_id: str | None,
         version: str | None,
+        health: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         now = _now()
         values = {
@@ -876,6 +877,9 @@ class Store:
                         conn, "node.register", f"node {name} re-registered", node=name, actor=name
                     )
                 conn.execute(update(s.nodes).where(s.nodes.c.name == name).values(**values))
+            if health:
+                # in the same transaction: a node failing its preflight is never schedulable
+                self._apply_health(conn, name, health)
             return dict(
                 conn.execute(select(s.nodes).where(s.nodes.c.name == name)).mappings().one()
             )
@@ -1382,50 +1386,53 @@ class Store:
         warn: drain only (no new work); ok: a node drained by a health check resumes. A node
         an operator drained stays drained whatever the checks say.
         """
-        status = summary.get("status") or "ok"
         with self.db.begin() as conn:
-            row = conn.execute(select(s.nodes).where(s.nodes.c.name == node)).mappings().first()
-            if row is None:
-                return None
-            prev = (row["health"] or {}).get("status") or "ok"
-            conn.execute(update(s.nodes).where(s.nodes.c.name == node).values(health=summary))
-            by_health = (row["drain_by"] or "").startswith("health:")
-            said = None
-            if status in ("fail", "warn"):
-                check = summary.get("check") or "health"
-                reason = f"health check {check}: {summary.get('reason') or status}"
-                if not row["drain"] or (by_health and row["drain_reason"] != reason):
-                    conn.execute(
-                        update(s.nodes)
-                        .where(s.nodes.c.name == node)
-                        .values(
-                            drain=True,
-                            drain_reason=reason,
-                            drain_by=f"health:{check}",
-                            drain_time=_now(),
-                        )
-                    )
-                    self._event(conn, "node.drain", f"drained: {reason}", node=node, actor=node)
-                    said = f"{node} drained: {reason}"
-                if status == "fail" and prev != "fail":
-                    jobs = self._requeue_running_on(conn, node, f"requeue: {node} {reason}", node)
-                    if jobs:
-                        said = f"{said or node}; requeueing jobs {jobs}"
-            elif row["drain"] and by_health:
+            return self._apply_health(conn, node, summary)
+
+    def _apply_health(self, conn: Connection, node: str, summary: dict[str, Any]) -> str | None:
+        status = summary.get("status") or "ok"
+        row = conn.execute(select(s.nodes).where(s.nodes.c.name == node)).mappings().first()
+        if row is None:
+            return None
+        prev = (row["health"] or {}).get("status") or "ok"
+        conn.execute(update(s.nodes).where(s.nodes.c.name == node).values(health=summary))
+        by_health = (row["drain_by"] or "").startswith("health:")
+        said = None
+        if status in ("fail", "warn"):
+            check = summary.get("check") or "health"
+            reason = f"health check {check}: {summary.get('reason') or status}"
+            if not row["drain"] or (by_health and row["drain_reason"] != reason):
                 conn.execute(
                     update(s.nodes)
                     .where(s.nodes.c.name == node)
-                    .values(drain=False, drain_reason=None, drain_by=None, drain_time=None)
+                    .values(
+                        drain=True,
+                        drain_reason=reason,
+                        drain_by=f"health:{check}",
+                        drain_time=_now(),
+                    )
                 )
-                self._event(
-                    conn,
-                    "node.resume",
-                    f"resumed: health checks pass again (was: {row['drain_reason']})",
-                    node=node,
-                    actor=node,
-                )
-                said = f"{node} resumed by its health checks"
-            return said
+                self._event(conn, "node.drain", f"drained: {reason}", node=node, actor=node)
+                said = f"{node} drained: {reason}"
+            if status == "fail" and prev != "fail":
+                jobs = self._requeue_running_on(conn, node, f"requeue: {node} {reason}", node)
+                if jobs:
+                    said = f"{said or node}; requeueing jobs {jobs}"
+        elif row["drain"] and by_health:
+            conn.execute(
+                update(s.nodes)
+                .where(s.nodes.c.name == node)
+                .values(drain=False, drain_reason=None, drain_by=None, drain_time=None)
+            )
+            self._event(
+                conn,
+                "node.resume",
+                f"resumed: health checks pass again (was: {row['drain_reason']})",
+                node=node,
+                actor=node,
+            )
+            said = f"{node} resumed by its health checks"
+        return said
 
     def resume(self, name: str, actor: str) -> None:
         with self.db.begin() as conn:
