@@ -520,3 +520,16 @@ def test_long_poll_wakes_on_new_work(store: Any, monkeypatch: pytest.MonkeyPatch
         t.join(10)
     assert len(out["reply"]["start"]) == 1
     assert out["elapsed"] < 2.0, out["elapsed"]  # woken, not timed out
+
+
+def test_liveness_and_readiness_for_load_balancers(client: TestClient, ctl: Controller) -> None:
+    assert client.get("/healthz/live").status_code == 200
+    r = client.get("/healthz/ready")
+    assert r.status_code == 200 and r.json()["ready"] is True
+    # a loop that has not ticked for longer than the lease TTL: this controller is stuck
+    ctl.last_tick["scheduler"] = time.monotonic() - ctl.timing.lease_ttl * 10
+    r = client.get("/healthz/live")
+    assert r.status_code == 503 and r.json()["stuck"] == ["scheduler"]
+    r = client.get("/healthz/ready")
+    assert r.status_code == 503
+    assert "loop scheduler has not run recently" in r.json()["problems"]

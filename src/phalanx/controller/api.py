@@ -223,6 +223,24 @@ def create_app(ctl: Controller) -> FastAPI:
     async def healthz() -> dict[str, Any]:
         return {"status": "ok", "version": __version__, **ctl.status()}
 
+    @app.get("/healthz/live")
+    async def live() -> JSONResponse:
+        """For a supervisor or load balancer: 503 when this controller's loops are stuck."""
+        stuck = ctl.stuck_loops()
+        body = {"live": not stuck, "controller": ctl.cid, "stuck": stuck}
+        return JSONResponse(body, status_code=503 if stuck else 200)
+
+    @app.get("/healthz/ready")
+    def ready() -> JSONResponse:
+        """For a load balancer: 503 when this controller cannot serve (store or loops down)."""
+        problems = [f"loop {name} has not run recently" for name in ctl.stuck_loops()]
+        try:
+            ctl.store.db_time()
+        except PhalanxError as e:
+            problems.append(e.message)
+        body = {"ready": not problems, "controller": ctl.cid, "problems": problems}
+        return JSONResponse(body, status_code=503 if problems else 200)
+
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(generate_latest().decode(), media_type=CONTENT_TYPE_LATEST)

@@ -452,6 +452,15 @@ class Controller:
     def launch_specs(self, reply: Reply, node: str) -> list[dict[str, Any]]:
         return [build_launch(w, node=node, kill_wait=self.timing.kill_wait) for w in reply.start]
 
+    def stuck_loops(self) -> list[str]:
+        """Loops that have not completed a tick for longer than lease_ttl (a stuck controller
+        must be restarted; its leases have lapsed already)."""
+        now = time.monotonic()
+        limit = self.timing.lease_ttl + self.timing.scheduler_interval
+        return sorted(
+            name for name, t in self.last_tick.items() if now - t > limit and name != "presence"
+        )
+
     def status(self) -> dict[str, Any]:
         return {
             "controller": self.cid,
