@@ -191,3 +191,41 @@ def test_avoiding_is_dropped_when_it_would_leave_too_few_nodes(store: Store) -> 
     store.apply_reports("n1", [running(att)], None)
     store.fail_node_tasks("n1", "node n1 is DOWN", None)
     assert store.get_job(jid)["avoid_nodes"] is None  # the only node: the job may come back there
+
+
+def _start_on(
+    store: Store, job_id: int, nodes: list[str], *, cpus: int = 1, gpus=None, exclusive=False
+) -> list[int]:
+    job = store.get_job(job_id)
+    return store.start_attempts(
+        [
+            {
+                "job_id": job_id,
+                "partition": job["partition"],
+                "nodes": nodes,
+                "cpus_per_node": cpus,
+                "mem_per_node_mb": [job["mem_per_node_mb"]] * len(nodes),
+                "gpu_ids": gpus or [[] for _ in nodes],
+                "exclusive": exclusive,
+            }
+        ],
+        None,
+    )
+
+
+def test_starts_are_rechecked_against_the_nodes_in_the_write(store: Store) -> None:
+    """A plan made on a stale snapshot never double-books a node or uses a drained one."""
+    add_node(store, "n1", cpus=4, gpus=2)
+    add_node(store, "n2", cpus=4)
+    a, b, c, d = (submit1(store) for _ in range(4))
+    assert _start_on(store, a, ["n1"], cpus=3, gpus=[[0]]) == [a]
+    assert _start_on(store, b, ["n1"], cpus=2) == []  # 3 + 2 > 4 cpus
+    assert _start_on(store, b, ["n1"], cpus=1, gpus=[[0]]) == []  # GPU 0 is taken
+    assert _start_on(store, b, ["n1"], cpus=1, gpus=[[1]]) == [b]
+    assert _start_on(store, c, ["n1", "n2"], cpus=1) == []  # all-or-nothing: n1 is full
+    assert state(store, c) == "PENDING"
+    store.drain("n2", "maintenance", "ops")
+    assert _start_on(store, c, ["n2"], cpus=1) == []  # drained after the snapshot
+    store.resume("n2", "ops")
+    assert _start_on(store, c, ["n2"], cpus=1, exclusive=True) == [c]
+    assert _start_on(store, d, ["n2"], cpus=1) == []  # n2 runs an exclusive job

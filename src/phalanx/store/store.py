@@ -718,6 +718,7 @@ class Store:
                 if (r := current.get(int(st["job_id"]))) is not None
                 and r.state == JobState.PENDING.value
             ]
+            ok = self._fitting(conn, ok)
             if not ok:
                 return []
             res = conn.execute(
@@ -793,6 +794,71 @@ class Store:
             )
             self._bump_gen(conn, {n for st in ok for n in st["nodes"]})
         return [int(st["job_id"]) for st in ok]
+
+    def _fitting(self, conn: Connection, starts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The starts that still fit their nodes, checked inside the write transaction.
+
+        The plan was made on a snapshot; since then a node may have been drained or marked
+        DOWN, and another scheduler (another partition's lease holder) may have placed work on
+        a node both partitions share. Node rows are locked (PostgreSQL; SQLite writers are
+        serialised) and capacity is re-checked, so resources are never double-booked; a start
+        that no longer fits is skipped and planned again on the next pass.
+        """
+        names = sorted({n for st in starts for n in st["nodes"]})
+        q = select(s.nodes).where(s.nodes.c.name.in_(names)).order_by(s.nodes.c.name)
+        if self.dialect == "postgresql":
+            q = q.with_for_update()
+        nodes = {r["name"]: r for r in conn.execute(q).mappings()}
+        used: dict[str, dict[str, Any]] = {
+            n: {"cpus": 0, "mem": 0, "gpus": set(), "tasks": 0, "exclusive": False} for n in names
+        }
+        for r in conn.execute(
+            select(
+                s.tasks.c.node,
+                s.tasks.c.cpus,
+                s.tasks.c.mem_mb,
+                s.tasks.c.gpu_ids,
+                s.tasks.c.exclusive,
+            )
+            .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
+            .where(s.tasks.c.node.in_(names), s.attempts.c.state != AttemptState.ENDED.value)
+        ):
+            u = used[r.node]
+            u["cpus"] += r.cpus
+            u["mem"] += r.mem_mb
+            u["gpus"].update(r.gpu_ids or [])
+            u["tasks"] += 1
+            u["exclusive"] = u["exclusive"] or bool(r.exclusive)
+        out = []
+        for st in starts:
+            want = [
+                (n, st["mem_per_node_mb"][i], set(st["gpu_ids"][i]))
+                for i, n in enumerate(st["nodes"])
+            ]
+            if all(self._fits(nodes.get(n), used[n], st, mem, gpus) for n, mem, gpus in want):
+                for n, mem, gpus in want:
+                    u = used[n]
+                    u["cpus"] += st["cpus_per_node"]
+                    u["mem"] += mem
+                    u["gpus"] |= gpus
+                    u["tasks"] += 1
+                    u["exclusive"] = u["exclusive"] or bool(st["exclusive"])
+                out.append(st)
+        return out
+
+    @staticmethod
+    def _fits(
+        node: Any, used: dict[str, Any], st: dict[str, Any], mem: int, gpus: set[int]
+    ) -> bool:
+        if node is None or not node["registered"] or node["down"] or node["drain"]:
+            return False
+        if used["exclusive"] or (st["exclusive"] and used["tasks"]):
+            return False
+        return (
+            used["cpus"] + st["cpus_per_node"] <= node["cpus"]
+            and used["mem"] + mem <= node["mem_mb"]
+            and not (gpus & used["gpus"])
+        )
 
     def end_pending(self, job_id: int, state: JobState, reason: str, fence: Fence | None) -> bool:
         """End a pending job the scheduler found can never run (e.g. a dependency that failed)."""
