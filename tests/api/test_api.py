@@ -110,14 +110,18 @@ def run_to_start(ctl: Controller, agent: Agent) -> dict[str, Any]:
 def test_healthz_cluster_and_openapi(client: TestClient, agent: Agent) -> None:
     h = client.get("/healthz").json()
     assert h["status"] == "ok" and h["controller"] == "t"
-    assert set(h["leases"]) == {"cluster", "sched"}
+    assert set(h["leases"]) == {"cluster", "sched:batch", "sched:long"}
     agent.register()
     submit(client)
     c = client.get("/v1/cluster").json()
     assert c["jobs"] == {"PENDING": 1}
     assert c["nodes"] == {"total": 1, "down": 0, "drain": 0}
     assert {p["name"] for p in c["partitions"]} == {"batch", "long"}
-    assert {x["name"]: x["holder"] for x in c["leases"]} == {"cluster": "t", "sched": "t"}
+    assert {x["name"]: x["holder"] for x in c["leases"]} == {
+        "cluster": "t",
+        "sched:batch": "t",
+        "sched:long": "t",
+    }
     assert c["this_controller"]["controller"] == "t"
     spec = client.get("/v1/openapi.json")
     assert spec.status_code == 200

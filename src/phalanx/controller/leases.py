@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from phalanx.clock import Clock, SystemClock
+from phalanx.domain.spread import handoff, preferred
 from phalanx.errors import PhalanxError
 from phalanx.store.store import Fence, Store
 
@@ -36,6 +37,7 @@ class LeaseKeeper:
         renew_interval: float,
         clock: Clock | None = None,
         on_change: Callable[[str, int | None], None] | None = None,
+        peers: Callable[[], list[str]] | None = None,
     ) -> None:
         self.store = store
         self.holder = holder
@@ -44,6 +46,7 @@ class LeaseKeeper:
         self.renew_interval = renew_interval
         self.clock = clock or SystemClock()
         self.on_change = on_change
+        self.peers = peers  # live controllers (ids), to spread leases; None = take everything
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
 
@@ -64,9 +67,21 @@ class LeaseKeeper:
             return {n: h.term for n, h in self._held.items() if now < h.deadline}
 
     def tick(self) -> str:
-        """Try to take or renew every lease once; return one sentence for the log."""
+        """Try to take or renew every lease once; return one sentence for the log.
+
+        With `peers`, leases are spread (domain/spread.py): a lease whose preferred holder is
+        another live controller is handed over (one per tick), and a free lease is taken at
+        once by its preferred holder, by the others only after it stayed free for two
+        renewal intervals (so a dead preferred holder is replaced, never waited for).
+        """
         parts = []
+        live = self._live()
+        given = self._hand_over(live)
+        if given:
+            parts.append(f"{given}: handed over to {preferred(given, live or [])}")
         for name in self.names:
+            if name == given:
+                continue
             start = self.clock.monotonic()
             with self._lock:
                 h = self._held.get(name)
@@ -75,7 +90,13 @@ class LeaseKeeper:
                     ok = self.store.renew_lease(name, self.holder, h.term, self.ttl)
                     term: int | None = h.term if ok else None
                 else:
-                    term = self.store.acquire_lease(name, self.holder, self.ttl)
+                    mine = live is None or preferred(name, live) == self.holder
+                    term = self.store.acquire_lease(
+                        name,
+                        self.holder,
+                        self.ttl,
+                        after_expiry=0.0 if mine else 2 * self.renew_interval,
+                    )
             except PhalanxError as e:
                 log.warning("lease %s: store error: %s", name, e)
                 term = None if h is None or start >= h.deadline else -1
@@ -106,6 +127,35 @@ class LeaseKeeper:
                     if self.on_change:
                         self.on_change(name, term)
         return "; ".join(parts) or "leases unchanged"
+
+    def _live(self) -> list[str] | None:
+        if self.peers is None:
+            return None
+        try:
+            return sorted(set(self.peers()) | {self.holder})
+        except PhalanxError as e:
+            log.warning("cannot read the live controllers: %s", e)
+            return None
+
+    def _hand_over(self, live: list[str] | None) -> str | None:
+        """Release one lease another live controller should hold (a controller joined)."""
+        if live is None or len(live) < 2:
+            return None
+        name = handoff(self.terms(), self.holder, live)
+        if name is None:
+            return None
+        with self._lock:
+            h = self._held.pop(name, None)
+        if h is None:
+            return None
+        try:
+            self.store.release_lease(name, self.holder, h.term)
+        except PhalanxError as e:
+            log.warning("could not release lease %s: %s", name, e)
+        log.info("handing lease %s (term %s) over to %s", name, h.term, preferred(name, live))
+        if self.on_change:
+            self.on_change(name, None)
+        return name
 
     def release_all(self) -> None:
         with self._lock:

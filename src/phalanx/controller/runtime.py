@@ -37,8 +37,12 @@ HEARTBEATS = Counter("phalanx_heartbeats_total", "Agent heartbeats received by t
 LOOP_ERRORS = Counter("phalanx_loop_errors_total", "Ticks that ended in an error", ["loop"])
 
 CACHE_TTL = 2.0  # seconds submit-time checks may use a cached view of partitions and nodes
-SCHED_LEASE = "sched"
 CLUSTER_LEASE = "cluster"
+
+
+def sched_lease(partition: str) -> str:
+    """The lease whose holder schedules one partition's jobs."""
+    return f"sched:{partition}"
 
 
 class Waiters:
@@ -82,13 +86,15 @@ class Controller:
         self.timing = config.timing
         self.cid = cid
         self.url = url
+        self.partition_names = [p.name for p in config.cluster.partitions]
         self.leases = LeaseKeeper(
             store,
             cid,
-            [CLUSTER_LEASE, SCHED_LEASE],
+            [CLUSTER_LEASE, *(sched_lease(p) for p in self.partition_names)],
             ttl=self.timing.lease_ttl,
             renew_interval=self.timing.renew_interval,
             on_change=self._lease_changed,
+            peers=self.live_controllers,
         )
         self.waiters = Waiters()
         self._kick = threading.Event()
@@ -112,7 +118,7 @@ class Controller:
             ("cluster", self.cluster_tick, lambda: min(1.0, self.timing.node_down_timeout / 4)),
             ("heartbeats", self.flush_heartbeats, lambda: self.timing.heartbeat_flush_interval),
             ("gens", self.gen_tick, lambda: 0.2),
-            ("presence", self.presence_tick, lambda: 5.0),
+            ("presence", self.presence_tick, lambda: self.timing.renew_interval),
         ]
         for name, fn, interval in loops:
             t = threading.Thread(
@@ -131,9 +137,14 @@ class Controller:
         self.leases.release_all()
 
     def presence_tick(self) -> str:
-        """Keep this controller's `last_seen` fresh, so `phalanx cluster` shows who is alive."""
+        """Keep this controller's `last_seen` fresh: peers spread leases over the live ones,
+        and `phalanx cluster` shows who is alive."""
         self.store.touch_controller(self.cid)
         return "idle"
+
+    def live_controllers(self) -> list[str]:
+        """Controllers seen within two lease TTLs (database clock), this one included."""
+        return self.store.live_controllers(2 * self.timing.lease_ttl)
 
     def _loop(self, name: str, fn: Callable[[], str], interval: Callable[[], float]) -> None:
         quiet = {"leases unchanged", "", "idle"}
@@ -252,23 +263,39 @@ class Controller:
 
     # ------------------------------------------------------------------ scheduling
     def schedule_tick(self) -> str:
-        fence = self.leases.fence(SCHED_LEASE)
-        if fence is None:
+        """One scheduling pass over the partitions whose `sched:<partition>` lease we hold.
+
+        A job belongs to the lease of the first partition it lists (it may still be placed in
+        another of its partitions); the write re-checks node capacity, so holders of different
+        partitions that share nodes never double-book them.
+        """
+        fences = self._sched_fences()
+        if not fences:
             return "idle"
         with SCHED_SECONDS.time():
-            return self._schedule(fence)
+            return self._schedule(fences)
 
-    def _schedule(self, fence: Fence) -> str:
+    def _sched_fences(self) -> dict[str, Fence]:
+        out = {}
+        for name in self.partition_names:
+            fence = self.leases.fence(sched_lease(name))
+            if fence is not None:
+                out[name] = fence
+        return out
+
+    def _schedule(self, fences: dict[str, Fence]) -> str:
         snap = self.store.sched_snapshot()
+        owner = {int(j["id"]): j["partitions"].split(",")[0] for j in snap.pending}
+        snap.pending = [j for j in snap.pending if owner[int(j["id"])] in fences]
         plan = scheduling.plan(snap, time.time())
         for jid, why in plan.never:
-            self.store.end_pending(jid, JobState.CANCELLED, why, fence)
+            self.store.end_pending(jid, JobState.CANCELLED, why, fences[owner[jid]])
         started: list[int] = []
         if plan.starts:
-            if self.leases.fence(SCHED_LEASE) is None:  # the deadline passed mid-cycle
-                return "lease deadline passed mid-cycle; nothing applied"
-            started = self.store.start_attempts(
-                [
+            exclusive = {int(j["id"]): bool(j["exclusive"]) for j in snap.pending}
+            by_lease: dict[str, list[dict[str, Any]]] = {}
+            for p in plan.starts:
+                by_lease.setdefault(owner[p.job_id], []).append(
                     {
                         "job_id": p.job_id,
                         "partition": p.partition,
@@ -276,15 +303,15 @@ class Controller:
                         "cpus_per_node": p.cpus_per_node,
                         "mem_per_node_mb": p.mem_per_node_mb,
                         "gpu_ids": p.gpu_ids,
-                        "exclusive": next(
-                            (bool(j["exclusive"]) for j in snap.pending if j["id"] == p.job_id),
-                            False,
-                        ),
+                        "exclusive": exclusive[p.job_id],
                     }
-                    for p in plan.starts
-                ],
-                fence,
-            )
+                )
+            for part, starts in sorted(by_lease.items()):
+                # the lease deadline may pass mid-cycle: re-check before each write
+                fence = self.leases.fence(sched_lease(part))
+                if fence is None:
+                    continue
+                started += self.store.start_attempts(starts, fence)
             STARTED.inc(len(started))
             self.waiters.notify(sorted({n for p in plan.starts for n in p.nodes}))
         current = {int(j["id"]): j["reason"] for j in snap.pending}

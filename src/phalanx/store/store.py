@@ -219,22 +219,30 @@ class Store:
             )
 
     # ------------------------------------------------------------------ leases
-    def acquire_lease(self, name: str, holder: str, ttl: float) -> int | None:
-        """Take or keep the lease; return its term, or None if someone else holds it."""
+    def acquire_lease(
+        self, name: str, holder: str, ttl: float, *, after_expiry: float = 0.0
+    ) -> int | None:
+        """Take or keep the lease; return its term, or None if someone else holds it.
+
+        `after_expiry`: take an expired lease only once it has been expired this long (lets
+        the preferred holder go first without any coordination)."""
         now = self.db.db_now_sql()
         with self.db.begin() as conn:
+            # a lease that never existed counts as expired just now, so that its preferred
+            # holder gets the first chance at it
             if self.dialect == "postgresql":
                 conn.execute(
                     text(
-                        "INSERT INTO leases (name, holder, term, expires_at) VALUES (:n, NULL, 0, 0) "
-                        "ON CONFLICT (name) DO NOTHING"
+                        "INSERT INTO leases (name, holder, term, expires_at) "
+                        f"VALUES (:n, NULL, 0, {now.text}) ON CONFLICT (name) DO NOTHING"
                     ),
                     {"n": name},
                 )
             else:
                 conn.execute(
                     text(
-                        "INSERT OR IGNORE INTO leases (name, holder, term, expires_at) VALUES (:n, NULL, 0, 0)"
+                        "INSERT OR IGNORE INTO leases (name, holder, term, expires_at) "
+                        f"VALUES (:n, NULL, 0, {now.text})"
                     ),
                     {"n": name},
                 )
@@ -243,9 +251,9 @@ class Store:
                     f"UPDATE leases SET "
                     f"term = CASE WHEN holder = :me THEN term ELSE term + 1 END, "
                     f"holder = :me, expires_at = {now.text} + :ttl "
-                    f"WHERE name = :n AND (holder = :me OR holder IS NULL OR expires_at < {now.text})"
+                    f"WHERE name = :n AND (holder = :me OR expires_at <= {now.text} - :slack)"
                 ),
-                {"n": name, "me": holder, "ttl": ttl},
+                {"n": name, "me": holder, "ttl": ttl, "slack": after_expiry},
             )
             if res.rowcount != 1:
                 return None
@@ -333,10 +341,22 @@ class Store:
             self._event(conn, "controller.start", f"controller {cid} started at {url}")
 
     def touch_controller(self, cid: str) -> None:
+        """Stamp a controller's last_seen with the database's clock (peers compare it)."""
         with self.db.begin() as conn:
+            now = conn.execute(select(self.db.db_now_sql())).scalar_one()
             conn.execute(
-                update(s.controllers).where(s.controllers.c.id == cid).values(last_seen=_now())
+                update(s.controllers).where(s.controllers.c.id == cid).values(last_seen=now)
             )
+
+    def live_controllers(self, within: float) -> list[str]:
+        with self.db.begin(write=False) as conn:
+            now = float(conn.execute(select(self.db.db_now_sql())).scalar_one())
+            return [
+                r.id
+                for r in conn.execute(
+                    select(s.controllers.c.id).where(s.controllers.c.last_seen >= now - within)
+                )
+            ]
 
     def list_controllers(self) -> list[dict[str, Any]]:
         with self.db.begin(write=False) as conn:
