@@ -241,22 +241,7 @@ class Controller:
 
         if not views:
             return  # no node has registered yet: nothing to judge against
-        req = scheduling.job_request(
-            {
-                "id": 0,
-                "partitions": ",".join(resolved.partitions),
-                "nodes": resolved.nodes,
-                "cpus_per_node": resolved.cpus_per_node,
-                "mem_per_node_mb": resolved.mem_per_node_mb,
-                "gpus_per_node": resolved.gpus_per_node,
-                "gpu_type": resolved.gpu_type,
-                "exclusive": resolved.exclusive,
-                "constraint_expr": resolved.constraint,
-                "nodelist": resolved.nodelist,
-                "exclude": resolved.exclude,
-                "time_limit_s": resolved.time_limit_s,
-            }
-        )
+        req = scheduling.resolved_request(resolved)
         reason = unsatisfiable_reason(req, views)
         if reason:
             raise Unsatisfiable(f"this job can never run here: {reason}")

@@ -58,6 +58,26 @@ def node_views(
     ]
 
 
+def resolved_request(resolved: Any) -> JobRequest:
+    """The placement request of a job not stored yet (a spec.ResolvedJob), for submit checks."""
+    return job_request(
+        {
+            "id": 0,
+            "partitions": ",".join(resolved.partitions),
+            "nodes": resolved.nodes,
+            "cpus_per_node": resolved.cpus_per_node,
+            "mem_per_node_mb": resolved.mem_per_node_mb,
+            "gpus_per_node": resolved.gpus_per_node,
+            "gpu_type": resolved.gpu_type,
+            "exclusive": resolved.exclusive,
+            "constraint_expr": resolved.constraint,
+            "nodelist": resolved.nodelist,
+            "exclude": resolved.exclude,
+            "time_limit_s": resolved.time_limit_s,
+        }
+    )
+
+
 def job_request(job: dict[str, Any]) -> JobRequest:
     expr = job["constraint_expr"]
 

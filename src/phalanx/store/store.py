@@ -565,12 +565,7 @@ class Store:
         """Cancel jobs: pending ones end at once; running ones are asked to stop."""
         out: dict[int, str] = {}
         with self.db.begin() as conn:
-            rows = (
-                conn.execute(select(*_JOB_SUMMARY).where(s.jobs.c.id.in_(list(job_ids))))
-                .mappings()
-                .all()
-            )
-            found = {r["id"]: dict(r) for r in rows}
+            found = self._jobs_by_id(conn, job_ids)
             for jid in job_ids:
                 job = found.get(jid)
                 if job is None:
@@ -587,6 +582,10 @@ class Store:
                     self._stop_attempt(conn, job, f"cancel: {text_reason}", actor=actor)
                     out[jid] = "stopping"
         return out
+
+    def _jobs_by_id(self, conn: Connection, job_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        q = select(*_JOB_SUMMARY).where(s.jobs.c.id.in_(list(job_ids)))
+        return {r["id"]: dict(r) for r in conn.execute(q).mappings()}
 
     def _stop_attempt(
         self, conn: Connection, job: dict[str, Any], stop_reason: str, *, actor: str
@@ -618,12 +617,7 @@ class Store:
         out: dict[int, str] = {}
         src, dst = (JobState.PENDING, JobState.HELD) if hold else (JobState.HELD, JobState.PENDING)
         with self.db.begin() as conn:
-            rows = (
-                conn.execute(select(*_JOB_SUMMARY).where(s.jobs.c.id.in_(list(job_ids))))
-                .mappings()
-                .all()
-            )
-            found = {r["id"]: dict(r) for r in rows}
+            found = self._jobs_by_id(conn, job_ids)
             for jid in job_ids:
                 job = found.get(jid)
                 if job is None:
