@@ -84,6 +84,8 @@ class Client:
                 continue
             except httpx.TransportError as e:
                 if not idempotent:
+                    # the next request starts with the next controller, not this silent one
+                    self._current = (idx + 1) % n
                     raise ControllerUnavailable(
                         f"{base} did not answer ({type(e).__name__}); the request may or may not "
                         "have been applied: check before retrying"

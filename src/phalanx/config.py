@@ -54,9 +54,9 @@ class Timing(BaseModel):
         description="SIGTERM→SIGKILL grace on cancel and time limit (Slurm KillWait)",
     )
     lease_ttl: float = Field(
-        6.0, gt=0, le=3600, description="a duty lease expires this long after its last renewal"
+        3.0, gt=0, le=3600, description="a duty lease expires this long after its last renewal"
     )
-    renew_interval: float = Field(1.0, gt=0, le=600, description="how often a lease holder renews")
+    renew_interval: float = Field(0.75, gt=0, le=600, description="how often a lease holder renews")
     db_retry_timeout: float = Field(
         1.0, gt=0, le=600, description="deadline for retrying one store operation"
     )
@@ -115,8 +115,11 @@ class Timing(BaseModel):
                 "fence_timeout + fence_kill_grace + fence_margin < node_down_timeout",
             ),
             (
-                self.heartbeat_interval * 2 <= self.fence_timeout,
-                "heartbeat_interval * 2 <= fence_timeout",
+                # a heartbeat stuck on a frozen controller times out after one interval plus
+                # its grace, and the next one (to another controller) takes one more interval
+                self.heartbeat_interval * 2 + max(0.5, self.heartbeat_interval)
+                < self.fence_timeout,
+                "heartbeat_interval * 2 + max(0.5, heartbeat_interval) < fence_timeout",
             ),
             (
                 self.launch_backoff_base <= self.launch_backoff_max,

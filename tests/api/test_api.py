@@ -503,7 +503,11 @@ def test_scheduler_needs_the_lease(
 def test_long_poll_wakes_on_new_work(store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A waiting heartbeat returns as soon as the scheduler gives its node work."""
     monkeypatch.delenv("PHALANX_CONFIG", raising=False)
-    cfg = load_config(overrides={"timing": {"heartbeat_interval": 2.5}})
+    cfg = load_config(
+        overrides={
+            "timing": {"heartbeat_interval": 2.5, "fence_timeout": 8.0, "node_down_timeout": 12.0}
+        }
+    )
     ctl = Controller(store, cfg, cid="lp")
     ctl.leases.tick()
     with TestClient(create_app(ctl)) as client:

@@ -210,13 +210,17 @@ class Cluster:
         timing = {f"PHALANX_TIMING_{k.upper()}": str(v) for k, v in self.timing.items()}
         return base_env(self.root, **timing, **extra)
 
-    def start_controller(self, cid: str = "ctl-1", *, wait: bool = True) -> Daemon:
+    def start_controller(
+        self, cid: str = "ctl-1", *, wait: bool = True, port: int | None = None
+    ) -> Daemon:
+        """Start `phalanx controller`; `port` (default: the cluster's) lets several controllers
+        share one store, each on its own port (see `controller_urls`)."""
         args = [
             "controller",
             "--state-dir",
             str(self.state_dir),
             "--port",
-            str(self.port),
+            str(port or self.port),
             "--id",
             cid,
         ]
@@ -228,10 +232,32 @@ class Cluster:
             self.wait_controller(d)
         return d
 
+    @staticmethod
+    def controller_url(d: Daemon) -> str:
+        """The URL of one controller daemon (its own --host, default loopback, and --port)."""
+        host = d.args[d.args.index("--host") + 1] if "--host" in d.args else "127.0.0.1"
+        return f"http://{host}:{d.args[d.args.index('--port') + 1]}"
+
+    def controller_urls(self) -> list[str]:
+        """URLs of every controller started here, in start order."""
+        return [self.controller_url(d) for d in self.daemons.values() if d.kind == "controller"]
+
+    def use_all_controllers(self, read_timeout: float = 10.0) -> str:
+        """Point `client()` (so every wait here) at all controllers, failing over between
+        them, with a read timeout short enough to get past a frozen one; return the comma
+        list of their URLs (for agents' --url and other clients)."""
+        url = ",".join(self.controller_urls())
+        if self._client is not None:
+            self._client.close()
+        self._client = Client(url, timeout=httpx.Timeout(read_timeout, connect=2.0))
+        return url
+
     def wait_controller(self, d: Daemon) -> None:
+        url = self.controller_url(d)
+
         def healthy() -> bool:
             d.check_running()
-            return httpx.get(self.url + "/healthz", timeout=5).status_code == 200
+            return httpx.get(url + "/healthz", timeout=5).status_code == 200
 
         wait_for(healthy, what=f"{d.name} to answer /healthz", interval=0.2)
 
@@ -248,9 +274,11 @@ class Cluster:
         wait: bool = True,
         env: dict[str, str] | None = None,
         extra_args: Sequence[str] = (),
+        url: str | None = None,
     ) -> Daemon:
         """Start `phalanx agent` for `node`; `env` adds to its environment (e.g. PHX_FAKE_NVML)
-        and `extra_args` to its command line (e.g. --health-config FILE). A restart keeps both."""
+        and `extra_args` to its command line (e.g. --health-config FILE). A restart keeps both.
+        `url` (default: the cluster's controller) may be a comma list of controllers."""
         args = [
             "agent",
             "--name",
@@ -258,7 +286,7 @@ class Cluster:
             "--state-dir",
             str(self.agent_dir(node)),
             "--url",
-            self.url,
+            url or self.url,
             "--cpus",
             str(cpus),
             "--mem",

@@ -34,7 +34,14 @@ from phalanx.errors import PhalanxError
 log = logging.getLogger("phalanx.agent")
 
 WATCH_INTERVAL = 0.05  # how often the watcher looks for new exit files (seconds)
-HEARTBEAT_GRACE = 2.0  # a heartbeat may take this long beyond its long-poll before we fail over
+HEARTBEAT_GRACE_MIN = 0.5  # seconds; see heartbeat_grace()
+
+
+def heartbeat_grace(interval: float) -> float:
+    """How long a heartbeat may take beyond its long-poll before the agent fails over to the
+    next controller. Config checks 2 * interval + this < fence_timeout, so a frozen controller
+    is left in time for a healthy one to refresh the fence."""
+    return max(HEARTBEAT_GRACE_MIN, interval)
 
 
 class Agent:
@@ -165,7 +172,7 @@ class Agent:
                 "health": self.health.summary() if self.health else None,
             },
             idempotent=True,
-            timeout=wait + HEARTBEAT_GRACE,
+            timeout=wait + heartbeat_grace(float(self.timing["heartbeat_interval"])),
         )
         self._touch_fence()
         with self._lock:

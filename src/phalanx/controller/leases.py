@@ -47,6 +47,8 @@ class LeaseKeeper:
         self.clock = clock or SystemClock()
         self.on_change = on_change
         self.peers = peers  # live controllers (ids), to spread leases; None = take everything
+        self.stable_after = 3 * ttl  # a peer gets handovers once live this long
+        self._live_since: dict[str, float] = {}
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
 
@@ -95,8 +97,15 @@ class LeaseKeeper:
                         name,
                         self.holder,
                         self.ttl,
-                        after_expiry=0.0 if mine else 2 * self.renew_interval,
+                        after_expiry=0.0 if mine else self.renew_interval,
                     )
+                    if h is not None and term != h.term:
+                        log.warning(
+                            "lease %s term %s lapsed while this controller was stalled%s",
+                            name,
+                            h.term,
+                            f"; retaken under term {term}" if term else "; another holds it",
+                        )
             except PhalanxError as e:
                 log.warning("lease %s: store error: %s", name, e)
                 term = None if h is None or start >= h.deadline else -1
@@ -138,10 +147,23 @@ class LeaseKeeper:
             return None
 
     def _hand_over(self, live: list[str] | None) -> str | None:
-        """Release one lease another live controller should hold (a controller joined)."""
-        if live is None or len(live) < 2:
+        """Release one lease another live controller should hold (a controller joined).
+
+        Only to peers that have been live for a while (`stable_after`), so a controller that
+        flickers (a pause, a slow restart) does not pull leases back and forth."""
+        if live is None:
             return None
-        name = handoff(self.terms(), self.holder, live)
+        now = self.clock.monotonic()
+        for gone in set(self._live_since) - set(live):
+            del self._live_since[gone]
+        for peer in live:
+            self._live_since.setdefault(peer, now)
+        stable = [
+            p for p in live if p == self.holder or now - self._live_since[p] >= self.stable_after
+        ]
+        if len(stable) < 2:
+            return None
+        name = handoff(self.terms(), self.holder, stable)
         if name is None:
             return None
         with self._lock:

@@ -143,8 +143,9 @@ class Controller:
         return "idle"
 
     def live_controllers(self) -> list[str]:
-        """Controllers seen within two lease TTLs (database clock), this one included."""
-        return self.store.live_controllers(2 * self.timing.lease_ttl)
+        """Controllers seen within one lease TTL (database clock), this one included: a dead
+        controller stops being preferred as soon as its leases could expire."""
+        return self.store.live_controllers(self.timing.lease_ttl)
 
     def _loop(self, name: str, fn: Callable[[], str], interval: Callable[[], float]) -> None:
         quiet = {"leases unchanged", "", "idle"}
@@ -468,7 +469,7 @@ class Controller:
         """Loops that have not completed a tick for longer than lease_ttl (a stuck controller
         must be restarted; its leases have lapsed already)."""
         now = time.monotonic()
-        limit = self.timing.lease_ttl + self.timing.scheduler_interval
+        limit = 3 * self.timing.lease_ttl + self.timing.scheduler_interval
         return sorted(
             name for name, t in self.last_tick.items() if now - t > limit and name != "presence"
         )

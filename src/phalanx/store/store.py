@@ -1260,7 +1260,11 @@ class Store:
             reason=reason,
             stop_reason=att["stop_reason"],
             requeue=bool(job["requeue"]),
-            lost_nodes=[t["node"] for t in tasks if t["state"] == TaskState.LOST.value],
+            lost_nodes=[
+                t["node"]
+                for t in tasks
+                if t["state"] == TaskState.LOST.value or (t["detail"] or {}).get("fenced")
+            ],
             launch_failed=launch_failed,
             launch_failures=int(job["launch_failures"] or 0),
             policy=self.policy,
@@ -1673,6 +1677,17 @@ def _outcome(
         return JobState.CANCELLED, stop.removeprefix("cancel: "), code, sig
     if any(d.get("timed_out") for d in details):
         return JobState.TIMEOUT, "reached its time limit", code, sig
+    fenced = [t for t in tasks if (t["detail"] or {}).get("fenced")]
+    if fenced:
+        # the node lost the controllers and stopped the job itself: a node failure, so a
+        # requeue-able job runs again elsewhere
+        node = fenced[0]["node"]
+        return (
+            JobState.NODE_FAIL,
+            f"stopped on {node} by self-fencing (its agent lost the controllers)",
+            code,
+            sig,
+        )
     lost = [t for t in tasks if t["state"] == TaskState.LOST.value]
     if lost:
         return JobState.NODE_FAIL, f"task on {lost[0]['node']} {_describe_exit(lost[0])}", code, sig
