@@ -73,7 +73,6 @@ class Agent:
         self._stop = threading.Event()
         self._known_exited: set[str] = set()
         self._registered = False
-        self._last_reply = 0.0
 
     # ------------------------------------------------------------------ lifecycle
     def prepare(self) -> None:
@@ -146,7 +145,7 @@ class Agent:
         )
         self.timing.update(reply.get("timing") or {})
         self._registered = True
-        self._touch_fence()
+        self._freshen_fence_file()
         log.info(
             "registered %s with controller %s: %d cpus, %d MB, %d gpus",
             self.name,
@@ -174,7 +173,7 @@ class Agent:
             idempotent=True,
             timeout=wait + heartbeat_grace(float(self.timing["heartbeat_interval"])),
         )
-        self._touch_fence()
+        self._freshen_fence_file()
         with self._lock:
             self.apply(reply)
         return reply
@@ -188,10 +187,6 @@ class Agent:
         full node_down_timeout), so the jobs keep running: a control-plane outage must never
         look like a dead cluster. This assumes --url lists every controller.
         """
-        self._freshen_fence_file()
-
-    def _touch_fence(self) -> None:
-        self._last_reply = time.monotonic()
         self._freshen_fence_file()
 
     def _freshen_fence_file(self) -> None:
