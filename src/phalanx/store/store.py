@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, func, insert, select, text, update
+from sqlalchemy import Connection, Select, and_, bindparam, func, insert, select, text, update
 
 from phalanx.domain.policy import Action, FailurePolicy, after_attempt
 from phalanx.domain.spec import PartitionInfo, ResolvedJob
@@ -640,7 +640,7 @@ class Store:
             allocs = [
                 dict(r)
                 for r in conn.execute(
-                    select(
+                    _active_tasks(
                         s.tasks.c.node,
                         s.tasks.c.cpus,
                         s.tasks.c.mem_mb,
@@ -649,8 +649,6 @@ class Store:
                         s.attempts.c.job_id,
                         s.attempts.c.expected_end,
                     )
-                    .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
-                    .where(s.attempts.c.state != AttemptState.ENDED.value)
                 ).mappings()
             ]
             pending = [
@@ -827,15 +825,13 @@ class Store:
             n: {"cpus": 0, "mem": 0, "gpus": set(), "tasks": 0, "exclusive": False} for n in names
         }
         for r in conn.execute(
-            select(
+            _active_tasks(
                 s.tasks.c.node,
                 s.tasks.c.cpus,
                 s.tasks.c.mem_mb,
                 s.tasks.c.gpu_ids,
                 s.tasks.c.exclusive,
-            )
-            .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
-            .where(s.tasks.c.node.in_(names), s.attempts.c.state != AttemptState.ENDED.value)
+            ).where(s.tasks.c.node.in_(names))
         ):
             u = used[r.node]
             u["cpus"] += r.cpus
@@ -1382,15 +1378,13 @@ class Store:
             ]
             usage: dict[str, dict[str, Any]] = {}
             for r in conn.execute(
-                select(
+                _active_tasks(
                     s.tasks.c.node,
                     s.tasks.c.cpus,
                     s.tasks.c.mem_mb,
                     s.tasks.c.gpu_ids,
                     s.attempts.c.job_id,
                 )
-                .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
-                .where(s.attempts.c.state != AttemptState.ENDED.value)
             ).mappings():
                 u = usage.setdefault(r["node"], {"cpus": 0, "mem_mb": 0, "gpus": 0, "jobs": []})
                 u["cpus"] += r["cpus"]
@@ -1617,6 +1611,15 @@ def _submit_event(job_id: int, row: dict[str, Any], user: str, now: float) -> di
         "message": f"submitted by {user} to {row['partitions']}{held}",
         "ts": now,
     }
+
+
+def _active_tasks(*cols: Any) -> Select[Any]:
+    """`cols` of the tasks whose attempt still holds its resources (not ENDED)."""
+    return (
+        select(*cols)
+        .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
+        .where(s.attempts.c.state != AttemptState.ENDED.value)
+    )
 
 
 def _chunks(items: list[int], n: int) -> Iterable[list[int]]:
