@@ -15,6 +15,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from phalanx.cli import render
 from phalanx.client import Client
@@ -28,8 +29,14 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 # Piped output is not cut at 80 columns: scripts and logs read whole lines.
-console = Console(width=None if sys.stdout.isatty() else 200)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+# markup=False: job names, reasons and paths are printed as they are ("[a]" is not a tag).
+console = Console(width=None if sys.stdout.isatty() else 200, markup=False)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200, markup=False)
+
+
+def _say(label: str, style: str, message: str) -> None:
+    err_console.print(Text(label, style=style), Text(message), highlight=False)
+
 
 UrlOpt = typer.Option(
     None, "--url", help="controller URL(s), comma separated (default: $PHALANX_URL)"
@@ -42,7 +49,7 @@ def _client(url: str | None) -> Client:
 
 
 def _fail(message: str, code: int = 1) -> None:
-    err_console.print(f"[red]error:[/red] {message}", highlight=False, markup=True)
+    _say("error:", "red", message)
     raise typer.Exit(code)
 
 
@@ -227,12 +234,9 @@ def submit(
     except PhalanxError as e:
         _fail(e.message)
     for w in warnings:
-        err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+        _say("warning:", "yellow", w)
     if ignored:
-        err_console.print(
-            f"[yellow]note:[/yellow] accepted with no effect here: {', '.join(ignored)}",
-            highlight=False,
-        )
+        _say("note:", "yellow", f"accepted with no effect here: {', '.join(ignored)}")
     with _client(url) as c:
         res = _run(lambda: c.submit(spec))
     if as_json:
