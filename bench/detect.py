@@ -49,24 +49,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import getpass
 import json
 import os
-import platform
 import signal
-import socket
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from phalanx.config import Timing
+import common
+from common import alive, busy_before, host_info, host_line, log, proc_stat, read_json, spread
 
 SLEEP_JOB = "#!/bin/sh\nsleep 600\n"
 # `trap '' TERM` makes the shell and (inherited) sleep ignore SIGTERM, so only SIGKILL stops it
@@ -103,196 +96,28 @@ METRICS: dict[str, tuple[str, float | None, float | None]] = {
 }
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def busy_cpus(seconds: float = 1.0) -> float:
-    """CPUs kept busy by anything on the host over a short sample (Linux /proc/stat)."""
-
-    def sample() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        return sum(v), v[3] + v[4]
-
-    try:
-        t0, i0 = sample()
-        time.sleep(seconds)
-        t1, i1 = sample()
-    except OSError:
-        return float("nan")
-    return (os.cpu_count() or 1) * (1 - (i1 - i0) / max(1, t1 - t0))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state letter, start time in clock ticks) of a process, or None if it does not exist."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return fields[0], int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def alive(pid: int, starttime: int | None = None) -> bool:
-    st = proc_stat(pid)
-    if st is None or st[0] in ("Z", "X"):
-        return False
-    return starttime is None or st[1] == starttime
-
-
-def group_alive(pgid: int) -> bool:
-    """A process group with a live (not zombie) member; zombies await a slow PID 1."""
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-            return True
-    return False
-
-
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def kill_leftovers(state: Path) -> list[str]:
-    """SIGKILL every shepherd and job process group of this cluster that is still alive."""
-    killed = []
-    for task in sorted(state.glob("nodes/*/tasks/*")):
-        shep = read_json(task / "shepherd.pid")
-        if isinstance(shep, dict) and isinstance(shep.get("pid"), int):
-            start = shep.get("starttime")
-            if alive(shep["pid"], start if isinstance(start, int) else None):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(shep["pid"], signal.SIGKILL)
-                    killed.append(f"shepherd {shep['pid']} ({task.parent.parent.name})")
-        job = read_json(task / "job.json")
-        if isinstance(job, dict) and isinstance(job.get("pgid"), int):
-            pgid = job["pgid"]
-            if not group_alive(pgid):
-                continue
-            # only a group whose leader is still this task's job (its argv names the task dir),
-            # or whose leader is gone (then the group id cannot have been reused)
-            try:
-                leader_cmd = Path(f"/proc/{pgid}/cmdline").read_bytes()
-            except OSError:
-                leader_cmd = None
-            if leader_cmd is None or str(state).encode() in leader_cmd:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pgid, signal.SIGKILL)
-                    killed.append(f"job group {pgid} ({task.parent.parent.name})")
-    return killed
-
-
 @contextlib.contextmanager
 def cluster(nodes: int, timing: dict[str, float], keep: bool) -> Iterator[tuple[str, Path, float]]:
-    state = Path(tempfile.mkdtemp(prefix="phalanx-detect-"))
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PHALANX_TIMING_")}
+    state = common.state_dir("phalanx-detect-")
+    port = common.free_port()
+    env = common.timing_env(timing, "PHALANX_TIMING_")
     env.pop("PHALANX_CONFIG", None)
-    for k, v in timing.items():
-        env[f"PHALANX_TIMING_{k.upper()}"] = repr(float(v))
-    cmd = [
-        sys.executable,
-        "-m",
-        "phalanx",
-        "up",
-        "--detach",
-        "--state-dir",
-        str(state),
-        "--port",
-        str(port),
-        "--nodes",
-        str(nodes),
-        "--cpus",
-        "8",
-        "--mem",
-        "16G",
-    ]
-    t0 = time.monotonic()
-    try:
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
-        log(f"cluster up in {time.monotonic() - t0:.1f}s (state {state}, port {port})")
+    up_args = ["--port", str(port), *common.node_args(nodes)]
+    with common.phalanx_up(state, up_args, f"port {port}", keep=keep, env=env, leftovers=True):
         yield f"http://127.0.0.1:{port}", state, time.time()
-    finally:
-        subprocess.run(
-            [sys.executable, "-m", "phalanx", "down", "--state-dir", str(state)],
-            stdout=subprocess.DEVNULL,
-            check=False,
-            env=env,
-        )
-        # `down` asks every shepherd to stop; give them a moment, then kill what is left
-        deadline = time.monotonic() + 3.0
-        while time.monotonic() < deadline and any(
-            group_alive(int(p["pgid"]))
-            for p in (read_json(f) for f in state.glob("nodes/*/tasks/*/job.json"))
-            if isinstance(p, dict) and isinstance(p.get("pgid"), int)
-        ):
-            time.sleep(0.1)
-        killed = kill_leftovers(state)
-        if killed:
-            log(f"killed leftovers: {', '.join(killed)}")
-        if keep:
-            log(f"kept {state}")
-        else:
-            subprocess.run(["rm", "-rf", str(state)], check=False)
 
 
-class Api:
+class Api(common.Api):
     def __init__(self, url: str) -> None:
-        self.http = httpx.Client(
-            base_url=url,
-            timeout=httpx.Timeout(30.0, connect=5.0),
-            headers={"X-Phalanx-User": getpass.getuser()},
-        )
-
-    def post(self, path: str, body: Any) -> Any:
-        r = self.http.post(path, json=body)
-        if r.status_code >= 400:
-            raise RuntimeError(f"POST {path}: HTTP {r.status_code}: {r.text[:300]}")
-        return r.json()
-
-    def get(self, path: str, **params: Any) -> Any:
-        r = self.http.get(path, params=params)
-        if r.status_code >= 400:
-            raise RuntimeError(f"GET {path}: HTTP {r.status_code}: {r.text[:300]}")
-        return r.json()
+        super().__init__(url, timeout=30.0)
 
     def job(self, jid: int) -> dict[str, Any]:
         return dict(self.get(f"/v1/jobs/{jid}")["jobs"][0])
 
     def events(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        since = 0
-        while True:
-            batch = self.get("/v1/events", since=since, limit=10_000)["events"]
-            out += batch
-            if len(batch) < 10_000:
-                return out
-            since = batch[-1]["id"]
-
-
-def controller_log_tail(state: Path, lines: int = 25) -> str:
-    out = []
-    for f in sorted((state / "logs").glob("controller-*.log")):
-        with contextlib.suppress(OSError):
-            text = f.read_text().splitlines()[-lines:]
-            out.append(f"--- {f.name} (last {len(text)} lines)\n" + "\n".join(text))
-    return "\n".join(out)
+        return common.all_events(
+            lambda since: self.get("/v1/events", since=since, limit=10_000)["events"]
+        )
 
 
 def one_run(args: argparse.Namespace, setting: str, k: int) -> dict[str, Any]:
@@ -302,7 +127,9 @@ def one_run(args: argparse.Namespace, setting: str, k: int) -> dict[str, Any]:
         try:
             return measure(api, state, setting, k, args)
         except Exception:
-            log(f"{setting} run {k} failed; controller log:\n{controller_log_tail(state)}")
+            log(
+                f"{setting} run {k} failed; controller log:\n{common.controller_log_tail(state, 25)}"
+            )
             raise
         finally:
             api.http.close()
@@ -312,9 +139,7 @@ def measure(
     api: Api, state: Path, setting: str, k: int, args: argparse.Namespace
 ) -> dict[str, Any]:
     tm = api.get("/v1/cluster")["this_controller"]["timing"]
-    for name, want in SETTINGS[setting].items():
-        if abs(float(tm[name]) - want) > 1e-9:
-            raise RuntimeError(f"controller runs {name}={tm[name]}, expected {want}")
+    common.check_timing(tm, SETTINGS[setting])
     down_timeout = float(tm["node_down_timeout"])
 
     script = STUBBORN_JOB if args.ignore_sigterm else SLEEP_JOB
@@ -429,11 +254,7 @@ def measure(
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key in METRICS:
-        vals = [r[key] for r in runs if key in r]
-        if vals:
-            out[key] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+    out = spread(runs, METRICS)
     out["overlap_runs"] = sum(1 for r in runs if r.get("overlap"))
     return out
 
@@ -447,11 +268,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     lines.append("-" * len(head))
     for setting, res in results.items():
         t = res["timing"]
-        lines.append(
-            f"{setting}: "
-            + ", ".join(f"{k}={t[k]:g}" for k in SHOWN_TIMING)
-            + f"  ({res['nruns']} runs)"
-        )
+        lines.append(f"{setting}: {common.timing_text(t, SHOWN_TIMING)}  ({res['nruns']} runs)")
         s = res["summary"]
         for key, (label, ref, bar) in METRICS.items():
             if key not in s:
@@ -497,37 +314,17 @@ def main() -> int:
         p.error("--nodes must be at least 2 (the job must be able to run elsewhere)")
     settings = args.only or list(SETTINGS)
 
-    timings = {}
-    for name in settings:
-        t = Timing(**SETTINGS[name])  # raises if the set breaks a timing rule
-        timings[name] = t.model_dump()
-        log(
-            f"setting {name}: "
-            + ", ".join(f"{k}={timings[name][k]:g}" for k in SHOWN_TIMING)
-            + " (rules of phalanx.config hold)"
-        )
+    timings = common.checked_timings(settings, SETTINGS, SHOWN_TIMING)
 
-    load_before = busy_cpus()
-    if load_before > 0.3:
-        log(
-            f"warning: {load_before:.1f} of {os.cpu_count()} CPUs already busy before the runs: "
-            "other processes compete with the cluster"
-        )
+    load_before = busy_before()
     results: dict[str, dict[str, Any]] = {}
     for name in settings:
         runs = [one_run(args, name, k) for k in range(1, args.runs + 1)]
-        results[name] = {
-            "timing": timings[name],
-            "overrides": SETTINGS[name],
-            "nruns": len(runs),
-            "summary": summarize(runs),
-            "runs": runs,
-        }
+        results[name] = common.setting_result(timings[name], SETTINGS[name], runs, summarize(runs))
     load_after = os.getloadavg()[0]
     print(table(results))
     print(
-        f"host: {os.cpu_count()} CPUs, {load_before:.2f} busy before the runs (1 s sample); "
-        f"load average at the end {load_after:.2f}"
+        host_line(load_before, load_after)
         + ("; job ignores SIGTERM" if args.ignore_sigterm else "")
     )
     if args.json:
@@ -542,13 +339,7 @@ def main() -> int:
                 k: {"label": v[0], "slurm_22_05_slurmd_timeout_10s": v[1], "bar_default": v[2]}
                 for k, v in METRICS.items()
             },
-            "host": {
-                "python": sys.version.split()[0],
-                "platform": platform.platform(),
-                "cpus": os.cpu_count(),
-                "busy_cpus_before": load_before,
-                "loadavg_after": load_after,
-            },
+            "host": host_info(load_before, load_after),
         }
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
     return 0

@@ -50,23 +50,19 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import signal
-import socket
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import common
 import httpx
+from common import busy_before, host_info, host_line, log, spread
 
 from phalanx.client import Client
-from phalanx.config import Timing
 from phalanx.errors import PhalanxError
 
 TRIVIAL = "#!/bin/sh\ntrue\n"
@@ -99,114 +95,6 @@ METRICS: dict[str, tuple[str, str]] = {
     "leases_s": ("kill -> leases held again (client)", "~6"),
     "take_s": ("kill -> lease.take event", "~6"),
 }
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def busy_cpus(seconds: float = 1.0) -> float:
-    """CPUs kept busy by anything on the host over a short sample (Linux /proc/stat)."""
-
-    def sample() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        return sum(v), v[3] + v[4]
-
-    try:
-        t0, i0 = sample()
-        time.sleep(seconds)
-        t1, i1 = sample()
-    except OSError:
-        return float("nan")
-    return (os.cpu_count() or 1) * (1 - (i1 - i0) / max(1, t1 - t0))
-
-
-def free_ports(n: int) -> int:
-    """A base port such that base .. base+n-1 are all free on 127.0.0.1 right now."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + n > 65535:
-            continue
-        socks = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no {n} consecutive free ports")
-
-
-def proc_stat(pid: int) -> tuple[str, int] | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return fields[0], int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def alive(pid: int, starttime: int | None = None) -> bool:
-    st = proc_stat(pid)
-    if st is None or st[0] in ("Z", "X"):
-        return False
-    return starttime is None or st[1] == starttime
-
-
-def group_alive(pgid: int) -> bool:
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-            return True
-    return False
-
-
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def kill_leftovers(state: Path) -> list[str]:
-    """SIGKILL every shepherd and job process group of this cluster that is still alive."""
-    killed = []
-    for task in sorted(state.glob("nodes/*/tasks/*")):
-        shep = read_json(task / "shepherd.pid")
-        if isinstance(shep, dict) and isinstance(shep.get("pid"), int):
-            start = shep.get("starttime")
-            if alive(shep["pid"], start if isinstance(start, int) else None):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(shep["pid"], signal.SIGKILL)
-                    killed.append(f"shepherd {shep['pid']}")
-        job = read_json(task / "job.json")
-        if isinstance(job, dict) and isinstance(job.get("pgid"), int):
-            pgid = job["pgid"]
-            if not group_alive(pgid):
-                continue
-            try:
-                leader_cmd = Path(f"/proc/{pgid}/cmdline").read_bytes()
-            except OSError:
-                leader_cmd = None
-            if leader_cmd is None or str(state).encode() in leader_cmd:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pgid, signal.SIGKILL)
-                    killed.append(f"job group {pgid}")
-    return killed
 
 
 class Databases:
@@ -252,43 +140,18 @@ class Databases:
 def cluster(
     db: str | None, nodes: int, timing: dict[str, float], keep: bool
 ) -> Iterator[tuple[list[str], Path]]:
-    state = Path(tempfile.mkdtemp(prefix="phalanx-failover-"))
-    port = free_ports(3)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PHALANX_")}
-    for k, v in timing.items():
-        env[f"PHALANX_TIMING_{k.upper()}"] = repr(float(v))
-    cmd = [sys.executable, "-m", "phalanx", "up", "--detach", "--json", "--controllers", "3"]
-    cmd += ["--nodes", str(nodes), "--cpus", "8", "--mem", "16G"]
-    cmd += ["--state-dir", str(state), "--port", str(port)]
+    state = common.state_dir("phalanx-failover-")
+    port = common.free_ports(3)
+    env = common.timing_env(timing, "PHALANX_")
+    up_args = ["--json", "--controllers", "3", *common.node_args(nodes), "--port", str(port)]
     if db:
-        cmd += ["--db", db]
-    t0 = time.monotonic()
-    try:
-        out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, env=env, text=True).stdout
-        urls = json.loads(out)["url"].split(",")
-        log(f"cluster up in {time.monotonic() - t0:.1f}s (state {state}, ports {port}-{port + 2})")
-        yield urls, state
-    finally:
-        subprocess.run(
-            [sys.executable, "-m", "phalanx", "down", "--state-dir", str(state)],
-            stdout=subprocess.DEVNULL,
-            check=False,
-            env=env,
-        )
-        deadline = time.monotonic() + 3.0
-        while time.monotonic() < deadline and any(
-            group_alive(int(p["pgid"]))
-            for p in (read_json(f) for f in state.glob("nodes/*/tasks/*/job.json"))
-            if isinstance(p, dict) and isinstance(p.get("pgid"), int)
-        ):
-            time.sleep(0.1)
-        killed = kill_leftovers(state)
-        if killed:
-            log(f"killed leftovers: {', '.join(killed)}")
-        if keep:
-            log(f"kept {state}")
-        else:
-            subprocess.run(["rm", "-rf", str(state)], check=False)
+        up_args += ["--db", db]
+    where = f"ports {port}-{port + 2}"
+    with common.phalanx_up(
+        state, up_args, where, keep=keep, env=env, capture=True, leftovers=True, name_node=False
+    ) as out:
+        assert out is not None
+        yield json.loads(out)["url"].split(","), state
 
 
 def is_sched(lease: str) -> bool:
@@ -304,27 +167,11 @@ def held(view: dict[str, Any]) -> dict[str, tuple[str, int]]:
 
 
 def events(client: Client) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    since = 0
-    while True:
-        batch = client.events(since=since, limit=10_000)
-        out += batch
-        if len(batch) < 10_000:
-            return out
-        since = int(batch[-1]["id"])
+    return common.all_events(lambda since: client.events(since=since, limit=10_000))
 
 
 def spec(name: str) -> dict[str, Any]:
     return {"script": TRIVIAL, "output": "/dev/null", "workdir": "/tmp", "name": name}
-
-
-def controller_log_tail(state: Path, lines: int = 15) -> str:
-    out = []
-    for f in sorted((state / "logs").glob("controller-*.log")):
-        with contextlib.suppress(OSError):
-            text = f.read_text().splitlines()[-lines:]
-            out.append(f"--- {f.name} (last {len(text)} lines)\n" + "\n".join(text))
-    return "\n".join(out)
 
 
 def one_run(args: argparse.Namespace, dbs: Databases, setting: str, k: int) -> dict[str, Any]:
@@ -338,7 +185,9 @@ def one_run(args: argparse.Namespace, dbs: Databases, setting: str, k: int) -> d
         try:
             return measure(urls, state, setting, k)
         except Exception:
-            log(f"{setting} run {k} failed; controller logs:\n{controller_log_tail(state)}")
+            log(
+                f"{setting} run {k} failed; controller logs:\n{common.controller_log_tail(state, 15)}"
+            )
             raise
 
 
@@ -346,9 +195,7 @@ def measure(urls: list[str], state: Path, setting: str, k: int) -> dict[str, Any
     timeout = httpx.Timeout(10.0, connect=2.0)
     with Client(urls, timeout=timeout) as watch:
         tm = watch.cluster()["this_controller"]["timing"]
-        for name, want in SETTINGS[setting].items():
-            if abs(float(tm[name]) - want) > 1e-9:
-                raise RuntimeError(f"controller runs {name}={tm[name]}, expected {want}")
+        common.check_timing(tm, SETTINGS[setting])
         ttl, renew = float(tm["lease_ttl"]), float(tm["renew_interval"])
 
         # 1. duty leases held, and the holders stable for two renewal intervals
@@ -463,11 +310,7 @@ def ids_of(ids: list[int]) -> str:
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key in METRICS:
-        vals = [r[key] for r in runs if key in r]
-        if vals:
-            out[key] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+    out = spread(runs, METRICS)
     out["kept"] = sum(r["kept"] for r in runs)
     out["completed"] = sum(r["completed"] for r in runs)
     out["acked_before"] = sum(r["acked_before"] for r in runs)
@@ -484,11 +327,7 @@ def table(results: dict[str, dict[str, Any]], db_label: str) -> str:
     ]
     for setting, res in results.items():
         t = res["timing"]
-        lines.append(
-            f"{setting}: "
-            + ", ".join(f"{k}={t[k]:g}" for k in SHOWN_TIMING)
-            + f"  ({res['nruns']} runs)"
-        )
+        lines.append(f"{setting}: {common.timing_text(t, SHOWN_TIMING)}  ({res['nruns']} runs)")
         s = res["summary"]
         for key, (label, ref) in METRICS.items():
             if key not in s:
@@ -532,41 +371,22 @@ def main() -> int:
     if args.db and args.pg:
         p.error("--db and --pg exclude each other")
     settings = args.only or list(SETTINGS)
-    timings = {}
-    for name in settings:
-        timings[name] = Timing(**SETTINGS[name]).model_dump()  # raises if a rule is broken
-        log(
-            f"setting {name}: "
-            + ", ".join(f"{k}={timings[name][k]:g}" for k in SHOWN_TIMING)
-            + " (rules of phalanx.config hold)"
-        )
+    timings = common.checked_timings(settings, SETTINGS, SHOWN_TIMING)
 
-    load_before = busy_cpus()
-    if load_before > 0.3:
-        log(
-            f"warning: {load_before:.1f} of {os.cpu_count()} CPUs already busy before the runs: "
-            "other processes compete with the cluster"
-        )
+    load_before = busy_before()
     dbs = Databases(args.db, args.pg)
     results: dict[str, dict[str, Any]] = {}
     try:
         for name in settings:
             runs = [one_run(args, dbs, name, k) for k in range(1, args.runs + 1)]
-            results[name] = {
-                "timing": timings[name],
-                "overrides": SETTINGS[name],
-                "nruns": len(runs),
-                "summary": summarize(runs),
-                "runs": runs,
-            }
+            results[name] = common.setting_result(
+                timings[name], SETTINGS[name], runs, summarize(runs)
+            )
     finally:
         dbs.close()
     load_after = os.getloadavg()[0]
     print(table(results, dbs.label()))
-    print(
-        f"host: {os.cpu_count()} CPUs, {load_before:.2f} busy before the runs (1 s sample); "
-        f"load average at the end {load_after:.2f}"
-    )
+    print(host_line(load_before, load_after))
     if args.json:
         doc = {
             "results": results,
@@ -576,13 +396,7 @@ def main() -> int:
                 "just before the kill lost; default SlurmctldTimeout 120 s",
                 "metrics": {k: {"label": v[0], "slurm": v[1]} for k, v in METRICS.items()},
             },
-            "host": {
-                "python": sys.version.split()[0],
-                "platform": platform.platform(),
-                "cpus": os.cpu_count(),
-                "busy_cpus_before": load_before,
-                "loadavg_after": load_after,
-            },
+            "host": host_info(load_before, load_after),
         }
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
     return 0

@@ -42,21 +42,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import getpass
 import json
 import os
-import platform
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
+import common
+from common import busy_before, host_info, host_line, log, spread
 
 TRIVIAL = "#!/bin/sh\ntrue\n"
 STARTED = {
@@ -83,92 +79,20 @@ METRICS: dict[str, tuple[str, str, float, float, bool]] = {
 }
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def busy_cpus(seconds: float = 1.0) -> float:
-    """CPUs kept busy by anything on the host over a short sample (Linux /proc/stat)."""
-
-    def sample() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        return sum(v), v[3] + v[4]
-
-    try:
-        t0, i0 = sample()
-        time.sleep(seconds)
-        t1, i1 = sample()
-    except OSError:
-        return float("nan")
-    return (os.cpu_count() or 1) * (1 - (i1 - i0) / max(1, t1 - t0))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def cluster(db: str | None, nodes: int, keep: bool) -> Iterator[str]:
-    state = Path(tempfile.mkdtemp(prefix="phalanx-bench-"))
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "phalanx",
-        "up",
-        "--detach",
-        "--state-dir",
-        str(state),
-        "--port",
-        str(port),
-        "--nodes",
-        str(nodes),
-        "--cpus",
-        "8",
-        "--mem",
-        "16G",
-    ]
+    state = common.state_dir("phalanx-bench-")
+    port = common.free_port()
+    up_args = ["--port", str(port), *common.node_args(nodes)]
     if db:
-        cmd += ["--db", db]
-    t0 = time.monotonic()
-    try:
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        log(f"cluster up in {time.monotonic() - t0:.1f}s (state {state}, port {port})")
+        up_args += ["--db", db]
+    with common.phalanx_up(state, up_args, f"port {port}", keep=keep):
         yield f"http://127.0.0.1:{port}"
-    finally:
-        subprocess.run(
-            [sys.executable, "-m", "phalanx", "down", "--state-dir", str(state)],
-            stdout=subprocess.DEVNULL,
-            check=False,
-        )
-        if keep:
-            log(f"kept {state}")
-        else:
-            subprocess.run(["rm", "-rf", str(state)], check=False)
 
 
-class Api:
+class Api(common.Api):
     def __init__(self, url: str) -> None:
-        self.http = httpx.Client(
-            base_url=url,
-            timeout=httpx.Timeout(300.0, connect=5.0),
-            headers={"X-Phalanx-User": getpass.getuser()},
-        )
-
-    def post(self, path: str, body: Any) -> Any:
-        r = self.http.post(path, json=body)
-        if r.status_code >= 400:
-            raise RuntimeError(f"POST {path}: HTTP {r.status_code}: {r.text[:300]}")
-        return r.json()
-
-    def get(self, path: str, **params: Any) -> Any:
-        r = self.http.get(path, params=params)
-        if r.status_code >= 400:
-            raise RuntimeError(f"GET {path}: HTTP {r.status_code}: {r.text[:300]}")
-        return r.json()
+        super().__init__(url, timeout=300.0)
 
     def any_active(self) -> bool:
         return bool(self.get("/v1/jobs", state=ACTIVE_STATES, limit=1)["jobs"])
@@ -291,12 +215,7 @@ def one_run(args: argparse.Namespace, k: int) -> dict[str, float]:
 
 
 def summarize(runs: list[dict[str, float]]) -> dict[str, dict[str, float]]:
-    out = {}
-    for key in METRICS:
-        vals = [r[key] for r in runs if key in r]
-        if vals:
-            out[key] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
-    return out
+    return dict(spread(runs, METRICS))
 
 
 def fmt(v: float, unit: str) -> str:
@@ -353,22 +272,16 @@ def main() -> int:
         if getattr(args, k) is None:
             setattr(args, k, v)
 
-    load_before = busy_cpus()
-    if load_before > 0.3:
-        log(
-            f"warning: {load_before:.1f} of {os.cpu_count()} CPUs already busy before the runs: "
-            "other processes compete with the cluster and the numbers will be low"
-        )
+    load_before = busy_before(
+        "other processes compete with the cluster and the numbers will be low"
+    )
     runs = []
     for k in range(1, args.runs + 1):
         runs.append(one_run(args, k))
     load_after = os.getloadavg()[0]
     summary = summarize(runs)
     print(table(summary, len(runs)))
-    print(
-        f"host: {os.cpu_count()} CPUs, {load_before:.2f} busy before the runs (1 s sample); "
-        f"load average at the end {load_after:.2f}"
-    )
+    print(host_line(load_before, load_after))
     if args.json:
         doc = {
             "summary": summary,
@@ -396,13 +309,7 @@ def main() -> int:
                 }
                 for k, v in METRICS.items()
             },
-            "host": {
-                "python": sys.version.split()[0],
-                "platform": platform.platform(),
-                "cpus": os.cpu_count(),
-                "busy_cpus_before": load_before,
-                "loadavg_after": load_after,
-            },
+            "host": host_info(load_before, load_after),
         }
         if args.db and "@" in args.db:
             doc["params"]["db"] = args.db.split("://")[0] + "://..."
