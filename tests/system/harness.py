@@ -351,6 +351,19 @@ class Cluster:
         return self._client
 
     # -------------------------------------------------------------- jobs
+    def submit_script(self, tmp_path: Path, name: str, script: str, **extra: Any) -> int:
+        """Submit a batch script with output in `tmp_path/<name>-<id>.out`; return its id."""
+        spec = {
+            "script": script,
+            "name": name,
+            "submit_dir": str(tmp_path),
+            "output": str(tmp_path / f"{name}-%j.out"),
+            "time_limit_s": 600,
+            "env": {"PATH": "/usr/local/bin:/usr/bin:/bin"},
+            **extra,
+        }
+        return int(self.client().submit(spec)["job_id"])
+
     def jobs_by_id(self, ids: Iterable[int] | None = None) -> dict[int, dict[str, Any]]:
         jobs = self.client().jobs(limit=100_000)
         out = {int(j["id"]): j for j in jobs}

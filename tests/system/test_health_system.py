@@ -33,7 +33,6 @@ FAST = {
     "fence_margin": 0.5,
     "checkpoint_grace": 10.0,
 }
-PATH_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
 INTERVAL = 1  # seconds between health check runs
 HEALTHY_GPUS = {"gpus": [{"temperature": 40}, {"temperature": 42}]}
 
@@ -108,19 +107,6 @@ def _wait_resumed(cluster: Cluster, name: str) -> dict[str, Any]:
     return node
 
 
-def _submit(cluster: Cluster, tmp_path: Path, name: str, script: str, **extra: Any) -> int:
-    spec = {
-        "script": script,
-        "name": name,
-        "submit_dir": str(tmp_path),
-        "output": str(tmp_path / f"{name}-%j.out"),
-        "time_limit_s": 600,
-        "env": dict(PATH_ENV),
-        **extra,
-    }
-    return int(cluster.client().submit(spec)["job_id"])
-
-
 def _count_in_log(cluster: Cluster, node: str, text: str) -> int:
     try:
         return cluster.agent(node).log.read_text(errors="replace").count(text)
@@ -143,8 +129,7 @@ def test_gpu_xid_drains_requeues_with_checkpoint_and_recovers(
         "node01", cpus=4, gpus="a100:2", env={"PHX_FAKE_NVML": str(nvml1)}, extra_args=extra
     )
     marker = tmp_path / "checkpointed"
-    jid = _submit(
-        cluster,
+    jid = cluster.submit_script(
         tmp_path,
         "train",
         "#!/bin/bash\n"
@@ -265,7 +250,7 @@ def test_preflight_failure_joins_drained(cluster: Cluster, tmp_path: Path) -> No
     script = _site_script(tmp_path / "check.sh", flag)
     config = _health_config(tmp_path / "health.toml", script=script, passes=2)
     # a job waiting before the node exists: it must not start there while preflight fails
-    jid = _submit(cluster, tmp_path, "waiting", "#!/bin/bash\necho ran on $SLURMD_NODENAME\n")
+    jid = cluster.submit_script(tmp_path, "waiting", "#!/bin/bash\necho ran on $SLURMD_NODENAME\n")
     cluster.start_agent("node01", extra_args=["--health-config", str(config)])
 
     n = _node(cluster, "node01")

@@ -32,7 +32,6 @@ FAST = {
     "fence_kill_grace": 0.5,
     "fence_margin": 0.5,
 }
-PATH_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
 
 
 # ---------------------------------------------------------------------- helpers
@@ -50,19 +49,6 @@ def _node_events(cluster: Cluster, name: str) -> list[dict[str, Any]]:
 
 def _kinds(events: list[dict[str, Any]]) -> list[str]:
     return [e["kind"] for e in events]
-
-
-def _submit(cluster: Cluster, tmp_path: Path, name: str, script: str, **extra: Any) -> int:
-    spec = {
-        "script": script,
-        "name": name,
-        "submit_dir": str(tmp_path),
-        "output": str(tmp_path / f"{name}-%j.out"),
-        "time_limit_s": 600,
-        "env": dict(PATH_ENV),
-        **extra,
-    }
-    return int(cluster.client().submit(spec)["job_id"])
 
 
 def _wait_go(go: Path) -> str:
@@ -115,23 +101,21 @@ def test_agent_sigkill_node_down_requeue_and_rejoin(cluster: Cluster, tmp_path: 
     cluster.start_agent("node01", cpus=4)
     go_a, go_filler = tmp_path / "go-a", tmp_path / "go-filler"
     # A: requeue-able; prints where each run happens, then waits for the test
-    a = _submit(
-        cluster,
+    a = cluster.submit_script(
         tmp_path,
         "a",
         '#!/bin/bash\necho "run $SLURM_RESTART_COUNT on $SLURMD_NODENAME"\n' + _wait_go(go_a),
         requeue=True,
     )
     # B: not requeue-able; must end NODE_FAIL with its node
-    b = _submit(cluster, tmp_path, "b", "#!/bin/bash\nsleep 600\n", requeue=False)
+    b = cluster.submit_script(tmp_path, "b", "#!/bin/bash\nsleep 600\n", requeue=False)
     _running_on(cluster, a, "node01")
     _running_on(cluster, b, "node01")
 
     # node02 has one CPU, held by a filler until the test lets it go: the requeued job then
     # has to wait, which shows that it does not go back to node01 once node01 is back
     cluster.start_agent("node02", cpus=1)
-    filler = _submit(
-        cluster,
+    filler = cluster.submit_script(
         tmp_path,
         "filler",
         "#!/bin/bash\n" + _wait_go(go_filler),
@@ -205,8 +189,7 @@ def test_frozen_agent_job_fenced_before_requeue(cluster: Cluster, tmp_path: Path
     cluster.start_controller()
     cluster.start_agent("node01")
     ticks = tmp_path / "ticks"
-    jid = _submit(
-        cluster,
+    jid = cluster.submit_script(
         tmp_path,
         "ticker",
         TICKER.format(python=sys.executable, ticks=str(ticks)),
@@ -279,7 +262,7 @@ def test_controller_restart_declares_no_node_down(cluster: Cluster, tmp_path: Pa
     cluster.timing.update({"node_down_timeout": node_down_timeout})  # the default
     cluster.start(nodes=2, cpus=2)
     jobs = [
-        _submit(cluster, tmp_path, f"long{i}", "#!/bin/bash\nsleep 600\n", cpus_per_task=2)
+        cluster.submit_script(tmp_path, f"long{i}", "#!/bin/bash\nsleep 600\n", cpus_per_task=2)
         for i in range(2)
     ]
     for jid in jobs:
