@@ -19,6 +19,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    false,
 )
 
 metadata = MetaData()
@@ -64,6 +65,13 @@ jobs = Table(
     Column("nodelist_run", JSON, nullable=True),  # nodes of the current/last attempt
     Column("launch_failures", Integer, nullable=False, default=0, server_default="0"),
     Column("avoid_nodes", JSON, nullable=True),  # nodes it failed on: not used again (soft)
+    # Failed attempts retried so far under the retry policy (planned requeues do not count).
+    Column("retries", Integer, nullable=False, default=0, server_default="0"),
+    # Nodes held for a fast restart after a node failure (elastic and spare jobs), rank order,
+    # until `reserved_until`: the scheduler gives them to this job before anyone else.
+    Column("reserved_nodes", JSON, nullable=True),
+    Column("reserved_until", Float, nullable=True),
+    Column("checkpoint", JSON, nullable=True),  # the latest reported checkpoint
     sqlite_autoincrement=True,
 )
 Index("ix_jobs_state", jobs.c.state)
@@ -89,6 +97,7 @@ attempts = Table(
     Column("result", String(16), nullable=True),  # the job state this attempt produced
     Column("exit_code", Integer, nullable=True),
     Column("exit_signal", Integer, nullable=True),
+    Column("progress", JSON, nullable=True),  # the job's latest progress report: step, time
     sqlite_autoincrement=True,
 )
 Index("ix_attempts_job", attempts.c.job_id)
@@ -111,6 +120,8 @@ tasks = Table(
     Column("exit_code", Integer, nullable=True),
     Column("exit_signal", Integer, nullable=True),
     Column("detail", JSON, nullable=True),  # the shepherd's exit record
+    # A hot spare held with the allocation: holds resources, runs nothing, has no rank (-1).
+    Column("spare", Boolean, nullable=False, default=False, server_default=false()),
 )
 Index("ix_tasks_node_state", tasks.c.node, tasks.c.state)
 
@@ -185,3 +196,21 @@ controllers = Table(
     Column("started_at", Float, nullable=False),
     Column("last_seen", Float, nullable=False),
 )
+
+# Maintenance windows: the nodes are kept free of jobs that would cross the window, drained for
+# it (drain_by "maint:<id>") and returned after it. state: scheduled | active | done | removed.
+maintenance = Table(
+    "maintenance",
+    metadata,
+    Column("id", IdType, primary_key=True, autoincrement=True),
+    Column("nodes_expr", String(1024), nullable=False),  # as the operator wrote it
+    Column("nodes", JSON, nullable=False),  # expanded names
+    Column("start", Float, nullable=False),
+    Column("end", Float, nullable=False),
+    Column("reason", Text, nullable=True),
+    Column("state", String(16), nullable=False),
+    Column("created_by", String(128), nullable=False),
+    Column("created_at", Float, nullable=False),
+    sqlite_autoincrement=True,
+)
+Index("ix_maintenance_state", maintenance.c.state)
