@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from phalanx.domain.policy import FailurePolicy
+from phalanx.domain.policy import FailurePolicy, parse_retry_on
 from phalanx.errors import ConfigError
 
 
@@ -85,6 +85,13 @@ class Timing(BaseModel):
         description="planned stops: time between the checkpoint signal and SIGTERM "
         "(a job's --signal=SIG@N asks for N instead)",
     )
+    maint_lead: float = Field(
+        30.0,
+        ge=0,
+        le=86400,
+        description="maintenance windows: jobs on the window's nodes get their checkpoint "
+        "signal this long before it starts (longer if the job asks for a longer grace)",
+    )
     launch_backoff_base: float = Field(
         2.0, gt=0, le=3600, description="wait before retrying a failed launch; doubles each time"
     )
@@ -96,6 +103,40 @@ class Timing(BaseModel):
         gt=0,
         le=3600,
         description="a STARTING attempt that no agent confirms in this long is requeued",
+    )
+    restart_reservation: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="an elastic or spare job that lost a node keeps its surviving nodes "
+        "reserved this long for its restart; no other job may take them meanwhile",
+    )
+    node_mtbf_prior_s: float = Field(
+        30 * 86400.0,
+        gt=0,
+        le=10 * 365 * 86400.0,
+        description="--checkpoint-interval=auto: assumed mean time between failures of one "
+        "node until the cluster's own failure history says otherwise",
+    )
+    node_mtbf_prior_weight_s: float = Field(
+        30 * 86400.0,
+        gt=0,
+        le=10 * 365 * 86400.0,
+        description="how much observed node time the prior is worth (node-seconds): history "
+        "outweighs the prior once the cluster has been watched for longer than this",
+    )
+    default_checkpoint_cost_s: float = Field(
+        30.0,
+        ge=0,
+        le=86400,
+        description="--checkpoint-interval=auto: assumed duration of one checkpoint until the "
+        "job has reported one",
+    )
+    checkpoint_interval_min_s: float = Field(
+        60.0,
+        gt=0,
+        le=86400,
+        description="--checkpoint-interval=auto never asks for checkpoints more often than this",
     )
 
     @model_validator(mode="after")
@@ -130,8 +171,22 @@ class Timing(BaseModel):
                 "scheduler_min_gap <= scheduler_interval",
             ),
             (
+                # the restart gets at least two scheduling passes on its reserved nodes
+                self.restart_reservation >= 2 * self.scheduler_interval,
+                "restart_reservation >= 2 * scheduler_interval",
+            ),
+            (
                 self.heartbeat_flush_interval < self.node_down_timeout / 2,
                 "heartbeat_flush_interval < node_down_timeout / 2",
+            ),
+            (
+                # a checkpoint that outlasts a node's expected life is a unit mistake
+                self.default_checkpoint_cost_s < self.node_mtbf_prior_s,
+                "default_checkpoint_cost_s < node_mtbf_prior_s",
+            ),
+            (
+                self.checkpoint_interval_min_s < self.node_mtbf_prior_s,
+                "checkpoint_interval_min_s < node_mtbf_prior_s",
             ),
         ]
         broken = [text for ok, text in rules if not ok]
@@ -194,11 +249,45 @@ class ClusterConfig(BaseModel):
         return self
 
 
+class RetryConfig(BaseModel):
+    """Cluster-wide retry defaults; a job's --retries, --retry-on and --retry-backoff override
+    them (docs/retries.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_retries: int = Field(5, ge=0, le=10_000, description="failure retries per job (per task)")
+    retry_on: str = Field(
+        "node_fail,health,launch,hang",
+        description="failure kinds (and exit:N codes) that are retried by default",
+    )
+    backoff_base: float = Field(
+        10.0,
+        ge=0,
+        le=86400,
+        description="seconds before the first retry of a job-caused failure; doubles per retry",
+    )
+    backoff_max: float = Field(600.0, ge=0, le=7 * 86400, description="longest wait before a retry")
+
+    @model_validator(mode="after")
+    def _rules(self) -> RetryConfig:
+        try:
+            parse_retry_on(self.retry_on)
+        except ValueError as e:
+            raise ValueError(f"retry_on: {e}") from None
+        if self.backoff_base > self.backoff_max:
+            raise ValueError(
+                f"backoff_base ({self.backoff_base:g}) must not exceed backoff_max "
+                f"({self.backoff_max:g})"
+            )
+        return self
+
+
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     timing: Timing = Field(default_factory=lambda: Timing())
     cluster: ClusterConfig = Field(default_factory=lambda: ClusterConfig())
+    retry: RetryConfig = Field(default_factory=lambda: RetryConfig())
 
     def failure_policy(self) -> FailurePolicy:
         return FailurePolicy(
@@ -206,6 +295,10 @@ class Config(BaseModel):
             launch_backoff_base=self.timing.launch_backoff_base,
             launch_backoff_max=self.timing.launch_backoff_max,
             node_launch_failures_to_drain=self.cluster.node_launch_failures_to_drain,
+            max_retries=self.retry.max_retries,
+            retry_on=self.retry.retry_on,
+            retry_backoff_base=self.retry.backoff_base,
+            retry_backoff_max=self.retry.backoff_max,
         )
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import fnmatch
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from phalanx.domain import values
+from phalanx.domain import maintenance, values
 from phalanx.domain.deps import DepVerdict, evaluate
 from phalanx.domain.placement import Allocation, JobRequest, NodeView, Placement, place
 
@@ -74,6 +74,8 @@ def resolved_request(resolved: Any) -> JobRequest:
             "nodelist": resolved.nodelist,
             "exclude": resolved.exclude,
             "time_limit_s": resolved.time_limit_s,
+            "nodes_max": getattr(resolved, "nodes_max", None),
+            "spares": getattr(resolved, "spares", 0),
         }
     )
 
@@ -97,7 +99,18 @@ def job_request(job: dict[str, Any]) -> JobRequest:
         nodelist=tuple(job["nodelist"] or ()),
         exclude=tuple(sorted(set(job["exclude"] or ()) | set(job.get("avoid_nodes") or ()))),
         time_limit_s=job["time_limit_s"],
+        nodes_max=int(job["nodes_max"]) if job.get("nodes_max") else None,
+        spares=int(job.get("spares") or 0),
     )
+
+
+def live_reservation(job: dict[str, Any], now: float) -> tuple[str, ...]:
+    """The job's restart reservation (rank order, then spares) if it has not run out."""
+    nodes = job.get("reserved_nodes")
+    until = job.get("reserved_until")
+    if not nodes or until is None or until <= now:
+        return ()
+    return tuple(str(n) for n in nodes)
 
 
 def plan(snap: Any, now: float, *, backfill: bool = True) -> Plan:
@@ -118,6 +131,7 @@ def plan(snap: Any, now: float, *, backfill: bool = True) -> Plan:
     ]
     array_active = dict(snap.array_active)
     names_taken = set(snap.active_names)
+    keep_off = maintenance.KeepOff(getattr(snap, "maintenance", None) or [], now)
     eligible: list[JobRequest] = []
     for job in snap.pending:
         jid = int(job["id"])
@@ -149,13 +163,26 @@ def plan(snap: Any, now: float, *, backfill: bool = True) -> Plan:
             array_active[int(arr)] = array_active.get(int(arr), 0) + 1
         if singleton:
             names_taken.add(key)
-        eligible.append(job_request(job))
-    placed = place(eligible, views, allocs, now, backfill=backfill)
+        req = keep_off.restrict(job_request(job))
+        reserved = live_reservation(job, now)
+        if reserved:
+            req = replace(req, reserved=reserved)
+        eligible.append(req)
+    # reservations of jobs this pass does not schedule (another partition's lease holder)
+    others: dict[str, int] = {}
+    for r in getattr(snap, "reservations", None) or []:
+        for name in live_reservation(r, now):
+            others.setdefault(name, int(r["id"]))
+    placed = place(eligible, views, allocs, now, backfill=backfill, reserved_nodes=others)
     placed_ids = {p.job_id for p in placed}
     out.starts = placed
     first_blocked = True
     for req in eligible:
-        if req.job_id not in placed_ids:
+        if req.job_id not in placed_ids and req.reserved:
+            out.reasons[req.job_id] = "Reserved (restarts on its nodes after a node failure)"
+        elif req.job_id not in placed_ids:
             out.reasons[req.job_id] = "Resources" if first_blocked else "Priority"
             first_blocked = False
+    exclusive = {int(j["id"]): bool(j["exclusive"]) for j in snap.pending}
+    out.reasons.update(keep_off.reasons(out.reasons, placed, views, allocs, exclusive))
     return out

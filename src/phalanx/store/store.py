@@ -28,7 +28,17 @@ from typing import Any
 
 from sqlalchemy import Connection, Select, and_, bindparam, func, insert, select, text, update
 
-from phalanx.domain.policy import Action, FailurePolicy, after_attempt
+from phalanx.domain import checkpointing, job_reports, maintenance
+from phalanx.domain.elastic import restart_layout
+from phalanx.domain.hostlist import compress_hostlist, expand_hostlist, hostname_sort_key
+from phalanx.domain.policy import (
+    Action,
+    FailurePolicy,
+    RetryRules,
+    TaskEnd,
+    after_attempt,
+    describe_hang,
+)
 from phalanx.domain.spec import PartitionInfo, ResolvedJob
 from phalanx.domain.states import (
     AttemptState,
@@ -38,7 +48,7 @@ from phalanx.domain.states import (
 )
 from phalanx.errors import Fenced, InvalidSpec, InvalidTransition, NotFound
 from phalanx.store import schema as s
-from phalanx.store.engine import Engines
+from phalanx.store.engine import DEFAULT_OP_TIMEOUT, Engines
 
 ACTIVE_ATTEMPT = (AttemptState.STARTING, AttemptState.RUNNING, AttemptState.STOPPING)
 
@@ -61,6 +71,8 @@ class TaskReport:
     state: str  # "starting" | "running" | "exited" | "lost"
     started_at: float | None = None
     exit: dict[str, Any] | None = None
+    checkpoint: dict[str, Any] | None = None  # the job's latest checkpoint marker on this node
+    progress: dict[str, Any] | None = None  # the job's latest progress report on this node
 
 
 @dataclass
@@ -74,6 +86,10 @@ class SchedSnapshot:
     active_names: set[tuple[str, str]]
     array_active: dict[int, int]
     singleton_first: dict[tuple[str, str], int] = field(default_factory=dict)
+    # pending jobs holding a restart reservation: id, reserved_nodes, reserved_until
+    reservations: list[dict[str, Any]] = field(default_factory=list)
+    # maintenance windows still to come or under way (rows of `maintenance`)
+    maintenance: list[dict[str, Any]] = field(default_factory=list)
 
 
 # Every job column but the spec (script and environment can be kilobytes): lists, scheduling
@@ -93,11 +109,16 @@ class Store:
         actor: str = "phalanx",
         connect_timeout: float = 5.0,
         policy: FailurePolicy | None = None,
+        op_timeout: float = DEFAULT_OP_TIMEOUT,
     ) -> None:
-        self.db = Engines(url, connect_timeout=connect_timeout)
+        # op_timeout: PostgreSQL round-trip deadline (timing.db_op_timeout; store/engine.py)
+        self.db = Engines(url, connect_timeout=connect_timeout, op_timeout=op_timeout)
         self.actor = actor  # default actor/controller id stamped on events
         self.dialect = self.db.dialect
         self.policy = policy or FailurePolicy()
+        # seconds an elastic or spare job's surviving nodes stay reserved for its fast restart
+        # (timing.restart_reservation; the controller sets it from its configuration)
+        self.restart_reservation = 60.0
 
     # ------------------------------------------------------------------ schema
     def migrate(self) -> None:
@@ -442,7 +463,12 @@ class Store:
             "exclude": resolved.exclude,
             "dependency": self._resolve_dependencies(conn, resolved.dependency),
             "requeue": resolved.requeue,
-            "spec": {**spec, "signal_parsed": resolved.signal, "workdir": resolved.workdir},
+            "spec": {
+                **spec,
+                "signal_parsed": resolved.signal,
+                "checkpoint_parsed": resolved.checkpoint,
+                "workdir": resolved.workdir,
+            },
             "restart_count": 0,
             "array_limit": resolved.array_limit,
             "array_job_id": None,
@@ -654,10 +680,19 @@ class Store:
             pending = [
                 dict(r)
                 for r in conn.execute(
-                    select(*_JOB_SUMMARY)
+                    select(*_JOB_SUMMARY, *_elastic_columns())
                     .where(s.jobs.c.state == JobState.PENDING.value)
                     .order_by(s.jobs.c.priority.desc(), s.jobs.c.id)
                     .limit(pending_limit)
+                ).mappings()
+            ]
+            reservations = [
+                dict(r)
+                for r in conn.execute(
+                    select(s.jobs.c.id, s.jobs.c.reserved_nodes, s.jobs.c.reserved_until).where(
+                        s.jobs.c.state == JobState.PENDING.value,
+                        s.jobs.c.reserved_until.is_not(None),
+                    )
                 ).mappings()
             ]
             dep_ids = {int(j) for p in pending for d in p["dependency"] for j in d.get("jobs", [])}
@@ -701,13 +736,17 @@ class Store:
                 dep_started=dep_started,
                 active_names=active_names,
                 array_active=array_active,
+                reservations=reservations,
+                maintenance=self._live_windows(conn),
             )
 
     def start_attempts(self, starts: Sequence[dict[str, Any]], fence: Fence | None) -> list[int]:
         """Create attempts for placements, in one fenced transaction; return the job ids started.
 
         Each item: job_id, partition, nodes (rank order), cpus_per_node, mem_per_node_mb (list),
-        gpu_ids (list of lists), exclusive, time_limit_s. A job that is no longer PENDING is skipped.
+        gpu_ids (list of lists), exclusive, time_limit_s, and optionally spares: how many of the
+        last `nodes` are hot spares (their tasks hold resources, rank -1, and run nothing). A
+        job that is no longer PENDING is skipped. Starting ends a job's restart reservation.
         """
         now = _now()
         if not starts:
@@ -742,7 +781,7 @@ class Store:
                         "token": uuid.uuid4().hex,
                         "state": AttemptState.STARTING.value,
                         "partition": st["partition"],
-                        "nodes": list(st["nodes"]),
+                        "nodes": _rank_nodes(st),
                         "fence_term": term,
                         "created_at": now,
                         "expected_end": (now + tl)
@@ -759,12 +798,13 @@ class Store:
                     {
                         "attempt_id": aid,
                         "node": n,
-                        "rank": i,
+                        "rank": i if i < len(_rank_nodes(st)) else -1,
                         "cpus": st["cpus_per_node"],
                         "mem_mb": st["mem_per_node_mb"][i],
                         "gpu_ids": list(st["gpu_ids"][i]),
                         "exclusive": bool(st["exclusive"]),
                         "state": TaskState.STARTING.value,
+                        "spare": i >= len(_rank_nodes(st)),
                     }
                     for st, aid in zip(ok, att_ids, strict=True)
                     for i, n in enumerate(st["nodes"])
@@ -779,13 +819,15 @@ class Store:
                     attempt_id=bindparam("b_att"),
                     partition=bindparam("b_part"),
                     nodelist_run=bindparam("b_nodes"),
+                    reserved_nodes=None,
+                    reserved_until=None,
                 ),
                 [
                     {
                         "b_id": st["job_id"],
                         "b_att": aid,
                         "b_part": st["partition"],
-                        "b_nodes": list(st["nodes"]),
+                        "b_nodes": _rank_nodes(st),
                     }
                     for st, aid in zip(ok, att_ids, strict=True)
                 ],
@@ -797,7 +839,8 @@ class Store:
                         "kind": "job.starting",
                         "job_id": int(st["job_id"]),
                         "term": term,
-                        "message": f"allocated {','.join(st['nodes'])} in {st['partition']} (attempt {aid})",
+                        "message": f"allocated {','.join(_rank_nodes(st))} in {st['partition']} "
+                        f"(attempt {aid})" + _spares_text(st),
                         "data": {"from": JobState.PENDING.value, "to": JobState.STARTING.value},
                         "ts": now,
                     }
@@ -1040,10 +1083,16 @@ class Store:
                 s.jobs.c.time_limit_s,
                 s.jobs.c.cpus_per_node,
                 s.jobs.c.spec,
+                s.jobs.c.checkpoint.label("job_checkpoint"),
+                s.attempts.c.progress.label("attempt_progress"),
             )
             .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
             .join(s.jobs, s.jobs.c.id == s.attempts.c.job_id)
-            .where(s.tasks.c.node == node, s.attempts.c.state != AttemptState.ENDED.value)
+            .where(
+                s.tasks.c.node == node,
+                s.attempts.c.state != AttemptState.ENDED.value,
+                s.tasks.c.spare.is_(False),  # a hot spare runs nothing: the agent never sees it
+            )
         )
         if conn is not None:
             return [dict(r) for r in conn.execute(q).mappings()]
@@ -1082,7 +1131,11 @@ class Store:
                 conn.execute(
                     select(s.tasks, s.attempts.c.token, s.attempts.c.state.label("attempt_state"))
                     .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
-                    .where(s.tasks.c.node == node, s.attempts.c.state != AttemptState.ENDED.value)
+                    .where(
+                        s.tasks.c.node == node,
+                        s.attempts.c.state != AttemptState.ENDED.value,
+                        s.tasks.c.spare.is_(False),
+                    )
                 )
                 .mappings()
                 .all()
@@ -1094,6 +1147,7 @@ class Store:
                 task = mine.get(rep.attempt_id)
                 if task is None or task["token"] != rep.token:
                     continue
+                self._record_job_reports(conn, node, rep, task)
                 if rep.state in ("starting", "running"):
                     if task["state"] == TaskState.STARTING.value and rep.state == "running":
                         conn.execute(
@@ -1168,6 +1222,54 @@ class Store:
             for aid in sorted(touched):
                 self._advance_attempt(conn, aid)
 
+    def _record_job_reports(
+        self, conn: Connection, node: str, rep: TaskReport, task: Mapping[str, Any]
+    ) -> None:
+        """Record a task's new checkpoint (event + jobs.checkpoint) and progress (throttled)."""
+        if rep.checkpoint is None and rep.progress is None:
+            return
+        row = (
+            conn.execute(
+                select(
+                    s.attempts.c.job_id,
+                    s.attempts.c.seq,
+                    s.attempts.c.progress,
+                    s.jobs.c.checkpoint,
+                )
+                .join(s.jobs, s.jobs.c.id == s.attempts.c.job_id)
+                .where(s.attempts.c.id == rep.attempt_id)
+            )
+            .mappings()
+            .first()
+        )
+        if row is None:
+            return
+        seq = int(row["seq"])
+        if rep.checkpoint is not None and job_reports.is_new_checkpoint(
+            row["checkpoint"], rep.checkpoint, seq=seq, rank=int(task["rank"])
+        ):
+            record = job_reports.checkpoint_record(rep.checkpoint, seq=seq, node=node)
+            conn.execute(
+                update(s.jobs).where(s.jobs.c.id == row["job_id"]).values(checkpoint=record)
+            )
+            took = record["duration_s"]
+            self._event(
+                conn,
+                "job.checkpoint",
+                f"checkpoint {record['path']}"
+                + (f" took {took:.1f}s" if took is not None else "")
+                + f" (restart {seq}, {node})",
+                job_id=int(row["job_id"]),
+                node=node,
+                data=record,
+            )
+        if job_reports.progress_due(row["progress"], rep.progress):
+            conn.execute(
+                update(s.attempts)
+                .where(s.attempts.c.id == rep.attempt_id)
+                .values(progress={**(rep.progress or {}), "node": node})
+            )
+
     def _advance_attempt(self, conn: Connection, attempt_id: int) -> None:
         """Move an attempt (and its job) forward after its tasks changed."""
         att = dict(
@@ -1181,6 +1283,9 @@ class Store:
                 select(s.tasks).where(s.tasks.c.attempt_id == attempt_id).order_by(s.tasks.c.rank)
             ).mappings()
         ]
+        # hot spares run nothing: they never decide an attempt's progress or outcome
+        spare_tasks = [t for t in tasks if t["spare"]]
+        tasks = [t for t in tasks if not t["spare"]]
         job = dict(
             conn.execute(select(*_JOB_SUMMARY).where(s.jobs.c.id == att["job_id"])).mappings().one()
         )
@@ -1200,6 +1305,16 @@ class Store:
             )
             att["state"] = AttemptState.RUNNING.value
             att["start_time"] = start  # a task that also exited in this report ends the job below
+            if spare_tasks:  # spares hold their nodes while the job runs
+                conn.execute(
+                    update(s.tasks)
+                    .where(
+                        s.tasks.c.attempt_id == attempt_id,
+                        s.tasks.c.spare.is_(True),
+                        s.tasks.c.state == TaskState.STARTING.value,
+                    )
+                    .values(state=TaskState.RUNNING.value)
+                )
             if job["state"] == JobState.STARTING.value:
                 self._set_job_state(
                     conn,
@@ -1246,10 +1361,18 @@ class Store:
             )
         )
         self._bump_gen(conn, att["nodes"])
+        if spare_tasks:
+            self._release_spares(conn, attempt_id, now)
         launch_failed = [(t["node"], err) for t in tasks if (err := _launch_error(t))]
         if launch_failed:
             self._count_node_launch_failures(conn, launch_failed)
         if job["attempt_id"] != attempt_id or JobState(job["state"]).terminal:
+            return
+        if (
+            result is JobState.NODE_FAIL
+            and not launch_failed
+            and self._fast_restart(conn, job, att, tasks, spare_tasks, reason, now)
+        ):
             return
         verdict = after_attempt(
             result=result,
@@ -1264,10 +1387,19 @@ class Store:
             launch_failed=launch_failed,
             launch_failures=int(job["launch_failures"] or 0),
             policy=self.policy,
+            tasks=[_task_end(t) for t in tasks],
+            retries=int(job["retries"] or 0),
+            rules=(
+                self._retry_rules(conn, job["id"])
+                if result is not JobState.COMPLETED or att["stop_reason"]
+                else None
+            ),
         )
         extra: dict[str, Any] = {"exit_code": code, "exit_signal": sig}
         if verdict.launch_failure:
             extra["launch_failures"] = int(job["launch_failures"] or 0) + 1
+        if verdict.retry:  # a failure retry spends the job's budget; planned requeues do not
+            extra["retries"] = int(job["retries"] or 0) + 1
         if verdict.avoid:
             extra["avoid_nodes"] = self._avoidable(conn, job, verdict.avoid)
         if verdict.action is Action.END:
@@ -1285,6 +1417,121 @@ class Store:
             extra=extra,
             event_kind="job.requeue" if verdict.action is Action.REQUEUE else "job.held",
         )
+
+    def _release_spares(self, conn: Connection, attempt_id: int, now: float) -> None:
+        """The attempt ended: its spare tasks (which never ran anything) end with it."""
+        conn.execute(
+            update(s.tasks)
+            .where(
+                s.tasks.c.attempt_id == attempt_id,
+                s.tasks.c.spare.is_(True),
+                s.tasks.c.state.in_([TaskState.STARTING.value, TaskState.RUNNING.value]),
+            )
+            .values(state=TaskState.EXITED.value, ended_at=now)
+        )
+
+    def _fast_restart(
+        self,
+        conn: Connection,
+        job: dict[str, Any],
+        att: dict[str, Any],
+        tasks: list[dict[str, Any]],
+        spare_tasks: list[dict[str, Any]],
+        reason: str | None,
+        now: float,
+    ) -> bool:
+        """An elastic or spare job lost a node: back to PENDING with its nodes reserved.
+
+        The job restarts at once on its surviving nodes (a spare in place of the failed rank,
+        rank layout kept; an elastic job may shrink to MIN and grow with free nodes) without
+        going back through the queue: the scheduler places a job with a live reservation first
+        and closes its nodes to everyone else until `reserved_until`. This is not a failure
+        retry (the retry budget is untouched) and sets no backoff. False when the job is not
+        elastic or spare, is not requeue-able, was being stopped on purpose, or too few nodes
+        are left (then the usual requeue policy applies).
+        """
+        stop = att["stop_reason"] or ""
+        if not job["requeue"] or stop.startswith(("cancel", "requeue")):
+            return False
+        nodes_max, spares = self._elastic_of(conn, int(job["id"]))
+        if nodes_max is None and not spares:
+            return False
+        failed = {
+            t["node"]
+            for t in tasks
+            if t["state"] == TaskState.LOST.value or (t["detail"] or {}).get("fenced")
+        }
+        failed |= {t["node"] for t in spare_tasks if t["state"] == TaskState.LOST.value}
+        ranks = [t["node"] for t in sorted(tasks, key=lambda t: t["rank"])]
+        spare_nodes = [t["node"] for t in spare_tasks]
+        candidates = sorted(set(ranks + spare_nodes) - failed)
+        if candidates:
+            failed |= {
+                r.name
+                for r in conn.execute(
+                    select(s.nodes.c.name).where(
+                        s.nodes.c.name.in_(candidates),
+                        (s.nodes.c.down.is_(True))
+                        | (s.nodes.c.drain.is_(True))
+                        | (s.nodes.c.registered.is_(False)),
+                    )
+                )
+            }
+        layout = restart_layout(
+            ranks,
+            spare_nodes,
+            failed,
+            nodes_min=int(job["nodes"]),
+            elastic=nodes_max is not None,
+        )
+        if layout is None:
+            return False
+        until = now + self.restart_reservation
+        lost = sorted(failed & set(ranks))
+        why = (
+            f"restarting on {len(layout)} reserved nodes after losing {','.join(lost) or 'a node'}"
+            f" ({reason or 'node failure'})"
+        )
+        extra: dict[str, Any] = {
+            "restart_count": job["restart_count"] + 1,
+            "reserved_nodes": layout,
+            "reserved_until": until,
+            "eligible_time": None,
+        }
+        avoid = self._avoidable(conn, job, sorted(failed))
+        if avoid:
+            extra["avoid_nodes"] = avoid
+        return self._set_job_state(
+            conn,
+            job,
+            JobState.PENDING,
+            why,
+            extra=extra,
+            event_kind="job.restart",
+            message=f"{job['state']} -> PENDING: {why}; reserved {','.join(layout)} for "
+            f"{self.restart_reservation:g}s",
+        )
+
+    def _elastic_of(self, conn: Connection, job_id: int) -> tuple[int | None, int]:
+        """(elastic MAX or None, spare count) of a job, from its stored spec."""
+        row = conn.execute(select(*_elastic_columns()).where(s.jobs.c.id == job_id)).one()
+        nodes_max = int(row.nodes_max) if row.nodes_max else None
+        return nodes_max, int(row.spares or 0)
+
+    def _retry_rules(self, conn: Connection, job_id: int) -> RetryRules:
+        """The job's retry rules: its own --retries/--retry-on/--retry-backoff (kept in its
+        spec, checked at submit) over the cluster's defaults."""
+        spec = conn.execute(select(s.jobs.c.spec).where(s.jobs.c.id == job_id)).scalar_one()
+        spec = spec or {}
+        try:
+            return self.policy.rules(
+                retries=spec.get("retries"),
+                retry_on=spec.get("retry_on"),
+                retry_backoff=spec.get("retry_backoff"),
+                no_requeue=spec.get("requeue") is False,
+            )
+        except ValueError:  # a spec stored before the rules existed: the cluster's defaults
+            return self.policy.rules()
 
     def _avoidable(
         self, conn: Connection, job: dict[str, Any], failed: Sequence[str]
@@ -1348,18 +1595,26 @@ class Store:
         """Every unfinished task on a dead node is LOST; its attempts end (requeue or NODE_FAIL)."""
         with self.db.begin() as conn:
             self._check_fence(conn, fence)
-            aids = [
-                int(r.attempt_id)
-                for r in conn.execute(
-                    select(s.tasks.c.attempt_id)
-                    .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
-                    .where(
-                        s.tasks.c.node == node,
-                        s.tasks.c.state.in_([TaskState.STARTING.value, TaskState.RUNNING.value]),
-                        s.attempts.c.state != AttemptState.ENDED.value,
-                    )
+            rows = conn.execute(
+                select(s.tasks.c.attempt_id, s.tasks.c.spare, s.attempts.c.job_id)
+                .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
+                .where(
+                    s.tasks.c.node == node,
+                    s.tasks.c.state.in_([TaskState.STARTING.value, TaskState.RUNNING.value]),
+                    s.attempts.c.state != AttemptState.ENDED.value,
                 )
-            ]
+            ).all()
+            aids = [int(r.attempt_id) for r in rows]
+            for r in rows:
+                if r.spare:  # the job runs on; a later failure has one spare less
+                    self._event(
+                        conn,
+                        "job.spare_lost",
+                        f"spare node {node} lost: {reason}",
+                        job_id=int(r.job_id),
+                        node=node,
+                        term=fence.term if fence else None,
+                    )
             if aids:
                 conn.execute(
                     update(s.tasks)
@@ -1377,6 +1632,7 @@ class Store:
                 dict(r) for r in conn.execute(select(s.nodes).order_by(s.nodes.c.name)).mappings()
             ]
             usage: dict[str, dict[str, Any]] = {}
+            spare_for: dict[str, list[int]] = {}
             for r in conn.execute(
                 _active_tasks(
                     s.tasks.c.node,
@@ -1384,6 +1640,7 @@ class Store:
                     s.tasks.c.mem_mb,
                     s.tasks.c.gpu_ids,
                     s.attempts.c.job_id,
+                    s.tasks.c.spare,
                 )
             ).mappings():
                 u = usage.setdefault(r["node"], {"cpus": 0, "mem_mb": 0, "gpus": 0, "jobs": []})
@@ -1391,8 +1648,11 @@ class Store:
                 u["mem_mb"] += r["mem_mb"]
                 u["gpus"] += len(r["gpu_ids"] or [])
                 u["jobs"].append(int(r["job_id"]))
+                if r["spare"]:  # held for the job as a hot spare (counts as used)
+                    spare_for.setdefault(r["node"], []).append(int(r["job_id"]))
         for n in nodes:
             n["used"] = usage.get(n["name"], {"cpus": 0, "mem_mb": 0, "gpus": 0, "jobs": []})
+            n["spare_for"] = sorted(spare_for.get(n["name"], []))
         return nodes
 
     def get_node(self, name: str) -> dict[str, Any]:
@@ -1490,7 +1750,19 @@ class Store:
                         drain_time=_now(),
                     )
                 )
-                self._event(conn, "node.drain", f"drained: {reason}", node=node, actor=node)
+                self._event(
+                    conn,
+                    "node.drain",
+                    f"drained: {reason}",
+                    node=node,
+                    actor=node,
+                    # a check turning to `fail` is a node failure (failure_history counts it)
+                    data={
+                        "drain_by": f"health:{check}",
+                        "status": status,
+                        "failure": status == "fail" and prev != "fail",
+                    },
+                )
                 said = f"{node} drained: {reason}"
             if status == "fail" and prev != "fail":
                 jobs = self._requeue_running_on(conn, node, f"requeue: {node} {reason}", node)
@@ -1548,6 +1820,402 @@ class Store:
             )
             return True
 
+    # ------------------------------------------------------------------ maintenance windows
+    def _live_windows(self, conn: Connection) -> list[dict[str, Any]]:
+        """Windows still to come or under way, earliest first."""
+        q = (
+            select(s.maintenance)
+            .where(s.maintenance.c.state.in_([str(x) for x in maintenance.LIVE]))
+            .order_by(s.maintenance.c.start, s.maintenance.c.id)
+        )
+        return [dict(r) for r in conn.execute(q).mappings()]
+
+    def add_window(
+        self,
+        nodes_expr: str,
+        start: float,
+        end: float,
+        reason: str | None,
+        actor: str,
+    ) -> dict[str, Any]:
+        """Schedule a maintenance window on known nodes; InvalidSpec (422) says what to fix."""
+        try:
+            names = expand_hostlist(nodes_expr)
+        except ValueError as e:
+            raise InvalidSpec(f"nodes: {e}", field="nodes") from None
+        if not names:
+            raise InvalidSpec("nodes: no node given; use e.g. node[01-04]", field="nodes")
+        now = _now()
+        try:
+            maintenance.check_window(start, end, now)
+        except ValueError as e:
+            raise InvalidSpec(str(e), field="start") from None
+        reason = (reason or "").strip() or None
+        with self.db.begin() as conn:
+            known: set[str] = set()
+            for chunk in _chunks(names, 500):
+                known.update(
+                    r.name
+                    for r in conn.execute(select(s.nodes.c.name).where(s.nodes.c.name.in_(chunk)))
+                )
+            unknown = [n for n in names if n not in known]
+            if unknown:
+                listed = compress_hostlist(unknown)
+                raise InvalidSpec(
+                    f"nodes: unknown node{'s' if len(unknown) > 1 else ''} {listed}; "
+                    "`phalanx nodes` lists the nodes of this cluster",
+                    field="nodes",
+                    unknown=unknown,
+                )
+            row = {
+                "nodes_expr": nodes_expr.strip(),
+                "nodes": names,
+                "start": float(start),
+                "end": float(end),
+                "reason": reason,
+                "state": maintenance.WindowState.SCHEDULED.value,
+                "created_by": actor,
+                "created_at": now,
+            }
+            wid = int(conn.execute(insert(s.maintenance).values(**row)).inserted_primary_key[0])
+            w = maintenance.Window(wid, tuple(names), float(start), float(end), reason)
+            self._event(
+                conn,
+                "maint.add",
+                f"maintenance {wid} on {w.hostlist} from {maintenance.format_when(start, now)} "
+                f"to {maintenance.format_when(end, now)} added by {actor}"
+                + (f": {reason}" if reason else ""),
+                actor=actor,
+                data={"window": wid, "nodes": names, "start": start, "end": end},
+            )
+            return {"id": wid, **row}
+
+    def list_windows(
+        self, *, include_past: bool = False, limit: int = 1000
+    ) -> list[dict[str, Any]]:
+        """Scheduled and active windows (earliest first); with `include_past` also the latest
+        done and removed ones."""
+        with self.db.begin(write=False) as conn:
+            live = self._live_windows(conn)
+            if not include_past:
+                return live
+            past = [
+                dict(r)
+                for r in conn.execute(
+                    select(s.maintenance)
+                    .where(s.maintenance.c.state.not_in([str(x) for x in maintenance.LIVE]))
+                    .order_by(s.maintenance.c.id.desc())
+                    .limit(limit)
+                ).mappings()
+            ]
+            return sorted(past, key=lambda r: (r["start"], r["id"])) + live
+
+    def get_window(self, wid: int) -> dict[str, Any]:
+        with self.db.begin(write=False) as conn:
+            row = conn.execute(select(s.maintenance).where(s.maintenance.c.id == wid)).mappings()
+            found = row.first()
+        if found is None:
+            raise NotFound(
+                f"maintenance window {wid} does not exist (`phalanx maint list` shows them)",
+                window=wid,
+            )
+        return dict(found)
+
+    def remove_window(self, wid: int, actor: str) -> dict[str, Any]:
+        """Remove a window; an active one returns the nodes it drained at once. Returns the row
+        with `returned`: the nodes resumed."""
+        with self.db.begin() as conn:
+            row = (
+                conn.execute(select(s.maintenance).where(s.maintenance.c.id == wid))
+                .mappings()
+                .first()
+            )
+            if row is None:
+                raise NotFound(
+                    f"maintenance window {wid} does not exist (`phalanx maint list` shows them)",
+                    window=wid,
+                )
+            if row["state"] not in maintenance.LIVE:
+                raise InvalidTransition(
+                    f"maintenance window {wid} is already {row['state']}: nothing to remove",
+                    window=wid,
+                )
+            res = conn.execute(
+                update(s.maintenance)
+                .where(s.maintenance.c.id == wid, s.maintenance.c.state == row["state"])
+                .values(state=maintenance.WindowState.REMOVED.value)
+            )
+            if res.rowcount != 1:
+                raise InvalidTransition(
+                    f"maintenance window {wid} changed state meanwhile; try again", window=wid
+                )
+            returned = self._return_window_nodes(conn, wid, f"maintenance {wid} removed", actor)
+            w = maintenance.Window.from_row(row)
+            self._event(
+                conn,
+                "maint.remove",
+                f"maintenance {wid} on {w.hostlist} removed by {actor} (was {row['state']})"
+                + (f"; returned {compress_hostlist(returned)}" if returned else ""),
+                actor=actor,
+                data={"window": wid, "was": row["state"], "returned": returned},
+            )
+            return {
+                **dict(row),
+                "state": maintenance.WindowState.REMOVED.value,
+                "returned": returned,
+            }
+
+    def _return_window_nodes(self, conn: Connection, wid: int, why: str, actor: str) -> list[str]:
+        """Resume exactly the nodes this window drained (an operator's or a health check's
+        drain taken over meanwhile stays)."""
+        by = maintenance.drain_by(wid)
+        names = [
+            str(r.name)
+            for r in conn.execute(
+                select(s.nodes.c.name).where(s.nodes.c.drain.is_(True), s.nodes.c.drain_by == by)
+            )
+        ]
+        if not names:
+            return []
+        conn.execute(
+            update(s.nodes)
+            .where(s.nodes.c.name.in_(names), s.nodes.c.drain_by == by)
+            .values(drain=False, drain_reason=None, drain_by=None, drain_time=None)
+        )
+        self._events_many(
+            conn,
+            [
+                {"kind": "node.resume", "message": f"resumed: {why}", "node": n, "actor": actor}
+                for n in names
+            ],
+        )
+        return sorted(names, key=hostname_sort_key)
+
+    def start_window(self, wid: int, fence: Fence | None) -> tuple[list[str], list[str]] | None:
+        """The window starts (cluster duty): drain its nodes that are not drained already.
+        Returns (drained, already drained by someone else), or None if it was not scheduled."""
+        now = _now()
+        with self.db.begin() as conn:
+            self._check_fence(conn, fence)
+            row = (
+                conn.execute(select(s.maintenance).where(s.maintenance.c.id == wid))
+                .mappings()
+                .first()
+            )
+            if row is None or row["state"] != maintenance.WindowState.SCHEDULED.value:
+                return None
+            conn.execute(
+                update(s.maintenance)
+                .where(s.maintenance.c.id == wid)
+                .values(state=maintenance.WindowState.ACTIVE.value)
+            )
+            w = maintenance.Window.from_row(row)
+            nodes = [
+                dict(r)
+                for r in conn.execute(
+                    select(s.nodes.c.name, s.nodes.c.drain, s.nodes.c.drain_by).where(
+                        s.nodes.c.name.in_(list(w.nodes))
+                    )
+                ).mappings()
+            ]
+            plan = maintenance.plan_drain(w, nodes)
+            reason = maintenance.drain_reason(w, now)
+            by = maintenance.drain_by(wid)
+            term = fence.term if fence else None
+            if plan.drain:
+                conn.execute(
+                    update(s.nodes)
+                    .where(s.nodes.c.name.in_(list(plan.drain)))
+                    .values(drain=True, drain_reason=reason, drain_by=by, drain_time=now)
+                )
+                self._events_many(
+                    conn,
+                    [
+                        {
+                            "kind": "node.drain",
+                            "message": f"drained: {reason}",
+                            "node": n,
+                            "actor": by,
+                            "term": term,
+                        }
+                        for n in plan.drain
+                    ],
+                )
+            busy = sorted(
+                {
+                    int(r.job_id)
+                    for r in conn.execute(
+                        _active_tasks(s.attempts.c.job_id).where(s.tasks.c.node.in_(list(w.nodes)))
+                    )
+                }
+            )
+            msg = f"maintenance {wid} started: drained {compress_hostlist(plan.drain) or 'no node'}"
+            if plan.already:
+                msg += f"; already drained by others: {compress_hostlist(plan.already)}"
+            if busy:
+                msg += f"; jobs still on its nodes: {', '.join(map(str, busy))}"
+            self._event(
+                conn,
+                "maint.start",
+                msg,
+                actor=by,
+                term=term,
+                data={"window": wid, "drained": list(plan.drain), "already": list(plan.already)},
+            )
+            return list(plan.drain), list(plan.already)
+
+    def end_window(self, wid: int, fence: Fence | None) -> list[str] | None:
+        """The window is over (cluster duty): it is done and the nodes it drained return. A
+        window that was never started (no controller held the duty during it) just ends.
+        Returns the nodes returned, or None if the window was not live."""
+        with self.db.begin() as conn:
+            self._check_fence(conn, fence)
+            row = (
+                conn.execute(select(s.maintenance).where(s.maintenance.c.id == wid))
+                .mappings()
+                .first()
+            )
+            if row is None or row["state"] not in maintenance.LIVE:
+                return None
+            conn.execute(
+                update(s.maintenance)
+                .where(s.maintenance.c.id == wid)
+                .values(state=maintenance.WindowState.DONE.value)
+            )
+            by = maintenance.drain_by(wid)
+            returned = self._return_window_nodes(conn, wid, f"maintenance {wid} is over", by)
+            skipped = row["state"] == maintenance.WindowState.SCHEDULED.value
+            self._event(
+                conn,
+                "maint.end",
+                f"maintenance {wid} "
+                + ("ended before it could start (no controller ran it)" if skipped else "ended")
+                + (f"; returned {compress_hostlist(returned)}" if returned else ""),
+                actor=by,
+                term=fence.term if fence else None,
+                data={"window": wid, "returned": returned, "skipped": skipped},
+            )
+            return returned
+
+    def attempts_on(self, nodes: Sequence[str]) -> list[dict[str, Any]]:
+        """Live (starting or running) attempts with a task on any of `nodes`: attempt_id,
+        job_id, nodes, end (time limit end, None = unlimited), requeue."""
+        if not nodes:
+            return []
+        with self.db.begin(write=False) as conn:
+            ids: set[int] = set()
+            for chunk in _chunks(list(nodes), 500):
+                ids.update(
+                    int(r.attempt_id)
+                    for r in conn.execute(
+                        select(s.tasks.c.attempt_id)
+                        .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
+                        .where(
+                            s.tasks.c.node.in_(chunk),
+                            s.attempts.c.state.in_(
+                                [AttemptState.STARTING.value, AttemptState.RUNNING.value]
+                            ),
+                        )
+                    )
+                )
+            out = []
+            for chunk in _chunks(sorted(ids), 500):
+                for r in conn.execute(
+                    select(
+                        s.attempts.c.id,
+                        s.attempts.c.job_id,
+                        s.attempts.c.nodes,
+                        s.attempts.c.start_time,
+                        s.attempts.c.created_at,
+                        s.attempts.c.expected_end,
+                        s.jobs.c.time_limit_s,
+                        s.jobs.c.requeue,
+                        s.jobs.c.attempt_id.label("current"),
+                    )
+                    .join(s.jobs, s.jobs.c.id == s.attempts.c.job_id)
+                    .where(s.attempts.c.id.in_(chunk))
+                ).mappings():
+                    if r["current"] != r["id"]:
+                        continue
+                    end = r["expected_end"]
+                    if end is None and r["time_limit_s"]:
+                        end = (r["start_time"] or r["created_at"]) + r["time_limit_s"]
+                    out.append(
+                        {
+                            "attempt_id": int(r["id"]),
+                            "job_id": int(r["job_id"]),
+                            "nodes": list(r["nodes"]),
+                            "end": end,
+                            "requeue": bool(r["requeue"]),
+                        }
+                    )
+            return out
+
+    def checkpoint_graces(self, job_ids: Sequence[int]) -> dict[int, float]:
+        """The warning each job asked for before a planned stop (see
+        `maintenance.job_checkpoint_grace`); read from the spec, which never changes."""
+        out: dict[int, float] = {}
+        with self.db.begin(write=False) as conn:
+            for chunk in _chunks(sorted(set(job_ids)), 500):
+                for r in conn.execute(
+                    select(s.jobs.c.id, s.jobs.c.spec).where(s.jobs.c.id.in_(chunk))
+                ):
+                    out[int(r.id)] = maintenance.job_checkpoint_grace(r.spec)
+        return out
+
+    def stop_for_maintenance(
+        self, stops: Sequence[tuple[int, int, str]], fence: Fence | None
+    ) -> list[int]:
+        """Planned stops before a window (cluster duty): each (attempt id, window id, stop
+        reason) is asked to checkpoint and stop, and its job will be requeued. Only attempts
+        still live and current, of jobs that may be requeued. Returns the jobs stopped."""
+        if not stops:
+            return []
+        stopped: list[int] = []
+        with self.db.begin() as conn:
+            self._check_fence(conn, fence)
+            term = fence.term if fence else None
+            for aid, wid, why in stops:
+                att = (
+                    conn.execute(select(s.attempts).where(s.attempts.c.id == aid))
+                    .mappings()
+                    .first()
+                )
+                if att is None or att["state"] not in (
+                    AttemptState.STARTING.value,
+                    AttemptState.RUNNING.value,
+                ):
+                    continue
+                job = dict(
+                    conn.execute(select(*_JOB_SUMMARY).where(s.jobs.c.id == att["job_id"]))
+                    .mappings()
+                    .one()
+                )
+                if not job["requeue"] or job["attempt_id"] != aid:
+                    continue
+                res = conn.execute(
+                    update(s.attempts)
+                    .where(s.attempts.c.id == aid, s.attempts.c.state == att["state"])
+                    .values(state=AttemptState.STOPPING.value, stop_reason=why)
+                )
+                if res.rowcount != 1:
+                    continue
+                by = maintenance.drain_by(wid)
+                if job["state"] in (JobState.STARTING.value, JobState.RUNNING.value):
+                    self._set_job_state(conn, job, JobState.COMPLETING, why, actor=by, term=term)
+                self._event(
+                    conn,
+                    "maint.signal",
+                    f"checkpoint and requeue before maintenance {wid}: {why}",
+                    job_id=int(job["id"]),
+                    actor=by,
+                    term=term,
+                    data={"window": wid, "attempt": aid},
+                )
+                self._bump_gen(conn, att["nodes"])
+                stopped.append(int(job["id"]))
+        return stopped
+
     # ------------------------------------------------------------------ events & status
     def add_event(self, kind: str, message: str, **kw: Any) -> None:
         with self.db.begin() as conn:
@@ -1601,6 +2269,76 @@ class Store:
                 ).mappings()
             ]
 
+    # ------------------------------------------------------------------ checkpoint interval
+    def failure_history(
+        self, now: float, window_s: float = checkpointing.FAILURE_WINDOW_S
+    ) -> tuple[float, int]:
+        """Node-seconds observed and node failures seen in the last `window_s` before `now`.
+
+        Replayed from the node events (`checkpointing.node_history`): a node counts while it is
+        registered and not DOWN; a failure is a DOWN transition (`mark_down`) or a health check
+        turning to `fail` (the `node.drain` event `_apply_health` marks with `failure`).
+        Operator and maintenance drains are not failures. Reads the events of the window (no
+        index on kind): callers cache the result rather than ask per job per pass.
+        """
+        start = now - window_s
+        state_kinds = sorted(checkpointing.UP_KINDS | {checkpointing.DOWN_KIND})
+        cols = (s.events.c.id, s.events.c.ts, s.events.c.node, s.events.c.kind, s.events.c.data)
+        latest = (
+            select(func.max(s.events.c.id).label("id"))
+            .where(
+                s.events.c.kind.in_(state_kinds),
+                s.events.c.ts < start,
+                s.events.c.node.is_not(None),
+            )
+            .group_by(s.events.c.node)
+            .subquery()
+        )
+        with self.db.begin(write=False) as conn:
+            before = [
+                dict(r)
+                for r in conn.execute(
+                    select(*cols).where(s.events.c.id.in_(select(latest.c.id)))
+                ).mappings()
+            ]
+            during = [
+                dict(r)
+                for r in conn.execute(
+                    select(*cols).where(
+                        s.events.c.kind.in_(checkpointing.HISTORY_KINDS),
+                        s.events.c.ts >= start,
+                        s.events.c.ts <= now,
+                        s.events.c.node.is_not(None),
+                    )
+                ).mappings()
+            ]
+        return checkpointing.node_history(before, during, start=start, now=now)
+
+    def checkpoint_cost(
+        self, job_id: int, samples: int = checkpointing.COST_SAMPLES
+    ) -> float | None:
+        """The job's measured checkpoint duration: the median over its latest `samples`
+        checkpoints (`job.checkpoint` events, data `{path, finished_at, duration_s, seq}`),
+        or the duration in jobs.checkpoint when no event has one; None when nothing was
+        measured (a job that writes its marker by hand reports no duration)."""
+        with self.db.begin(write=False) as conn:
+            rows = [
+                dict(r)
+                for r in conn.execute(
+                    select(s.events.c.data)
+                    .where(s.events.c.job_id == job_id, s.events.c.kind == "job.checkpoint")
+                    .order_by(s.events.c.id.desc())
+                    .limit(samples * 16)  # a multi-node job may record one event per rank
+                ).mappings()
+            ]
+            cost = checkpointing.median_cost(rows, samples)
+            if cost is not None:
+                return cost
+            latest = conn.execute(
+                select(s.jobs.c.checkpoint).where(s.jobs.c.id == job_id)
+            ).scalar_one_or_none()
+        return checkpointing.median_cost([{"data": latest}] if latest else [], samples)
+
 
 def _submit_event(job_id: int, row: dict[str, Any], user: str, now: float) -> dict[str, Any]:
     held = " (held)" if row["state"] == JobState.HELD.value else ""
@@ -1611,6 +2349,25 @@ def _submit_event(job_id: int, row: dict[str, Any], user: str, now: float) -> di
         "message": f"submitted by {user} to {row['partitions']}{held}",
         "ts": now,
     }
+
+
+def _elastic_columns() -> list[Any]:
+    """A job's elastic maximum and spare count, read from its stored spec (no own columns)."""
+    return [
+        s.jobs.c.spec["nodes_max"].as_integer().label("nodes_max"),
+        s.jobs.c.spec["spares"].as_integer().label("spares"),
+    ]
+
+
+def _rank_nodes(st: Mapping[str, Any]) -> list[str]:
+    """The nodes of a start item that run the job (the trailing `spares` ones do not)."""
+    nodes = list(st["nodes"])
+    return nodes[: len(nodes) - int(st.get("spares") or 0)]
+
+
+def _spares_text(st: Mapping[str, Any]) -> str:
+    spares = list(st["nodes"])[len(_rank_nodes(st)) :]
+    return f" with spares {','.join(spares)}" if spares else ""
 
 
 def _active_tasks(*cols: Any) -> Select[Any]:
@@ -1627,6 +2384,17 @@ def _chunks(items: list[int], n: int) -> Iterable[list[int]]:
         yield items[i : i + n]
 
 
+def _task_end(t: dict[str, Any]) -> TaskEnd:
+    """A task row as the retry policy sees it."""
+    return TaskEnd(
+        node=t["node"],
+        exit_code=t["exit_code"],
+        signal=t["exit_signal"],
+        lost=t["state"] == TaskState.LOST.value,
+        detail=t["detail"] or {},
+    )
+
+
 def _task_failed(t: dict[str, Any]) -> bool:
     if t["state"] == TaskState.LOST.value:
         return True
@@ -1634,6 +2402,7 @@ def _task_failed(t: dict[str, Any]) -> bool:
     return bool(
         d.get("launch_failed")
         or d.get("timed_out")
+        or d.get("hung")  # killed by the shepherd for making no progress
         or t["exit_code"] not in (0,)
         or t["exit_signal"]
     )
@@ -1661,6 +2430,8 @@ def _describe_exit(t: dict[str, Any]) -> str:
         return f"failed to launch: {d.get('error')}"
     if d.get("timed_out"):
         return "reached its time limit"
+    if d.get("hung"):
+        return describe_hang(t["node"], d["hung"]).replace(f" on {t['node']}", "")
     if t["exit_signal"]:
         return f"was killed by signal {t['exit_signal']}"
     return f"exited with code {t['exit_code']}"
@@ -1694,6 +2465,9 @@ def _outcome(
     lost = [t for t in tasks if t["state"] == TaskState.LOST.value]
     if lost:
         return JobState.NODE_FAIL, f"task on {lost[0]['node']} {_describe_exit(lost[0])}", code, sig
+    hung = [t for t in tasks if (t["detail"] or {}).get("hung")]
+    if hung:
+        return JobState.FAILED, describe_hang(hung[0]["node"], hung[0]["detail"]["hung"]), code, sig
     if any(d.get("oom") for d in details):
         return JobState.OUT_OF_MEMORY, "killed for exceeding its memory limit", code, sig
     bad = [t for t in tasks if _task_failed(t)]
