@@ -18,10 +18,11 @@ from typing import Any
 from prometheus_client import Counter, Histogram
 
 from phalanx.config import Config
-from phalanx.controller.exchange import Reply, decide, needs_write
+from phalanx.controller.exchange import Reply, checkpoint_items, decide, needs_write
 from phalanx.controller.launch import build_launch
 from phalanx.controller.leases import LeaseKeeper
-from phalanx.domain import scheduling, values
+from phalanx.domain import checkpointing, scheduling, values
+from phalanx.domain.checkpointing import IntervalDecision
 from phalanx.domain.detector import silent_nodes
 from phalanx.domain.spec import JobSpec, normalize
 from phalanx.domain.states import JobState
@@ -37,6 +38,8 @@ HEARTBEATS = Counter("phalanx_heartbeats_total", "Agent heartbeats received by t
 LOOP_ERRORS = Counter("phalanx_loop_errors_total", "Ticks that ended in an error", ["loop"])
 
 CACHE_TTL = 2.0  # seconds submit-time checks may use a cached view of partitions and nodes
+CHECKPOINT_INPUT_TTL = 10.0  # seconds a job's measured checkpoint cost is reused
+FAILURE_HISTORY_TTL = 60.0  # seconds the cluster's failure history (node MTBF) is reused
 CLUSTER_LEASE = "cluster"
 
 
@@ -108,6 +111,10 @@ class Controller:
         self.last_tick: dict[str, float] = {}
         self._partitions_cache: tuple[float, Any] | None = None
         self._views_cache: tuple[float, list[Any]] | None = None
+        # --checkpoint-interval=auto inputs: job id -> (monotonic time, measured cost), and
+        # (monotonic time, (node-seconds, failures)) of the cluster's failure history
+        self._ckpt_cost_cache: dict[int, tuple[float, float | None]] = {}
+        self._failure_history: tuple[float, tuple[float, int]] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -290,6 +297,7 @@ class Controller:
                         "mem_per_node_mb": p.mem_per_node_mb,
                         "gpu_ids": p.gpu_ids,
                         "exclusive": exclusive[p.job_id],
+                        "spares": p.spares,
                     }
                 )
             for part, starts in sorted(by_lease.items()):
@@ -460,10 +468,72 @@ class Controller:
         ended = self.store.finished_attempts(
             [r.attempt_id for r in reports if r.state in ("exited", "lost")]
         )
-        return decide(work, reports, ended, checkpoint_grace=self.timing.checkpoint_grace)
+        reply = decide(work, reports, ended, checkpoint_grace=self.timing.checkpoint_grace)
+        reply.checkpoint = checkpoint_items(work, lambda w: self.checkpoint_interval(w).seconds)
+        return reply
+
+    def checkpoint_interval(self, job_row: dict[str, Any]) -> IntervalDecision:
+        """The periodic checkpoint interval in force for a job, with its inputs.
+
+        `job_row`: a jobs row (get_job) or a node_work row. Fixed intervals need no store
+        access; "auto" is Young/Daly from the job's measured checkpoint cost and the cluster's
+        node MTBF (failure history blended with the configured prior), both cached briefly
+        since agents ask on every heartbeat.
+        """
+        spec = job_row.get("spec") or {}
+        setting = (spec.get("checkpoint_parsed") or {}).get("interval_s")
+        nodes = (
+            len(job_row["attempt_nodes"]) if job_row.get("attempt_nodes") else job_row.get("nodes")
+        )
+        t = self.timing
+        if setting != checkpointing.AUTO:
+            return checkpointing.interval_in_force(
+                setting,
+                nodes=int(nodes or 1),
+                measured_cost_s=None,
+                default_cost_s=t.default_checkpoint_cost_s,
+                node_mtbf_s=t.node_mtbf_prior_s,
+                mtbf_source="prior",
+            )
+        job_id = int(job_row.get("job_id") or job_row["id"])
+        now = time.monotonic()
+        cached = self._ckpt_cost_cache.get(job_id)
+        if cached is None or now - cached[0] > CHECKPOINT_INPUT_TTL:
+            cached = (now, self.store.checkpoint_cost(job_id))
+            self._ckpt_cost_cache[job_id] = cached
+            if len(self._ckpt_cost_cache) > 10_000:
+                self._ckpt_cost_cache.clear()
+        history = self._failure_history
+        if history is None or now - history[0] > FAILURE_HISTORY_TTL:
+            history = (now, self.store.failure_history(time.time()))
+            self._failure_history = history
+        node_seconds, failures = history[1]
+        mtbf, source = checkpointing.estimate_node_mtbf(
+            node_seconds,
+            failures,
+            prior_s=t.node_mtbf_prior_s,
+            prior_weight_s=t.node_mtbf_prior_weight_s,
+        )
+        return checkpointing.interval_in_force(
+            checkpointing.AUTO,
+            nodes=int(nodes or 1),
+            measured_cost_s=cached[1],
+            default_cost_s=t.default_checkpoint_cost_s,
+            node_mtbf_s=mtbf,
+            mtbf_source=source,
+            minimum_s=t.checkpoint_interval_min_s,
+        )
 
     def launch_specs(self, reply: Reply, node: str) -> list[dict[str, Any]]:
-        return [build_launch(w, node=node, kill_wait=self.timing.kill_wait) for w in reply.start]
+        return [
+            build_launch(
+                w,
+                node=node,
+                kill_wait=self.timing.kill_wait,
+                checkpoint_grace=self.timing.checkpoint_grace,
+            )
+            for w in reply.start
+        ]
 
     def stuck_loops(self) -> list[str]:
         """Loops that have not completed a tick for longer than lease_ttl (a stuck controller

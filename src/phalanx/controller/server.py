@@ -85,6 +85,7 @@ def run_controller(
         sock = bind_socket(host, port)
         try:
             store = Store(url, actor=cid, policy=config.failure_policy())
+            store.restart_reservation = config.timing.restart_reservation
             store.migrate()
             store.sync_partitions(partition_rows(config))
         except PhalanxError as e:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = [
     "Allocation",
@@ -84,6 +84,13 @@ class JobRequest:
     nodelist: tuple[str, ...]  # must include all of these nodes
     exclude: tuple[str, ...]
     time_limit_s: int | None
+    # Elastic job (--nodes=MIN-MAX): start on as many nodes as fit up to this (at least
+    # `nodes`, which is MIN; backfill reservations use MIN). None: exactly `nodes`.
+    nodes_max: int | None = None
+    spares: int = 0  # hot spares (--spares=K) held with the allocation; they run nothing
+    # A live restart reservation (rank order, then spares; see domain/elastic.py): the job is
+    # placed first, on these nodes, and no other job may use them meanwhile.
+    reserved: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +106,12 @@ class Placement:
     # The job's gpu_type when given; else the single type used on every node, or None when the
     # job has no GPUs or its nodes ended up with different types.
     gpu_type: str | None
+    spares: int = 0  # the last `spares` entries of `nodes` are hot spares (no rank)
+
+    @property
+    def rank_nodes(self) -> tuple[str, ...]:
+        """The nodes that run the job, in rank order (spares excluded)."""
+        return self.nodes[: len(self.nodes) - self.spares]
 
 
 # --------------------------------------------------------------------------------------------
@@ -295,11 +308,12 @@ def _fit_in_partition(
     state: _State,
     closed: frozenset[str],
 ) -> Placement | None:
-    """All-or-nothing choice of ``job.nodes`` nodes in one partition, or None."""
+    """All-or-nothing choice of ``job.nodes`` nodes (up to ``job.nodes_max`` for an elastic
+    job) plus ``job.spares`` spare nodes in one partition, or None."""
     if job.nodes < 1:
         return None
     required = list(dict.fromkeys(job.nodelist))
-    if len(required) > job.nodes:
+    if len(required) > max(job.nodes, job.nodes_max or 0):
         return None
     fits: dict[str, _NodeFit] = {}
     for node in cluster.by_partition.get(partition, ()):
@@ -310,9 +324,15 @@ def _fit_in_partition(
             fits[node.name] = f
     if any(r not in fits for r in required):
         return None
-    need = job.nodes - len(required)
     req_set = set(required)
     others = [f for name, f in fits.items() if name not in req_set]
+    spares = max(0, job.spares)
+    ranks = job.nodes
+    if job.nodes_max is not None and job.nodes_max > job.nodes:
+        # elastic: as many ranks as fit now, up to MAX, after the spares are set aside
+        ranks = max(job.nodes, min(job.nodes_max, len(required) + len(others) - spares))
+    ranks = max(ranks, len(required))
+    need = ranks + spares - len(required)
     if len(others) < need:
         return None
     if job.nodes == 1:
@@ -325,8 +345,12 @@ def _fit_in_partition(
         # Multi-node: idle nodes first (they are the ones big jobs are kept whole for and avoid
         # noisy neighbours), then name order for a stable, readable rank layout.
         others.sort(key=lambda f: (not f.idle, _name_key(f.node.name)))
-    chosen = [fits[r] for r in required] + others[:need]
-    chosen.sort(key=lambda f: _name_key(f.node.name))
+    picked = others[:need]
+    rank_fits = [fits[r] for r in required] + picked[: ranks - len(required)]
+    spare_fits = picked[ranks - len(required) :]
+    rank_fits.sort(key=lambda f: _name_key(f.node.name))
+    spare_fits.sort(key=lambda f: _name_key(f.node.name))
+    chosen = rank_fits + spare_fits
     if job.gpus_per_node <= 0:
         gtype: str | None = None
     elif job.gpu_type is not None:
@@ -342,7 +366,77 @@ def _fit_in_partition(
         mem_per_node_mb=tuple(f.mem for f in chosen),
         gpu_ids=tuple(f.gpu_ids for f in chosen),
         gpu_type=gtype,
+        spares=len(spare_fits),
     )
+
+
+def _place_reserved(
+    job: JobRequest, cluster: _Cluster, state: _State, closed: frozenset[str]
+) -> Placement | None:
+    """The restart of a job with a live restart reservation, or None if it cannot start yet.
+
+    Ranks go on the reserved nodes in their rank order; a reserved rank node that cannot take
+    its rank now (it went down or was drained since) is replaced by the next reserved spare,
+    or dropped by an elastic job (a fixed-size job then waits). An elastic job grows with free
+    nodes up to MAX, appended as new last ranks; spares are refilled from the reserved ones
+    and then free nodes, best effort (the restart never waits for a spare). ``closed``: nodes
+    other jobs hold reservations on.
+    """
+    max_ranks = job.nodes_max if job.nodes_max is not None else job.nodes
+    cut = min(len(job.reserved), max_ranks)
+    for partition in job.partitions:
+        members = {n.name: n for n in cluster.by_partition.get(partition, ())}
+
+        def fit(name: str, members: dict[str, NodeView] = members) -> _NodeFit | None:
+            node = members.get(name)
+            if node is None or not _statically_eligible(job, node):
+                return None
+            return _fit_node(job, node, state.get(name))
+
+        fits = {n: f for n in dict.fromkeys(job.reserved) if (f := fit(n)) is not None}
+        pool = [n for n in job.reserved[cut:] if n in fits]
+        ranks: list[str] = []
+        for name in job.reserved[:cut]:
+            if name in fits:
+                ranks.append(name)
+            elif pool:
+                ranks.append(pool.pop(0))
+            elif job.nodes_max is None:
+                break  # a fixed-size job cannot lose a rank
+        else:
+            if len(ranks) < job.nodes:
+                continue
+            taken = set(job.reserved)
+            free = [
+                f
+                for name in members
+                if name not in taken and name not in closed and (f := fit(name)) is not None
+            ]
+            free.sort(key=lambda f: (not f.idle, _name_key(f.node.name)))
+            grow = free[: max(0, max_ranks - len(ranks))]
+            ranks += [f.node.name for f in grow]
+            for f in grow:
+                fits[f.node.name] = f
+            spares = pool[: max(0, job.spares)]
+            for f in free[len(grow) : len(grow) + max(0, job.spares - len(spares))]:
+                spares.append(f.node.name)
+                fits[f.node.name] = f
+            chosen = [fits[n] for n in ranks + spares]
+            types = {f.gpu_type for f in chosen}
+            gtype = job.gpu_type if job.gpu_type is not None else None
+            if job.gpus_per_node > 0 and gtype is None and len(types) == 1:
+                gtype = types.pop()
+            return Placement(
+                job_id=job.job_id,
+                partition=partition,
+                nodes=tuple(ranks + spares),
+                cpus_per_node=job.cpus_per_node,
+                mem_per_node_mb=tuple(f.mem for f in chosen),
+                gpu_ids=tuple(f.gpu_ids for f in chosen),
+                gpu_type=gtype,
+                spares=len(spares),
+            )
+    return None
 
 
 def _try(
@@ -382,8 +476,11 @@ def _reserve(
     """Earliest time the head job fits, replaying known ends in time order; None if never.
 
     Work whose ``expected_end`` has already passed is still running (overdue); it is assumed to
-    end "now" at the earliest, since time-limit enforcement is about to end it.
+    end "now" at the earliest, since time-limit enforcement is about to end it. An elastic job
+    is reserved at its minimum size.
     """
+    if job.nodes_max is not None:
+        job = replace(job, nodes_max=None)
     timed = sorted(
         ((max(h.end, now), i, h) for i, h in enumerate(holds) if h.end is not None),
         key=lambda e: (e[0], e[1]),
@@ -420,12 +517,18 @@ def place(
     now: float,
     *,
     backfill: bool = True,
+    reserved_nodes: Mapping[str, int] | None = None,
 ) -> list[Placement]:
     """Decide which of ``jobs`` (eligible, in priority order) start now, and where.
 
     Never overcommits CPUs, memory or a GPU device, respects exclusivity, and never lets a
     lower-priority job delay the highest-priority blocked job (EASY backfill; see module doc).
     With ``backfill=False`` scheduling stops at the first blocked job (strict priority).
+
+    Jobs with a live restart reservation (``JobRequest.reserved``) go first, on their reserved
+    nodes; those nodes, and ``reserved_nodes`` (node -> job id: reservations of jobs that are
+    not in ``jobs``, e.g. scheduled by another partition's lease holder), are closed to every
+    other job for this pass.
     """
     cluster = _Cluster(nodes)
     state = _State()
@@ -449,6 +552,23 @@ def place(
             if into_shadow and reservation is not None:
                 reservation.shadow.add(h)
         result.append(p)
+
+    owners = dict(reserved_nodes or {})
+    for job in jobs:
+        for name in job.reserved:
+            owners.setdefault(name, job.job_id)
+    if owners:
+        for job in jobs:
+            if not job.reserved or job.job_id in seen:
+                continue
+            seen.add(job.job_id)  # placed now or waits for its reserved nodes
+            closed_here = frozenset(n for n, j in owners.items() if j != job.job_id)
+            p = _place_reserved(job, cluster, state, closed_here)
+            if p is not None:
+                commit(job, p, into_shadow=False)
+        cluster = _Cluster(
+            [replace(n, schedulable=False) if n.name in owners else n for n in nodes]
+        )
 
     for job in jobs:
         if job.job_id in seen:

@@ -9,12 +9,13 @@ Everything here is pure; refusals raise `InvalidSpec` naming the field.
 from __future__ import annotations
 
 import math
+import signal as _signal
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from phalanx.domain import values
+from phalanx.domain import policy, values
 from phalanx.errors import InvalidSpec
 
 MAX_SCRIPT_BYTES = 4 * 1024 * 1024
@@ -77,7 +78,25 @@ class JobSpec(BaseModel):
     mail_type: str | None = None
     spares: int | None = Field(default=None, ge=0)
     progress_timeout_s: int | None = Field(default=None, ge=1)
+    retries: int | None = Field(
+        default=None, ge=0, le=10_000, description="failure retries; absent = the cluster's"
+    )
+    retry_on: str | None = Field(
+        default=None, max_length=1024, description="failure kinds/exit codes that retry"
+    )
+    retry_backoff: str | None = Field(
+        default=None, max_length=64, description="BASE[:MAX] seconds before a retry"
+    )
     checkpoint_dir: str | None = None
+    checkpoint_signal: str | None = Field(
+        default=None, max_length=16, description="USR1 (default), SIGUSR2, 12, ..."
+    )
+    checkpoint_grace_s: int | None = Field(
+        default=None, ge=0, le=7 * 86400, description="absent: the cluster's checkpoint_grace"
+    )
+    checkpoint_interval_s: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
+        default=None, description='seconds between periodic checkpoint requests, or "auto"'
+    )
     ignored: list[str] = Field(default_factory=list)
 
 
@@ -114,6 +133,11 @@ class ResolvedJob:
     signal: dict[str, Any] | None
     workdir: str
     launch: dict[str, Any] = field(default_factory=dict)
+    checkpoint: dict[str, Any] | None = None
+    """The checkpoint spec when the job gave any --checkpoint-* option: signum, grace_s (None:
+    the cluster's checkpoint_grace), interval_s (seconds, "auto" or None), dir, batch_only."""
+    nodes_max: int | None = None  # elastic (--nodes=MIN-MAX): `nodes` is MIN
+    spares: int = 0  # hot spare nodes held with the allocation (--spares)
 
 
 def _field_error(fieldname: str, message: str) -> InvalidSpec:
@@ -149,8 +173,7 @@ def normalize(
             "script",
             "the batch script must start with an interpreter line such as '#!/bin/bash'",
         )
-    if spec.nodes_max is not None and spec.nodes_max != spec.nodes:
-        raise _field_error("nodes", "elastic node ranges (--nodes=MIN-MAX) are not supported yet")
+    nodes_max, spares = _elastic(spec)
 
     nodes = spec.nodes
     if spec.ntasks is not None and spec.ntasks_per_node is not None:
@@ -240,6 +263,7 @@ def normalize(
                 f"--signal asks for the signal {signal['before_s']} s before the limit, "
                 f"but the time limit is only {time_limit} s",
             )
+    _check_retry(spec)
     if spec.constraint:
         try:
             values.parse_constraint(spec.constraint)
@@ -255,12 +279,14 @@ def normalize(
         raise _field_error(
             "nodelist", f"nodes both required and excluded: {', '.join(sorted(overlap))}"
         )
-    if spec.nodelist and len(set(spec.nodelist)) > nodes:
+    if spec.nodelist and len(set(spec.nodelist)) > (nodes_max or nodes):
         raise _field_error(
             "nodelist",
-            f"--nodelist names {len(set(spec.nodelist))} nodes but the job asks for {nodes}",
+            f"--nodelist names {len(set(spec.nodelist))} nodes but the job asks for "
+            f"{nodes_max or nodes}",
         )
 
+    checkpoint = _checkpoint_spec(spec, signal, time_limit)
     submit_dir = spec.submit_dir or "/"
     workdir = spec.workdir or submit_dir
     name = spec.name or _default_name(spec)
@@ -285,7 +311,114 @@ def normalize(
         array_limit=array_limit,
         signal=signal,
         workdir=workdir,
+        checkpoint=checkpoint,
+        nodes_max=nodes_max,
+        spares=spares,
     )
+
+
+def _elastic(spec: JobSpec) -> tuple[int | None, int]:
+    """Checked elastic range and spare count: (MAX or None for a fixed size, spares)."""
+    nodes_max = spec.nodes_max
+    if nodes_max is not None and nodes_max < spec.nodes:
+        raise _field_error(
+            "nodes",
+            f"--nodes={spec.nodes}-{nodes_max}: the maximum is below the minimum; "
+            "write MIN-MAX, e.g. --nodes=4-8",
+        )
+    if nodes_max == spec.nodes:
+        nodes_max = None  # 4-4 is simply 4
+    if nodes_max is not None:
+        if spec.gpus_total is not None:
+            raise _field_error(
+                "gpus_total",
+                "--gpus (a total over all nodes) cannot be split over an elastic node range; "
+                "give GPUs per node (--gpus-per-node or --gres=gpu:N)",
+            )
+        if spec.ntasks is not None and spec.ntasks_per_node is None:
+            raise _field_error(
+                "ntasks",
+                "--ntasks cannot be spread over an elastic node range; "
+                "give --ntasks-per-node instead",
+            )
+    spares = spec.spares or 0
+    if spares > 100_000:
+        raise _field_error("spares", f"--spares={spares} is more than any cluster has")
+    return nodes_max, spares
+
+
+def _check_retry(spec: JobSpec) -> None:
+    """Refuse retry options that cannot be parsed, or that contradict an explicit
+    --no-requeue (which in Slurm means: never requeue, whatever happens)."""
+    if spec.retry_on is not None:
+        try:
+            policy.parse_retry_on(spec.retry_on)
+        except ValueError as e:
+            raise _field_error("retry_on", str(e)) from None
+    if spec.retry_backoff is not None:
+        try:
+            policy.parse_backoff(spec.retry_backoff)
+        except ValueError as e:
+            raise _field_error("retry_backoff", str(e)) from None
+    if spec.requeue is False and (spec.retries or spec.retry_on not in (None, "none")):
+        given = f"--retries={spec.retries}" if spec.retries else f"--retry-on={spec.retry_on}"
+        raise _field_error(
+            "retries",
+            f"--no-requeue means the job never runs again, but {given} asks for retries; "
+            "drop one of them",
+        )
+
+
+def has_checkpoint_spec(spec: JobSpec) -> bool:
+    """Whether the job takes part in the checkpoint protocol (any --checkpoint-* option)."""
+    return any(
+        v is not None
+        for v in (
+            spec.checkpoint_dir,
+            spec.checkpoint_signal,
+            spec.checkpoint_grace_s,
+            spec.checkpoint_interval_s,
+        )
+    )
+
+
+def _checkpoint_spec(
+    spec: JobSpec, signal: dict[str, Any] | None, time_limit: int | None
+) -> dict[str, Any] | None:
+    """Resolve the checkpoint options; None for a job that gave none of them.
+
+    The signal defaults to --signal's (a Slurm script that traps it keeps working), then USR1;
+    the grace to --signal's lead time, then the cluster's `checkpoint_grace` (None here).
+    """
+    if not has_checkpoint_spec(spec):
+        return None
+    if spec.checkpoint_signal is not None:
+        try:
+            signum = values.parse_signal_name(spec.checkpoint_signal)
+        except ValueError as e:
+            raise _field_error("checkpoint_signal", str(e)) from None
+    elif signal is not None:
+        signum = int(signal["signum"])
+    else:
+        signum = int(_signal.SIGUSR1)
+    grace = spec.checkpoint_grace_s
+    if grace is not None and time_limit is not None and grace >= time_limit:
+        raise _field_error(
+            "checkpoint_grace_s",
+            f"--checkpoint-grace of {grace} s leaves no time to run within the time limit of "
+            f"{time_limit} s; shorten the grace or raise --time",
+        )
+    if grace is None and signal is not None:
+        grace = int(signal["before_s"])
+    if spec.checkpoint_dir is not None and not spec.checkpoint_dir.strip():
+        raise _field_error("checkpoint_dir", "empty directory: give a path or leave it out")
+    return {
+        "signum": signum,
+        "grace_s": grace,
+        "interval_s": spec.checkpoint_interval_s,
+        "dir": spec.checkpoint_dir,
+        "batch_only": bool(signal and signal.get("batch_only")),
+    }
 
 
 def _default_name(spec: JobSpec) -> str:
