@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from phalanx.domain import values
+from phalanx.domain import policy, values
 from phalanx.domain.hostlist import expand_hostlist
 from phalanx.errors import InvalidSpec
 
@@ -211,6 +211,21 @@ def _hosts_to(name: str) -> Converter:
     return convert
 
 
+def _interval_to(name: str) -> Converter:
+    return lambda text: {name: values.parse_interval(text)}
+
+
+def _checkpoint_signal(text: str) -> dict[str, Any]:
+    values.parse_signal_name(text)
+    return {"checkpoint_signal": text.strip()}
+
+
+def _checkpoint_interval(text: str) -> dict[str, Any]:
+    if text.strip().lower() == "auto":
+        return {"checkpoint_interval_s": "auto"}
+    return {"checkpoint_interval_s": values.parse_interval(text)}
+
+
 def _exclusive(text: str) -> dict[str, Any]:
     word = text.strip().lower()
     if not word:
@@ -342,8 +357,24 @@ OPTIONS: tuple[Option, ...] = (
     _opt("progress-timeout", None, R, ("progress_timeout_s",),
          _duration_to("progress_timeout_s"),
          "treat the job as hung when it reports no progress for this long", "TIME"),
+    _opt("retries", None, R, ("retries",), _int_to("retries", 0),
+         "retry a failed attempt at most N times (default: the cluster's retry.max_retries)",
+         "N"),
+    _opt("retry-on", None, R, ("retry_on",), _validated_raw("retry_on", policy.parse_retry_on),
+         "failures that retry: node_fail,health,oom,timeout,launch,hang,exit (any code), "
+         "exit:N, all or none", "KINDS"),
+    _opt("retry-backoff", None, R, ("retry_backoff",),
+         _validated_raw("retry_backoff", policy.parse_backoff),
+         "seconds before a retry, doubling per retry up to MAX, e.g. 10:600", "BASE[:MAX]"),
     _opt("checkpoint-dir", None, R, ("checkpoint_dir",),
          _str_to("checkpoint_dir", "directory"), "where the job writes checkpoints", "DIR"),
+    _opt("checkpoint-signal", None, R, ("checkpoint_signal",), _checkpoint_signal,
+         "signal that asks the job to checkpoint (default USR1)", "SIG"),
+    _opt("checkpoint-grace", None, R, ("checkpoint_grace_s",),
+         _interval_to("checkpoint_grace_s"),
+         "time between the checkpoint request and a planned stop, e.g. 2m", "DURATION"),
+    _opt("checkpoint-interval", None, R, ("checkpoint_interval_s",), _checkpoint_interval,
+         "ask for a checkpoint this often (e.g. 30m), or auto (Young/Daly)", "DURATION|auto"),
     # --- bookkeeping: kept, shown, no effect here ---
     _opt("comment", None, R, ("comment",), _str_to("comment"), "free-text comment", "TEXT"),
     _opt("account", "A", R, ("account",), _str_to("account"),
