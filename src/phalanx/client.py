@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from phalanx.errors import BY_CODE, ControllerUnavailable, PhalanxError
+from phalanx.errors import BY_CODE, ControllerUnavailable, PhalanxError, StoreUnavailable
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=3.0)
 ENV_URL = "PHALANX_URL"
@@ -72,6 +72,7 @@ class Client:
             idempotent = method == "GET"
         errors: list[str] = []
         refused = 0  # controllers whose host answered "nothing listens here"
+        no_store = 0  # controllers that answered that they cannot reach the database
         n = len(self.urls)
         for i in range(n):
             idx = (self._current + i) % n
@@ -94,13 +95,17 @@ class Client:
                 continue
             if resp.status_code == 503:
                 errors.append(f"{base}: {_message(resp)}")
+                no_store += _code(resp) == StoreUnavailable.code
                 continue
             self._current = idx
             if resp.status_code >= 400:
                 raise _to_error(resp)
             return resp.json()
         raise ControllerUnavailable(
-            "no controller answered: " + "; ".join(errors), all_refused=refused == n
+            "no controller answered: " + "; ".join(errors),
+            all_refused=refused == n,
+            # no controller can change anything: each is down or cannot reach the database
+            control_plane_down=refused + no_store == n,
         )
 
     def get(self, path: str, **params: Any) -> Any:
@@ -162,6 +167,25 @@ class Client:
     def health(self) -> dict[str, Any]:
         return self.get("/healthz")
 
+    # maintenance windows (start/end: epoch seconds or text; duration: seconds or text)
+    def add_maintenance(
+        self,
+        nodes: str,
+        start: float | str,
+        *,
+        duration: float | str | None = None,
+        end: float | str | None = None,
+        reason: str | None = None,
+    ) -> dict[str, Any]:
+        body = {"nodes": nodes, "start": start, "duration": duration, "end": end, "reason": reason}
+        return self.post("/v1/maintenance", body)["window"]
+
+    def maintenance(self, *, all: bool = False) -> list[dict[str, Any]]:
+        return self.get("/v1/maintenance", all="true" if all else None)["windows"]
+
+    def remove_maintenance(self, wid: int) -> dict[str, Any]:
+        return self.request("DELETE", f"/v1/maintenance/{wid}")
+
 
 def _is_refused(e: BaseException) -> bool:
     """A connection refused by the controller's host (its process is not running there)."""
@@ -171,6 +195,14 @@ def _is_refused(e: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def _code(resp: httpx.Response) -> str | None:
+    """The error code of an error reply (`store_unavailable`, ...), if it has one."""
+    try:
+        return str(resp.json()["error"]["code"])
+    except Exception:
+        return None
 
 
 def _message(resp: httpx.Response) -> str:

@@ -361,3 +361,19 @@ def test_times_are_local(monkeypatch: pytest.MonkeyPatch) -> None:
     finally:
         monkeypatch.undo()
         time.tzset()
+
+
+def test_resolve_times() -> None:
+    assert m.resolve_times("now+60", "90s", None, NOW) == (NOW + 60, NOW + 150)
+    assert m.resolve_times(NOW + 10, 20, None, NOW) == (NOW + 10, NOW + 30)
+    assert m.resolve_times("now", None, "now+1h", NOW) == (NOW, NOW + 3600)
+    with pytest.raises(ValueError, match="either a duration"):
+        m.resolve_times("now", None, None, NOW)
+    with pytest.raises(ValueError, match="either a duration"):
+        m.resolve_times("now", "1h", "now+2h", NOW)
+    with pytest.raises(ValueError, match="must be positive"):
+        m.resolve_times("now", 0, None, NOW)
+    with pytest.raises(ValueError, match="must be positive"):
+        m.resolve_times("now", -5.0, None, NOW)
+    with pytest.raises(ValueError, match="already passed"):
+        m.resolve_times(NOW - 100, "10s", None, NOW)

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from phalanx.cli import render
+from phalanx.cli import maint, render
 from phalanx.client import Client
 from phalanx.errors import PhalanxError
 
@@ -446,6 +446,9 @@ def cluster(url: str | None = UrlOpt, as_json: bool = JsonOpt) -> None:
         _emit(st)
     else:
         console.print(render.cluster_summary(st), highlight=False)
+
+
+app.add_typer(maint.app, name="maint")
 
 
 def main() -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from typing import Any
 
 from rich.table import Table
 
+from phalanx.domain.checkpointing import describe, describe_cluster_mtbf
 from phalanx.domain.values import format_duration
 
 
@@ -48,7 +50,9 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Table:
             j["user"],
             j["state"],
             _elapsed(j),
-            str(j["nodes"]),
+            str(j.get("nodes_alloc") or j["nodes"])
+            if j["state"] in ("STARTING", "RUNNING", "COMPLETING")
+            else str(j["nodes"]),
             where,
         )
     return t
@@ -81,14 +85,76 @@ def job_detail(j: dict[str, Any]) -> str:
         f"   StdOut={j.get('stdout')}",
         f"   StdErr={j.get('stderr')}",
     ]
+    lines.extend(_checkpoint_lines(j))
+    lines.extend(_elastic_lines(j))
     for a in attempts:
         nodes = ",".join(a["nodes"])
+        spares = [t["node"] for t in a.get("tasks") or [] if t.get("spare")]
         lines.append(
             f"   Attempt={a['id']} Restart={a['seq']} State={a['state']} Result={a['result'] or '-'} "
-            f"Nodes={nodes} Start={_ts(a['start_time'])} End={_ts(a['end_time'])}"
+            f"Nodes={nodes}"
+            + (f" Spares={','.join(spares)}" if spares else "")
+            + f" Start={_ts(a['start_time'])} End={_ts(a['end_time'])}"
             + (f" Stop={a['stop_reason']}" if a["stop_reason"] else "")
         )
     return "\n".join(lines) + "\n"
+
+
+def _elastic_lines(j: dict[str, Any]) -> list[str]:
+    """Node range, hot spares, a pending restart reservation, and node time held (docs/elastic.md)."""
+    lines = []
+    if j.get("nodes_max") or j.get("spares"):
+        lines.append(
+            f"   NumNodesRange={j['nodes']}-{j.get('nodes_max') or j['nodes']}"
+            f" SparesRequested={j.get('spares') or 0}"
+            f" Spares={','.join(j.get('spare_nodes') or []) or '(none)'}"
+        )
+    if j.get("reserved_nodes") and j["state"] == "PENDING":
+        lines.append(
+            f"   ReservedNodes={','.join(j['reserved_nodes'])}"
+            f" ReservedUntil={_ts(j.get('reserved_until'))}"
+        )
+    if "node_seconds" in j:
+        lines.append(
+            f"   NodeSeconds={j['node_seconds']:g} (spares {j.get('spare_node_seconds') or 0:g})"
+        )
+    return lines
+
+
+def _checkpoint_lines(j: dict[str, Any]) -> list[str]:
+    """Checkpoint spec, latest checkpoint and latest progress (docs/checkpoints.md)."""
+    lines = []
+    spec = j.get("checkpoint_spec")
+    if spec:
+        try:
+            sig = signal.Signals(int(spec["signum"])).name.removeprefix("SIG")
+        except (KeyError, TypeError, ValueError):
+            sig = str(spec.get("signum"))
+        grace = spec.get("grace_s")
+        interval = j.get("checkpoint_interval")
+        lines.append(
+            f"   CheckpointSignal={sig} CheckpointGrace="
+            + (f"{grace}s" if grace is not None else "(cluster default)")
+            + (f" CheckpointInterval={describe(interval)}" if interval else "")
+        )
+    ck = j.get("checkpoint")
+    if ck:
+        took = ck.get("duration_s")
+        lines.append(
+            f"   LastCheckpoint={_ts(ck.get('finished_at'))}"
+            + (f" Took={took:.1f}s" if took is not None else " Took=(unknown)")
+            + f" Restart={ck.get('seq')} Path={ck.get('path')}"
+        )
+    elif spec:
+        lines.append("   LastCheckpoint=(none)")
+    progress = j.get("progress")
+    if progress:
+        step = progress.get("step")
+        lines.append(
+            f"   Progress={'step ' + str(step) if step is not None else 'reported'}"
+            f" at {_ts(progress.get('ts'))}"
+        )
+    return lines
 
 
 def _deps(deps: list[dict[str, Any]]) -> str:
@@ -109,6 +175,13 @@ def nodes_table(nodes: list[dict[str, Any]]) -> Table:
         reason = n["drain_reason"] or n["down_reason"] or ""
         if n["drain_by"]:
             reason += f" [{n['drain_by']}]"
+        if n.get("spare_for"):
+            spare = "spare for job " + ",".join(str(x) for x in n["spare_for"])
+            reason = f"{reason}; {spare}" if reason else spare
+        for w in n.get("maintenance") or []:
+            if w["state"] == "scheduled":  # an active one shows as the drain reason
+                maint = f"maintenance {w['id']} at {_ts(w['start'])}"
+                reason = f"{reason}; {maint}" if reason else maint
         t.add_row(
             n["name"],
             n["state"],
@@ -130,7 +203,8 @@ def node_detail(n: dict[str, Any]) -> str:
         + (f" ({','.join(gpu_types)})" if gpu_types else "")
         + f" GresUsed=gpu:{n['gpus_alloc']} Features={','.join(n['features']) or '(null)'}",
         f"   LastHeartbeat={_ts(n['last_heartbeat'])} Registered={_ts(n['registered_at'])}",
-        f"   Jobs={','.join(str(x) for x in n['jobs']) or '(none)'}",
+        f"   Jobs={','.join(str(x) for x in n['jobs']) or '(none)'}"
+        + (f" SpareFor={','.join(str(x) for x in n['spare_for'])}" if n.get("spare_for") else ""),
     ]
     health = n.get("health") or {}
     if health:
@@ -140,6 +214,11 @@ def node_detail(n: dict[str, Any]) -> str:
         lines.append(f"   Reason={n['drain_reason']} [{n['drain_by']}@{_ts(n['drain_time'])}]")
     if n["down"]:
         lines.append(f"   DownReason={n['down_reason']}")
+    for w in n.get("maintenance") or []:
+        lines.append(
+            f"   Maintenance={w['id']} State={w['state']} Start={_ts(w['start'])} "
+            f"End={_ts(w['end'])}" + (f" Reason={w['reason']}" if w.get("reason") else "")
+        )
     for e in n.get("events", [])[-10:]:
         lines.append(f"   {_ts(e['ts'])} {e['kind']}: {e['message']}")
     return "\n".join(lines) + "\n"
@@ -180,4 +259,6 @@ def cluster_summary(st: dict[str, Any]) -> str:
     lines.append(f"Nodes: {n['total']} total, {n['down']} down, {n['drain']} drained")
     jobs = st["jobs"]
     lines.append("Jobs: " + (", ".join(f"{k}={v}" for k, v in sorted(jobs.items())) or "none"))
+    if st.get("node_mtbf"):
+        lines.append(describe_cluster_mtbf(st["node_mtbf"]))
     return "\n".join(lines)

@@ -19,8 +19,10 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from phalanx import __version__
+from phalanx.controller import maint_api
 from phalanx.controller.launch import default_output, expand_pattern
 from phalanx.controller.runtime import Controller
+from phalanx.domain import checkpointing
 from phalanx.domain.hostlist import compress_hostlist
 from phalanx.domain.spec import JobSpec
 from phalanx.domain.states import node_display_state
@@ -64,6 +66,8 @@ class ReportIn(BaseModel):
     state: str = Field(pattern="^(starting|running|exited|lost)$")
     started_at: float | None = None
     exit: dict[str, Any] | None = None
+    checkpoint: dict[str, Any] | None = None  # the job's checkpoint marker (docs/checkpoints.md)
+    progress: dict[str, Any] | None = None  # the job's progress file
 
 
 class HeartbeatIn(BaseModel):
@@ -104,6 +108,11 @@ def job_view(row: dict[str, Any], *, detail: bool = False) -> dict[str, Any]:
         "exit_code": row["exit_code"],
         "exit_signal": row["exit_signal"],
         "restart_count": row["restart_count"],
+        # a restart reservation (elastic/spare job after a node failure), while pending
+        "reserved_nodes": row.get("reserved_nodes"),
+        "reserved_until": row.get("reserved_until"),
+        # nodes the current/last attempt ran on (an elastic job: anywhere from MIN to MAX)
+        "nodes_alloc": len(row["nodelist_run"]) if row["nodelist_run"] else None,
     }
     if detail:
         spec = row["spec"]
@@ -132,9 +141,37 @@ def job_view(row: dict[str, Any], *, detail: bool = False) -> dict[str, Any]:
                 "account": spec.get("account"),
                 "qos": spec.get("qos"),
                 "comment": spec.get("comment"),
+                "nodes_max": spec.get("nodes_max"),
+                "spares": int(spec.get("spares") or 0),
+                "checkpoint_spec": spec.get("checkpoint_parsed"),
+                "checkpoint": row.get("checkpoint"),  # the latest recorded checkpoint
             }
         )
     return view
+
+
+def allocation_view(attempts: list[dict[str, Any]], now: float) -> dict[str, Any]:
+    """Spare nodes of the current attempt and the node time every attempt held (accounting).
+
+    Node-seconds count every node an attempt held from its start to its end (or now), spares
+    included: a hot spare runs nothing but nobody else can use it, so it is charged to the job.
+    """
+    total = spare = 0.0
+    for a in attempts:
+        if not a.get("start_time"):
+            continue
+        held = max(0.0, (a.get("end_time") or now) - a["start_time"])
+        tasks = a.get("tasks") or []
+        total += held * len(tasks)
+        spare += held * sum(1 for t in tasks if t.get("spare"))
+    current = attempts[-1] if attempts else None
+    live = current is not None and current.get("state") != "ENDED"
+    spares = [t["node"] for t in (current or {}).get("tasks") or [] if t.get("spare")]
+    return {
+        "spare_nodes": spares if live else [],
+        "node_seconds": round(total, 1),
+        "spare_node_seconds": round(spare, 1),
+    }
 
 
 def _command(spec: dict[str, Any]) -> str | None:
@@ -177,6 +214,7 @@ def node_view(n: dict[str, Any]) -> dict[str, Any]:
         "registered_at": n["registered_at"],
         "addr": n["addr"],
         "jobs": sorted(set(used["jobs"])),
+        "spare_for": n.get("spare_for") or [],  # jobs this node is held for as a hot spare
         "health": n.get("health"),
         "launch_failures": n.get("launch_failures", 0),
     }
@@ -296,8 +334,15 @@ def create_app(ctl: Controller) -> FastAPI:
         ids = _one(ref)
         out = []
         for jid in ids:
-            view = job_view(ctl.store.get_job(jid), detail=True)
+            row = ctl.store.get_job(jid)
+            view = job_view(row, detail=True)
             view["attempts"] = ctl.store.attempts_of(jid)
+            view.update(allocation_view(view["attempts"], time.time()))
+            view["progress"] = next(
+                (a["progress"] for a in reversed(view["attempts"]) if a.get("progress")), None
+            )
+            if view["checkpoint_spec"]:
+                view["checkpoint_interval"] = ctl.checkpoint_interval(row).as_dict()
             out.append(view)
         return {"jobs": out}
 
@@ -334,11 +379,16 @@ def create_app(ctl: Controller) -> FastAPI:
     # ---------------------------------------------------------------- nodes
     @app.get("/v1/nodes")
     def nodes() -> dict[str, Any]:
-        return {"nodes": [node_view(n) for n in ctl.store.list_nodes()]}
+        windows = ctl.store.list_windows()
+        views = [node_view(n) for n in ctl.store.list_nodes()]
+        for v in views:
+            v["maintenance"] = maint_api.node_windows(v["name"], windows)
+        return {"nodes": views}
 
     @app.get("/v1/nodes/{name}")
     def node(name: str) -> dict[str, Any]:
         view = node_view(ctl.store.get_node(name))
+        view["maintenance"] = maint_api.node_windows(name, ctl.store.list_windows())
         view["events"] = ctl.store.events(node=name)[-50:]
         return view
 
@@ -367,6 +417,12 @@ def create_app(ctl: Controller) -> FastAPI:
             "controllers": ctl.store.list_controllers(),
             "leases": ctl.store.list_leases(),
             "this_controller": ctl.status(),
+            # what --checkpoint-interval=auto divides by the node count (checkpoint-interval.md)
+            "node_mtbf": checkpointing.cluster_mtbf(
+                *ctl.store.failure_history(time.time()),
+                prior_s=ctl.timing.node_mtbf_prior_s,
+                prior_weight_s=ctl.timing.node_mtbf_prior_weight_s,
+            ),
         }
 
     @app.get("/v1/events")
@@ -396,8 +452,10 @@ def create_app(ctl: Controller) -> FastAPI:
             "start": await run_in_threadpool(ctl.launch_specs, reply, node),
             "stop": reply.stop,
             "forget": reply.forget,
+            **({"checkpoint": reply.checkpoint} if reply.checkpoint is not None else {}),
             "controller": ctl.cid,
             "terms": ctl.leases.terms(),
         }
 
+    app.include_router(maint_api.router(ctl))
     return app

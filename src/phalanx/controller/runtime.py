@@ -21,6 +21,7 @@ from phalanx.config import Config
 from phalanx.controller.exchange import Reply, checkpoint_items, decide, needs_write
 from phalanx.controller.launch import build_launch
 from phalanx.controller.leases import LeaseKeeper
+from phalanx.controller.maintenance import MaintenanceDuty
 from phalanx.domain import checkpointing, scheduling, values
 from phalanx.domain.checkpointing import IntervalDecision
 from phalanx.domain.detector import silent_nodes
@@ -111,6 +112,13 @@ class Controller:
         self.last_tick: dict[str, float] = {}
         self._partitions_cache: tuple[float, Any] | None = None
         self._views_cache: tuple[float, list[Any]] | None = None
+        self.maintenance = MaintenanceDuty(
+            store,
+            lead=lambda: self.timing.maint_lead,
+            fence=lambda: self.leases.fence(CLUSTER_LEASE),
+            kick=self.kick,
+            notify=self.waiters.notify,
+        )
         # --checkpoint-interval=auto inputs: job id -> (monotonic time, measured cost), and
         # (monotonic time, (node-seconds, failures)) of the cluster's failure history
         self._ckpt_cost_cache: dict[int, tuple[float, float | None]] = {}
@@ -319,9 +327,11 @@ class Controller:
 
     # ------------------------------------------------------------------ cluster duty
     def cluster_tick(self) -> str:
-        """Failure detector and reaper; only the holder of the `cluster` lease acts."""
+        """Failure detector, reaper and maintenance windows; only the holder of the `cluster`
+        lease acts."""
         try:
-            return self._cluster_duty()
+            said = [self._cluster_duty(), self.maintenance.tick()]
+            return ", ".join(x for x in said if x not in ("idle", "")) or "idle"
         except StoreUnavailable:
             # Heartbeats could not be recorded while the store was away: judge no node until
             # a full timeout of fresh heartbeats has been seen again.
@@ -469,6 +479,7 @@ class Controller:
             [r.attempt_id for r in reports if r.state in ("exited", "lost")]
         )
         reply = decide(work, reports, ended, checkpoint_grace=self.timing.checkpoint_grace)
+        self.maintenance.adjust_stops(reply.stop)  # stopped at the window's start
         reply.checkpoint = checkpoint_items(work, lambda w: self.checkpoint_interval(w).seconds)
         return reply
 

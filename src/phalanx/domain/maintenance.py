@@ -50,6 +50,7 @@ __all__ = [
     "parse_window_duration",
     "pending_reason",
     "plan_drain",
+    "resolve_times",
     "stop_grace",
     "stop_reason",
     "window_of_stop_reason",
@@ -522,3 +523,31 @@ class KeepOff:
                 usable = {n: w for n, w in blocked.items() if n not in req.exclude}
                 out[jid] = pending_reason(usable or blocked, self.now, req.time_limit_s)
         return out
+
+
+def resolve_times(
+    start: float | str,
+    duration: float | str | None,
+    end: float | str | None,
+    now: float,
+) -> tuple[float, float]:
+    """(start, end) from what a request gave: a start (epoch seconds or text) and either a
+    duration (seconds or text) or an end (epoch seconds or text); checked by `check_window`."""
+    start_t = float(start) if isinstance(start, int | float) else parse_start(start, now)
+    if (duration is None) == (end is None):
+        raise ValueError("give the window either a duration (--duration 2h) or an end (--end)")
+    if duration is not None:
+        if isinstance(duration, int | float):
+            if not math.isfinite(duration) or duration <= 0:
+                raise ValueError(
+                    f"invalid duration {duration!r}: it must be positive; {DURATION_FORMS}"
+                )
+            length = float(duration)
+        else:
+            length = float(parse_window_duration(duration))
+        end_t = start_t + length
+    else:
+        assert end is not None
+        end_t = float(end) if isinstance(end, int | float) else parse_start(end, now)
+    check_window(start_t, end_t, now)
+    return start_t, end_t
