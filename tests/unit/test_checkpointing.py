@@ -452,3 +452,17 @@ def test_time_scaled_config_is_accepted() -> None:
         checkpoint_interval_min_s=1.0,
     )
     assert t.node_mtbf_prior_s == 60.0
+
+
+def test_cluster_mtbf_summary() -> None:
+    from phalanx.domain.checkpointing import cluster_mtbf, describe_cluster_mtbf
+
+    d = cluster_mtbf(0.0, 0, prior_s=30 * DAY, prior_weight_s=30 * DAY)
+    assert d["node_mtbf_s"] == 30 * DAY and d["source"] == "prior"
+    assert describe_cluster_mtbf(d) == (
+        "Node MTBF: 30.0d from prior (0.0 node-days up, 0 failures in the last 30.0d; "
+        "prior 30.0d worth 30.0d of node time)"
+    )
+    one = cluster_mtbf(2 * DAY, 1, prior_s=30 * DAY, prior_weight_s=30 * DAY, window_s=7 * DAY)
+    assert one["source"] == "prior+history" and one["node_mtbf_s"] == 16 * DAY
+    assert "1 failure in the last 7.0d" in describe_cluster_mtbf(one)

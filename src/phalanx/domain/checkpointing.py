@@ -282,3 +282,38 @@ def describe(decision: Mapping[str, Any]) -> str:
         parts.append(m)
     inputs = f" ({', '.join(p.strip() for p in parts)})" if parts else ""
     return f"{mode} {seconds:.0f}s{inputs}"
+
+
+def cluster_mtbf(
+    node_seconds: float,
+    failures: int,
+    *,
+    prior_s: float,
+    prior_weight_s: float,
+    window_s: float = FAILURE_WINDOW_S,
+) -> dict[str, Any]:
+    """The cluster's node MTBF estimate with its inputs, for `/v1/cluster` and `phalanx cluster`."""
+    mtbf, source = estimate_node_mtbf(
+        node_seconds, failures, prior_s=prior_s, prior_weight_s=prior_weight_s
+    )
+    return {
+        "node_mtbf_s": mtbf,
+        "source": source,
+        "node_seconds": node_seconds,
+        "failures": failures,
+        "window_s": window_s,
+        "prior_s": prior_s,
+        "prior_weight_s": prior_weight_s,
+    }
+
+
+def describe_cluster_mtbf(d: Mapping[str, Any]) -> str:
+    """`Node MTBF: 1.4d from history (64.0 node-days up, 64 failures in the last 30.0d; prior
+    30.0d worth 30.0d of node time)`."""
+    return (
+        f"Node MTBF: {human_seconds(d['node_mtbf_s'])} from {d['source']} "
+        f"({d['node_seconds'] / 86400:.1f} node-days up, {d['failures']} "
+        f"failure{'s' if d['failures'] != 1 else ''} in the last {human_seconds(d['window_s'])}; "
+        f"prior {human_seconds(d['prior_s'])} worth {human_seconds(d['prior_weight_s'])} "
+        "of node time)"
+    )
