@@ -29,6 +29,7 @@ from phalanx.agent import shepherd
 from phalanx.agent.health import HealthMonitor, Status
 from phalanx.agent.resources import NodeResources
 from phalanx.client import Client
+from phalanx.domain import job_reports
 from phalanx.errors import PhalanxError
 
 log = logging.getLogger("phalanx.agent")
@@ -72,6 +73,8 @@ class Agent:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._known_exited: set[str] = set()
+        # periodic checkpoints in force, attempt id -> {"interval_s", "signal", "batch_only"}
+        self._intervals: dict[int, dict[str, Any]] = {}
         self._registered = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -109,7 +112,7 @@ class Agent:
                     backoff = 0.2
                 except PhalanxError as e:
                     log.warning("controllers unreachable: %s", e.message)
-                    if e.details.get("all_refused"):
+                    if e.details.get("all_refused") or e.details.get("control_plane_down"):
                         self._control_plane_down()
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, float(self.timing["heartbeat_interval"]))
@@ -179,13 +182,17 @@ class Agent:
         return reply
 
     def _control_plane_down(self) -> None:
-        """Every controller's host refused the connection: no controller process is running.
+        """Every controller's host refused the connection (no controller process is running),
+        or answered that it cannot reach the database (503 store_unavailable), or a mix.
 
         Self-fencing exists so that a node cut off from live controllers stops its jobs before
-        they are requeued elsewhere. When every controller in our list is reachable but not
-        running, nobody can declare this node dead (and a restarted controller first waits a
-        full node_down_timeout), so the jobs keep running: a control-plane outage must never
-        look like a dead cluster. This assumes --url lists every controller.
+        they are requeued elsewhere. When every controller in our list is either not running
+        or running without a database, nobody can declare this node dead (that is a database
+        write, and a controller whose store comes back first waits a full node_down_timeout
+        of fresh heartbeats before judging any node), so the jobs keep running: a control-plane
+        or database outage must never look like a dead cluster. A controller that does not
+        answer at all (a timeout) may be partitioned from us while it reaches the database, so
+        that case still fences. This assumes --url lists every controller.
         """
         self._freshen_fence_file()
 
@@ -214,6 +221,7 @@ class Agent:
             elif st == "running":
                 rep["state"] = "running"
                 rep["started_at"] = status.get("started_at") or meta.get("launched_at")
+                self._periodic_checkpoint(d, meta["attempt_id"], rep["started_at"])
             elif st == "starting":
                 rep["state"] = "starting"
             elif st == "lost":
@@ -225,10 +233,15 @@ class Agent:
             else:  # absent: the launch never happened (agent died in between)
                 rep["state"] = "lost"
                 rep["exit"] = {"error": "the shepherd was never started", "ended_at": time.time()}
+            rep.update(read_job_reports(d))
             out.append(rep)
         return out
 
     def apply(self, reply: dict[str, Any]) -> None:
+        if "checkpoint" in reply:  # level-triggered: the whole list of intervals in force
+            self._intervals = {
+                int(item["attempt_id"]): item for item in reply.get("checkpoint") or []
+            }
         for launch in reply.get("start", []):
             self._launch(launch)
         for stop in reply.get("stop", []):
@@ -247,6 +260,31 @@ class Agent:
                 shutil.rmtree(d, ignore_errors=True)
             self._known_exited.discard(str(aid))
 
+    def _periodic_checkpoint(self, d: Path, attempt_id: int, started_at: float | None) -> None:
+        """Ask a running job for a checkpoint when its interval in force has passed."""
+        item = self._intervals.get(int(attempt_id))
+        if item is None:
+            return
+        marker = read_job_reports(d).get("checkpoint") or {}
+        request = shepherd.read_checkpoint_request(d) or {}
+        if not checkpoint_due(
+            time.time(),
+            item.get("interval_s"),
+            started_at=started_at,
+            last_checkpoint_at=marker.get("finished_at"),
+            last_request_at=request.get("requested_at"),
+        ):
+            return
+        try:
+            seq = shepherd.request_checkpoint(
+                d, "interval", int(item["signal"]), batch_only=bool(item.get("batch_only"))
+            )
+        except (OSError, ValueError) as e:
+            log.warning("cannot request a checkpoint of attempt %s: %s", attempt_id, e)
+            return
+        if seq is not None:
+            log.info("periodic checkpoint request %d to attempt %s", seq, attempt_id)
+
     def _launch(self, launch: dict[str, Any]) -> None:
         d = self.tasks_dir / str(launch["attempt_id"])
         if d.exists():
@@ -264,6 +302,9 @@ class Agent:
             argv = list(cmd["argv"])
         env = dict(launch["env"])
         env["PHX_TASK_DIR"] = str(d)
+        # the checkpoint protocol's control files (docs/checkpoints.md)
+        (tmp / shepherd.CONTROL_DIR).mkdir()
+        env.update(shepherd.control_environment(d))
         stdout = launch["stdout"]
         stderr = launch["stderr"]
         open_mode = launch["open_mode"]
@@ -283,7 +324,9 @@ class Agent:
             "open_mode": open_mode,
             "time_limit_s": launch["time_limit_s"],
             "kill_grace_s": launch["kill_grace_s"],
+            "progress_timeout_s": launch.get("progress_timeout_s"),
             "signal": launch.get("signal"),
+            "checkpoint": launch.get("checkpoint"),
             "fence": {
                 "heartbeat_file": str(self.fence_file),
                 "timeout_s": float(self.timing["fence_timeout"]),
@@ -349,6 +392,43 @@ class Agent:
                 log.debug("exit report failed (the poller will retry): %s", e.message)
             except Exception:
                 log.exception("watcher error; going on")
+
+
+def checkpoint_due(
+    now: float,
+    interval_s: float | None,
+    *,
+    started_at: float | None,
+    last_checkpoint_at: float | None,
+    last_request_at: float | None,
+) -> bool:
+    """Whether a periodic checkpoint is due: the interval has passed since the attempt
+    started, its last checkpoint, or the last request (so a job that is slow to answer, or
+    ignores requests, is asked once per interval rather than on every heartbeat)."""
+    if not interval_s or interval_s <= 0 or started_at is None:
+        return False
+    times = [t for t in (started_at, last_checkpoint_at, last_request_at) if t is not None]
+    return now - max(times) >= interval_s
+
+
+def read_job_reports(task_dir: Path) -> dict[str, Any]:
+    """The job's checkpoint marker and progress, as reported in heartbeats (absent: omitted)."""
+    out: dict[str, Any] = {}
+    control = task_dir / shepherd.CONTROL_DIR
+    for key, name, parse in (
+        ("checkpoint", shepherd.CHECKPOINT_MARKER_FILE, job_reports.parse_checkpoint_marker),
+        ("progress", shepherd.PROGRESS_FILE, job_reports.parse_progress),
+    ):
+        path = control / name
+        try:
+            mtime = path.stat().st_mtime
+            text = path.read_text(errors="replace")[:65536]
+        except OSError:
+            continue
+        value = parse(text, mtime)
+        if value is not None:
+            out[key] = value
+    return out
 
 
 def _read_json(p: Path) -> dict[str, Any] | None:

@@ -58,7 +58,17 @@ Written by the shepherd:
   ``stop_requested`` is true whenever a stop request (SIGTERM/SIGINT) reached the shepherd while
   the job had not ended; ``stop_reason`` is ``stop.json``'s reason;
   ``checkpoint_signal_sent_at`` is the wall-clock time the checkpoint signal went out, or null.
+  ``hung`` is present only when hang detection stopped the job: ``{"last_progress_at": mtime
+  of the progress file, "timeout_s", "idle_s", "step": the file's step or null}``.  With
+  ``progress_timeout_s`` in the spec, a job whose progress file (``progress_file``, else
+  ``PHX_PROGRESS_FILE``, else ``control/progress.json``) exists but has not changed for that
+  long is stopped like a cancel (SIGTERM, SIGKILL after ``kill_grace_s``).
 * ``shepherd.log``: the shepherd's own diagnostics (stdout/stderr of the daemon).
+
+The job's control directory ``control/`` (checkpoint protocol, docs/checkpoints.md): the
+agent creates it; :func:`write_checkpoint_request` writes ``checkpoint-request.json`` (the
+shepherd before every checkpoint signal of a planned stop and before the time limit, the agent
+for periodic requests); the job writes ``checkpoint.json`` and ``progress.json``.
 
 Signals understood by the shepherd:
 
@@ -113,6 +123,11 @@ EXIT_FILE = "exit.json"
 STOP_FILE = "stop.json"
 LOG_FILE = "shepherd.log"
 SIGNAL_REQUEST_PREFIX = "signal-"
+# The job's control directory and its files (the checkpoint protocol, docs/checkpoints.md).
+CONTROL_DIR = "control"
+CHECKPOINT_REQUEST_FILE = "checkpoint-request.json"  # node side -> job
+CHECKPOINT_MARKER_FILE = "checkpoint.json"  # job -> node side: latest finished checkpoint
+PROGRESS_FILE = "progress.json"  # job -> node side: latest progress (its mtime counts)
 
 _SCRIPT = os.path.abspath(__file__)
 # ``launch`` imports this file as top-level module ``shepherd`` instead of running it as a
@@ -132,6 +147,7 @@ _LAUNCHER_BACKOFF_S = 30.0
 _FENCE_CHECK_INTERVAL_S = 1.0
 _STRAGGLER_GRACE_CAP_S = 2.0
 _REKILL_INTERVAL_S = 5.0
+_PROGRESS_CHECK_MAX_S = 1.0
 # Signals the shepherd catches; the job gets them reset to SIG_DFL before exec.
 _HANDLED = (
     _signal.SIGTERM,
@@ -643,6 +659,81 @@ def request_stop(
     return _signal_process(live[0], live[1], _signal.SIGTERM)
 
 
+def control_environment(task_dir: str | os.PathLike[str]) -> dict[str, str]:
+    """The job's PHX_CONTROL_DIR, PHX_CHECKPOINT_REQUEST/_MARKER and PHX_PROGRESS_FILE."""
+    control = os.path.join(os.path.abspath(os.fspath(task_dir)), CONTROL_DIR)
+    return {
+        "PHX_CONTROL_DIR": control,
+        "PHX_CHECKPOINT_REQUEST": os.path.join(control, CHECKPOINT_REQUEST_FILE),
+        "PHX_CHECKPOINT_MARKER": os.path.join(control, CHECKPOINT_MARKER_FILE),
+        "PHX_PROGRESS_FILE": os.path.join(control, PROGRESS_FILE),
+    }
+
+
+def write_checkpoint_request(
+    task_dir: str | os.PathLike[str], reason: str, *, deadline: float | None, stop: bool
+) -> int:
+    """Write the next checkpoint request for the job; return its sequence number.
+
+    ``{"seq", "reason", "requested_at", "deadline", "stop"}``: ``seq`` grows by one per request
+    (a lock file serialises the agent and the shepherd, which both write requests), ``deadline``
+    is when a planned stop happens (null for periodic requests) and ``stop`` says whether the
+    job will be stopped then.  Atomic: the job never reads a partial request.
+    """
+    import fcntl
+
+    control = os.path.join(os.fspath(task_dir), CONTROL_DIR)
+    os.makedirs(control, exist_ok=True)
+    path = os.path.join(control, CHECKPOINT_REQUEST_FILE)
+    fd = os.open(os.path.join(control, ".request.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            old = _read_json(path)
+        except (OSError, ValueError):
+            old = None
+        seq = old.get("seq") if isinstance(old, dict) else None
+        seq = (seq if isinstance(seq, int) and not isinstance(seq, bool) else 0) + 1
+        _write_json(
+            path,
+            {
+                "seq": seq,
+                "reason": reason,
+                "requested_at": time.time(),
+                "deadline": deadline,
+                "stop": bool(stop),
+            },
+        )
+        return seq
+    finally:
+        os.close(fd)
+
+
+def read_checkpoint_request(task_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The job's latest checkpoint request, or None."""
+    try:
+        req = _read_json(os.path.join(os.fspath(task_dir), CONTROL_DIR, CHECKPOINT_REQUEST_FILE))
+    except (OSError, ValueError):
+        return None
+    return req if isinstance(req, dict) else None
+
+
+def request_checkpoint(
+    task_dir: str | os.PathLike[str], reason: str, signum: int, *, batch_only: bool = False
+) -> int | None:
+    """Ask a running job for a checkpoint without stopping it (periodic checkpoints).
+
+    Writes the request file, then has the shepherd deliver ``signum``.  Returns the request's
+    seq, or None (nothing written) when the job is not running.
+    """
+    td = os.fspath(task_dir)
+    if os.path.exists(os.path.join(td, EXIT_FILE)) or _live_shepherd(td) is None:
+        return None
+    seq = write_checkpoint_request(td, reason, deadline=None, stop=False)
+    forward_signal(td, signum, batch_only)
+    return seq
+
+
 _request_counter = 0
 
 
@@ -706,6 +797,7 @@ class _Shepherd:
         self.stop_reason: str | None = None
         self.checkpoint_sent_at: float | None = None  # wall clock, for exit.json
         self.checkpoint_until: float | None = None  # monotonic end of a running grace
+        self.hung: dict[str, Any] | None = None  # set when hang detection stopped the job
         self.out_fd = -1
         self.err_fd = -1
 
@@ -862,6 +954,12 @@ class _Shepherd:
         """
         argv: list[str] = spec["argv"]
         cwd = spec.get("cwd") or "/"
+        ck = spec.get("checkpoint")
+        if isinstance(ck, dict) and ck.get("enabled") and isinstance(ck.get("dir"), str):
+            try:
+                os.makedirs(ck["dir"], exist_ok=True)
+            except OSError as exc:  # the job may not need it; say why if it does
+                self._write_stderr(f"cannot create checkpoint directory {ck['dir']}: {exc}")
         try:
             os.chdir(cwd)
         except OSError as exc:
@@ -900,6 +998,8 @@ class _Shepherd:
         if isinstance(sig, dict) and limit_at is not None:
             signal_at = limit_at - float(sig.get("before_s") or 0)
         fence_at = self.start_mono if isinstance(spec.get("fence"), dict) else None
+        ckpt_at = self._checkpoint_before_limit(limit_at)
+        hang_at = self._first_progress_check()
 
         poller = select.poll()
         poller.register(self.wake_r, select.POLLIN)
@@ -919,11 +1019,14 @@ class _Shepherd:
                 now = time.monotonic()
                 if self.reason is not None:
                     # already stopping; the fence still watches, and shortens a long grace
-                    signal_at = limit_at = self.checkpoint_until = None
+                    signal_at = limit_at = self.checkpoint_until = ckpt_at = None
                 if self.checkpoint_until is not None and now >= self.checkpoint_until:
                     self.checkpoint_until = None
                     _log("checkpoint grace over: the job is still running")
                     self._stop("cancelled")
+                if ckpt_at is not None and now >= ckpt_at and limit_at is not None:
+                    ckpt_at = None
+                    self._checkpoint_at_limit(limit_at)
                 if signal_at is not None and now >= signal_at:
                     signal_at = None
                     assert isinstance(sig, dict)
@@ -939,11 +1042,21 @@ class _Shepherd:
                             self._stop("fenced")
                         else:
                             self._hurry_for_fence(now)
+                if hang_at is not None and now >= hang_at:
+                    hang_at = self._check_progress(now)
                 if self.kill_at is not None and now >= self.kill_at:
                     _log("grace period over: SIGKILL to the job's process group")
                     self._killpg(_signal.SIGKILL)
                     self.kill_at = now + _REKILL_INTERVAL_S
-                candidates = (signal_at, limit_at, fence_at, self.checkpoint_until, self.kill_at)
+                candidates = (
+                    signal_at,
+                    limit_at,
+                    fence_at,
+                    self.checkpoint_until,
+                    self.kill_at,
+                    ckpt_at,
+                    hang_at,
+                )
                 deadlines = [t for t in candidates if t is not None]
                 timeout_ms = None
                 if deadlines:
@@ -953,6 +1066,65 @@ class _Shepherd:
         finally:
             if pidfd is not None:
                 os.close(pidfd)
+
+    # -- hang detection (--progress-timeout) --------------------------------------------------
+
+    def _progress_timeout(self) -> float | None:
+        timeout = self.spec.get("progress_timeout_s")
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            return None
+        return float(timeout)
+
+    def _progress_path(self) -> str:
+        """The job's progress file: the spec's, else its PHX_PROGRESS_FILE, else the
+        protocol's place (``<task_dir>/control/progress.json``)."""
+        path = self.spec.get("progress_file")
+        if isinstance(path, str) and path:
+            return path
+        env = self.spec.get("env")
+        if isinstance(env, dict) and isinstance(env.get("PHX_PROGRESS_FILE"), str):
+            return str(env["PHX_PROGRESS_FILE"])
+        return os.path.join(self.task_dir, CONTROL_DIR, PROGRESS_FILE)
+
+    def _first_progress_check(self) -> float | None:
+        timeout = self._progress_timeout()
+        return None if timeout is None else time.monotonic() + _progress_interval(timeout)
+
+    def _check_progress(self, now: float) -> float | None:
+        """Stop the job as hung when its progress file, once it exists, has not changed for
+        the progress timeout; return when to look again (None: never).
+
+        A job that never reported progress is not judged (it may not use the protocol), and a
+        job inside its checkpoint grace is busy saving, not hung.  The file's mtime is compared
+        with the wall clock: the job writes it on this node, so both come from one clock.
+        """
+        timeout = self._progress_timeout()
+        if timeout is None or self.reason is not None or self.reaped:
+            return None
+        interval = _progress_interval(timeout)
+        if self.checkpoint_until is not None:
+            return now + interval
+        path = self._progress_path()
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            return now + interval
+        idle = time.time() - mtime
+        if idle < timeout:
+            return now + min(interval, max(0.01, timeout - idle))
+        step = _progress_step(path)
+        self.hung = {
+            "last_progress_at": mtime,
+            "timeout_s": int(timeout) if timeout.is_integer() else timeout,
+            "idle_s": round(idle, 3),
+            "step": step,
+        }
+        _log(
+            f"no progress for {idle:.1f}s (timeout {timeout:g}s"
+            f"{f', last step {step}' if step is not None else ''}): the job is hung"
+        )
+        self._stop("hung")
+        return None
 
     def _drain_wakeup(self) -> None:
         try:
@@ -988,6 +1160,7 @@ class _Shepherd:
                     f" signal {signum}{' to the main process' if batch_only else ''},"
                     f" stopping in {grace:g}s unless the job exits"
                 )
+                self._write_request(self.stop_reason or "stop", time.time() + grace)
                 self._deliver(signum, batch_only)
                 self._killpg(_signal.SIGCONT)  # a suspended job must run to checkpoint
                 self.checkpoint_sent_at = time.time()
@@ -995,6 +1168,45 @@ class _Shepherd:
                 return
         if self.checkpoint_until is None:
             self._stop("cancelled")
+
+    def _write_request(self, reason: str, deadline: float | None) -> None:
+        """Tell the job in its request file, too (for jobs that poll rather than trap)."""
+        try:
+            seq = write_checkpoint_request(self.task_dir, reason, deadline=deadline, stop=True)
+            _log(f"checkpoint request {seq}: {reason}")
+        except (OSError, ValueError) as exc:
+            _log(f"cannot write the checkpoint request: {exc!r}")
+
+    def _checkpoint_before_limit(self, limit_at: float | None) -> float | None:
+        """When (monotonic) to ask for a checkpoint before the time limit, or None.
+
+        Only for jobs with a checkpoint spec, and only when the grace fits in the limit.
+        """
+        ck = self.spec.get("checkpoint")
+        if limit_at is None or not isinstance(ck, dict) or not ck.get("enabled"):
+            return None
+        grace = ck.get("grace_s")
+        if not isinstance(grace, int | float) or grace < 0:
+            return None
+        at = limit_at - float(grace)
+        return at if at > self.start_mono else None
+
+    def _checkpoint_at_limit(self, limit_at: float) -> None:
+        """The time limit is a planned stop: request a checkpoint and send the signal."""
+        ck = self.spec["checkpoint"]
+        wall_limit = time.time() + max(0.0, limit_at - time.monotonic())
+        self._write_request("time limit", wall_limit)
+        sig = self.spec.get("signal")
+        same = isinstance(sig, dict) and sig.get("signum") == ck.get("signum")
+        if (
+            same
+            and isinstance(sig, dict)
+            and float(sig.get("before_s") or 0) == float(ck.get("grace_s") or 0)
+        ):
+            return  # --signal delivers the same signal at the same moment
+        _log(f"time limit approaching: checkpoint signal {ck.get('signum')}")
+        self._deliver(ck.get("signum"), bool(ck.get("batch_only")))
+        self.checkpoint_sent_at = time.time()
 
     def _read_stop_request(self) -> tuple[int | None, float, str | None]:
         """(checkpoint signal, grace, reason) from ``stop.json``; a plain stop if absent/bad."""
@@ -1187,7 +1399,26 @@ class _Shepherd:
             "stop_requested": self.stop_requested,
             "stop_reason": self.stop_reason,
             "checkpoint_signal_sent_at": self.checkpoint_sent_at,
+            **({"hung": self.hung} if self.hung else {}),
         }
+
+
+def _progress_interval(timeout: float) -> float:
+    """How often hang detection looks at the progress file: a quarter of the timeout, at most
+    once a second and at least every 50 ms (a stat is cheap, but the loop should sleep)."""
+    return min(_PROGRESS_CHECK_MAX_S, max(0.05, timeout / 4))
+
+
+def _progress_step(path: str) -> Any:
+    """The ``step`` of a ``{"step": ...}`` progress file, or None (plain text, unreadable)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read(65536)
+        report = _loads(text)
+    except (OSError, ValueError):
+        return None
+    step = report.get("step") if isinstance(report, dict) else None
+    return step if isinstance(step, int | float | str) and not isinstance(step, bool) else None
 
 
 def _write_quiet(fd: int, msg: str) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 from typing import Any
 
 from phalanx.domain.hostlist import compress_hostlist
@@ -59,7 +60,9 @@ def default_output(array_job_id: int | None) -> str:
     return "phalanx-%A_%a.out" if array_job_id is not None else "phalanx-%j.out"
 
 
-def build_launch(work: dict[str, Any], *, node: str, kill_wait: float) -> dict[str, Any]:
+def build_launch(
+    work: dict[str, Any], *, node: str, kill_wait: float, checkpoint_grace: float = 30.0
+) -> dict[str, Any]:
     """Turn one row of Store.node_work into the agent's launch request."""
     spec = work["spec"]
     job_id = int(work["job_id"])
@@ -105,9 +108,55 @@ def build_launch(work: dict[str, Any], *, node: str, kill_wait: float) -> dict[s
         "time_limit_s": work["time_limit_s"],
         "kill_grace_s": kill_wait,
         "signal": spec.get("signal_parsed"),
+        "progress_timeout_s": spec.get("progress_timeout_s"),  # hang detection (shepherd)
+        "checkpoint": checkpoint_settings(work, checkpoint_grace=checkpoint_grace),
         "gpu_ids": list(work["gpu_ids"] or []),
         "fence_term": int(work["fence_term"]),
     }
+
+
+def checkpoint_dir(work: dict[str, Any]) -> str:
+    """The job's checkpoint directory: --checkpoint-dir, else one per job under its workdir.
+
+    The same for every attempt, so a requeued job finds what the previous one saved.
+    """
+    spec = work["spec"]
+    workdir = spec.get("workdir") or spec.get("submit_dir") or "/"
+    given = spec.get("checkpoint_dir")
+    if given:
+        return given if os.path.isabs(given) else os.path.join(workdir, given)
+    return os.path.join(workdir, ".phalanx", "checkpoints", str(int(work["job_id"])))
+
+
+def checkpoint_settings(work: dict[str, Any], *, checkpoint_grace: float) -> dict[str, Any]:
+    """What the node side needs to ask this job for checkpoints (shepherd spec "checkpoint").
+
+    `enabled` is true when the job gave a --checkpoint-* option: only then does the shepherd
+    create the directory and send a request before the time limit.
+    """
+    spec = work["spec"]
+    parsed = spec.get("checkpoint_parsed") or {}
+    sig = spec.get("signal_parsed") or {}
+    grace = parsed.get("grace_s")
+    if grace is None:
+        grace = sig.get("before_s") if sig else None
+    return {
+        "enabled": bool(parsed),
+        "signum": int(parsed.get("signum") or sig.get("signum") or signal.SIGUSR1),
+        "grace_s": float(checkpoint_grace if grace is None else grace),
+        "batch_only": bool(sig.get("batch_only")),
+        "dir": checkpoint_dir(work),
+    }
+
+
+def checkpoint_environment(work: dict[str, Any]) -> dict[str, str]:
+    """PHX_CHECKPOINT_DIR and PHX_CHECKPOINT_SIGNAL (the agent adds the control-dir paths)."""
+    settings = checkpoint_settings(work, checkpoint_grace=0.0)
+    try:
+        name = signal.Signals(settings["signum"]).name.removeprefix("SIG")
+    except ValueError:
+        name = str(settings["signum"])
+    return {"PHX_CHECKPOINT_DIR": settings["dir"], "PHX_CHECKPOINT_SIGNAL": name}
 
 
 def job_environment(work: dict[str, Any], *, node: str) -> dict[str, str]:
@@ -156,8 +205,7 @@ def job_environment(work: dict[str, Any], *, node: str) -> dict[str, str]:
     if arr_job is not None:
         phx["PHX_ARRAY_JOB_ID"] = str(arr_job)
         phx["PHX_ARRAY_TASK_ID"] = str(arr_task)
-    if spec.get("checkpoint_dir"):
-        phx["PHX_CHECKPOINT_DIR"] = str(spec["checkpoint_dir"])
+    phx.update(checkpoint_environment(work))
     slurm = {
         "SLURM_JOB_ID": str(job_id),
         "SLURM_JOBID": str(job_id),
