@@ -248,3 +248,11 @@ def test_spec_refuses_what_a_range_cannot_mean(kw: dict[str, Any], field: str) -
     with pytest.raises(InvalidSpec) as e:
         _norm(**kw)
     assert e.value.details.get("field") == field, e.value.message
+
+
+def test_submit_check_counts_spares() -> None:
+    from phalanx.domain.placement import unsatisfiable_reason
+
+    why = unsatisfiable_reason(job(1, 2, spares=1), nodes(2))
+    assert why is not None and "2 nodes and 1 spare" in why, why
+    assert unsatisfiable_reason(job(1, 2, nodes_max=8, spares=1), nodes(3)) is None

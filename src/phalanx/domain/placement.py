@@ -739,11 +739,12 @@ def _partition_reason(
         if name not in fit_names:
             why = _why_not_node(job, by_name[name])
             return f"node {name} in --nodelist can never hold the job: it has {why}"
-    if len(fitting) < job.nodes:
+    if len(fitting) < job.nodes + max(0, job.spares):
         listed = ", ".join(n.name for n in fitting)
+        spares = f" and {_plural(job.spares, 'spare')}" if job.spares > 0 else ""
         return (
-            f"requested {_plural(job.nodes, 'node')} but partition {partition} has only "
-            f"{_plural(len(fitting), 'node')} that fit: {listed}"
+            f"requested {_plural(job.nodes, 'node')}{spares} but partition {partition} has "
+            f"only {_plural(len(fitting), 'node')} that fit: {listed}"
         )
     return None
 
