@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,9 +30,32 @@ def normalize_url(url: str) -> str:
         url = "postgresql://" + url[len("postgres://") :]
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    url = _hosts_to_query(url)
     if "://" not in url:
         url = f"sqlite:///{Path(url).absolute()}"
     return url
+
+
+_MULTI_HOST = re.compile(
+    r"^(?P<scheme>postgresql(?:\+\w+)?)://(?P<auth>[^@/?]*@)?(?P<hosts>[^/?@]*,[^/?@]*)"
+    r"(?P<path>/[^?]*)?(?:\?(?P<query>.*))?$"
+)
+
+
+def _hosts_to_query(url: str) -> str:
+    """Rewrite libpq's multi-host form for SQLAlchemy, which cannot parse it.
+
+    `postgresql://u@h1:5432,h2:5432/db?target_session_attrs=read-write` (what PostgreSQL's
+    documentation shows, and what an operator pointing controllers at a primary and its standby
+    writes) becomes `postgresql://u@/db?host=h1:5432&host=h2:5432&target_session_attrs=...`,
+    which SQLAlchemy hands to libpq as the same list of hosts, tried in order.
+    """
+    m = _MULTI_HOST.match(url)
+    if m is None:
+        return url
+    hosts = "&".join(f"host={h.strip()}" for h in m["hosts"].split(",") if h.strip())
+    query = f"{hosts}&{m['query']}" if m["query"] else hosts
+    return f"{m['scheme']}://{m['auth'] or ''}{m['path'] or '/'}?{query}"
 
 
 def describe_url(url: str) -> str:
