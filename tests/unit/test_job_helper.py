@@ -174,6 +174,10 @@ def test_latest_checkpoint_ignores_temporaries_and_prefers_the_newest(control: P
     assert job.latest_checkpoint() == second
     second.unlink()
     assert job.latest_checkpoint() == first
+    # other files in the directory are not checkpoints when a pattern says what is
+    (ck / "result.json").write_text("{}")
+    assert job.latest_checkpoint() == ck / "result.json"
+    assert job.latest_checkpoint(ck, "step-*") == first
 
 
 def test_latest_checkpoint_uses_the_pointer_for_directories(control: Path) -> None:

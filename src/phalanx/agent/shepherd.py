@@ -1161,9 +1161,9 @@ class _Shepherd:
                     f" stopping in {grace:g}s unless the job exits"
                 )
                 self._write_request(self.stop_reason or "stop", time.time() + grace)
+                self.checkpoint_sent_at = time.time()  # before: the job may answer at once
                 self._deliver(signum, batch_only)
                 self._killpg(_signal.SIGCONT)  # a suspended job must run to checkpoint
-                self.checkpoint_sent_at = time.time()
                 self.checkpoint_until = time.monotonic() + grace
                 return
         if self.checkpoint_until is None:

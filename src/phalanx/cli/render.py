@@ -25,7 +25,8 @@ def _elapsed(j: dict[str, Any]) -> str:
 
 def jobs_table(jobs: list[dict[str, Any]]) -> Table:
     t = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "NODES", "NODELIST(REASON)"):
+    cols = ("JOBID", "PARTITION", "NAME", "USER", "ST", "RETRIES", "TIME", "NODES")
+    for col in (*cols, "NODELIST(REASON)"):
         t.add_column(col)
     for j in jobs:
         where = (
@@ -49,6 +50,7 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Table:
             j["name"],
             j["user"],
             j["state"],
+            str(j.get("retries") or 0),
             _elapsed(j),
             str(j.get("nodes_alloc") or j["nodes"])
             if j["state"] in ("STARTING", "RUNNING", "COMPLETING")
@@ -85,6 +87,7 @@ def job_detail(j: dict[str, Any]) -> str:
         f"   StdOut={j.get('stdout')}",
         f"   StdErr={j.get('stderr')}",
     ]
+    lines.extend(_retry_lines(j))
     lines.extend(_checkpoint_lines(j))
     lines.extend(_elastic_lines(j))
     for a in attempts:
@@ -98,6 +101,20 @@ def job_detail(j: dict[str, Any]) -> str:
             + (f" Stop={a['stop_reason']}" if a["stop_reason"] else "")
         )
     return "\n".join(lines) + "\n"
+
+
+def _retry_lines(j: dict[str, Any]) -> list[str]:
+    """Failure retries used of the job's budget, its rules, and the nodes it now avoids
+    (docs/retries.md)."""
+    rules = j.get("retry") or {}
+    if not rules:
+        return []
+    avoid = ",".join(j.get("avoid_nodes") or []) or "(null)"
+    return [
+        f"   Retries={j.get('retries') or 0}/{rules['max_retries']} RetryOn={rules['retry_on']}"
+        f" RetryBackoff={rules['backoff_base_s']:g}s..{rules['backoff_max_s']:g}s"
+        f" AvoidNodes={avoid}"
+    ]
 
 
 def _elastic_lines(j: dict[str, Any]) -> list[str]:

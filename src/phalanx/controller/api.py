@@ -108,6 +108,8 @@ def job_view(row: dict[str, Any], *, detail: bool = False) -> dict[str, Any]:
         "exit_code": row["exit_code"],
         "exit_signal": row["exit_signal"],
         "restart_count": row["restart_count"],
+        "retries": int(row.get("retries") or 0),  # failure retries used (docs/retries.md)
+        "avoid_nodes": row.get("avoid_nodes"),  # nodes it failed on, kept off its next attempt
         # a restart reservation (elastic/spare job after a node failure), while pending
         "reserved_nodes": row.get("reserved_nodes"),
         "reserved_until": row.get("reserved_until"),
@@ -338,6 +340,7 @@ def create_app(ctl: Controller) -> FastAPI:
             view = job_view(row, detail=True)
             view["attempts"] = ctl.store.attempts_of(jid)
             view.update(allocation_view(view["attempts"], time.time()))
+            view["retry"] = ctl.store.policy.job_rules(row["spec"]).as_dict()
             view["progress"] = next(
                 (a["progress"] for a in reversed(view["attempts"]) if a.get("progress")), None
             )

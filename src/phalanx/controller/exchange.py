@@ -7,10 +7,12 @@ reconciles again. Pure functions over plain data.
 
 from __future__ import annotations
 
-import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from phalanx.controller.launch import checkpoint_settings
+from phalanx.domain import job_reports
 from phalanx.domain.states import AttemptState, TaskState
 from phalanx.store.store import TaskReport
 
@@ -22,6 +24,9 @@ class Reply:
     start: list[dict[str, Any]] = field(default_factory=list)  # work rows to launch
     stop: list[dict[str, Any]] = field(default_factory=list)  # {"attempt_id", "token", "reason"}
     forget: list[int] = field(default_factory=list)
+    # Periodic checkpoints in force for this node's running attempts (level-triggered: the
+    # agent replaces its whole list with each reply that has one); not work, so not in `empty`.
+    checkpoint: list[dict[str, Any]] | None = None
 
     @property
     def empty(self) -> bool:
@@ -39,6 +44,8 @@ def needs_write(
         w = by_id.get(r.attempt_id)
         if w is None or w["token"] != r.token:
             continue
+        if (r.checkpoint is not None or r.progress is not None) and _job_report_is_news(w, r):
+            return True
         ts = w["task_state"]
         if r.state == "running" and ts == TaskState.STARTING.value:
             return True
@@ -62,15 +69,55 @@ def needs_write(
     return False
 
 
+def _job_report_is_news(w: dict[str, Any], r: TaskReport) -> bool:
+    """A new checkpoint, or progress due for its (throttled) write."""
+    seq, rank = int(w.get("seq") or 0), int(w.get("rank") or 0)
+    return job_reports.is_new_checkpoint(
+        w.get("job_checkpoint"), r.checkpoint, seq=seq, rank=rank
+    ) or job_reports.progress_due(w.get("attempt_progress"), r.progress)
+
+
 def stop_item(w: dict[str, Any], checkpoint_grace: float) -> dict[str, Any]:
     """A stop request; planned stops (requeue) first give the job its checkpoint signal."""
     reason = w["stop_reason"] or "stop"
     item: dict[str, Any] = {"attempt_id": w["attempt_id"], "token": w["token"], "reason": reason}
     if reason.startswith("requeue"):
-        sig = (w.get("spec") or {}).get("signal_parsed") or {}
-        item["checkpoint_signal"] = int(sig.get("signum") or signal.SIGUSR1)
-        item["checkpoint_grace"] = float(sig.get("before_s") or checkpoint_grace)
+        # --checkpoint-signal/--checkpoint-grace, else --signal's, else USR1 and the cluster's
+        settings = checkpoint_settings(w, checkpoint_grace=checkpoint_grace)
+        item["checkpoint_signal"] = settings["signum"]
+        item["checkpoint_grace"] = settings["grace_s"]
     return item
+
+
+def checkpoint_items(
+    work: list[dict[str, Any]], interval_of: Callable[[dict[str, Any]], float | None]
+) -> list[dict[str, Any]]:
+    """The periodic checkpoint interval of each running attempt on the node that has one.
+
+    `interval_of(work_row)` is the interval in force in seconds (None: no periodic requests);
+    the agent asks for a checkpoint when that long has passed since the attempt started, its
+    last checkpoint or its last request.
+    """
+    items = []
+    for w in work:
+        if w["attempt_state"] != AttemptState.RUNNING.value:
+            continue
+        if not ((w.get("spec") or {}).get("checkpoint_parsed") or {}).get("interval_s"):
+            continue
+        seconds = interval_of(w)
+        if seconds is None:
+            continue
+        settings = checkpoint_settings(w, checkpoint_grace=0.0)
+        items.append(
+            {
+                "attempt_id": w["attempt_id"],
+                "token": w["token"],
+                "interval_s": float(seconds),
+                "signal": settings["signum"],
+                "batch_only": settings["batch_only"],
+            }
+        )
+    return items
 
 
 def decide(

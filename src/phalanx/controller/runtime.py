@@ -28,6 +28,7 @@ from phalanx.domain.detector import silent_nodes
 from phalanx.domain.spec import JobSpec, normalize
 from phalanx.domain.states import JobState
 from phalanx.errors import Fenced, PhalanxError, StoreUnavailable, Unsatisfiable
+from phalanx.store.notify import WorkListener
 from phalanx.store.store import Fence, Store, TaskReport
 
 log = logging.getLogger("phalanx.controller")
@@ -42,6 +43,11 @@ CACHE_TTL = 2.0  # seconds submit-time checks may use a cached view of partition
 CHECKPOINT_INPUT_TTL = 10.0  # seconds a job's measured checkpoint cost is reused
 FAILURE_HISTORY_TTL = 60.0  # seconds the cluster's failure history (node MTBF) is reused
 CLUSTER_LEASE = "cluster"
+# Seconds between polls of nodes.work_gen for long-polling agents whose work another controller
+# changed: fast while no LISTEN/NOTIFY wakes us (SQLite, database outage), a slow safety net
+# while the PostgreSQL listener is healthy (store/notify.py).
+GEN_POLL = 0.2
+GEN_POLL_LISTENING = 2.0
 
 
 def sched_lease(partition: str) -> str:
@@ -107,6 +113,7 @@ class Controller:
         self._beats: dict[str, float] = {}  # node -> monotonic time last seen
         self._beats_lock = threading.Lock()
         self._gens: dict[str, int] = {}
+        self._listener: WorkListener | None = None  # PostgreSQL only: cross-controller wakeups
         self._health: dict[str, tuple[Any, ...]] = {}  # node -> last health summary applied
         self._cluster_since: float | None = None  # monotonic time the cluster duty was taken
         self.last_tick: dict[str, float] = {}
@@ -127,12 +134,13 @@ class Controller:
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         self.store.register_controller(self.cid, self.url)
+        self.start_listener()
         loops: list[tuple[str, Callable[[], str], Callable[[], float]]] = [
             ("leases", self.leases.tick, lambda: self.timing.renew_interval),
             ("scheduler", self.schedule_tick, lambda: self.timing.scheduler_interval),
             ("cluster", self.cluster_tick, lambda: min(1.0, self.timing.node_down_timeout / 4)),
             ("heartbeats", self.flush_heartbeats, lambda: self.timing.heartbeat_flush_interval),
-            ("gens", self.gen_tick, lambda: 0.2),
+            ("gens", self.gen_tick, self.gen_poll_interval),
             ("presence", self.presence_tick, lambda: self.timing.renew_interval),
         ]
         for name, fn, interval in loops:
@@ -145,6 +153,8 @@ class Controller:
     def stop(self) -> None:
         self._stop.set()
         self._kick.set()
+        if self._listener is not None:
+            self._listener.stop()
         for t in self._threads:
             t.join(timeout=5)
         with contextlib.suppress(PhalanxError):
@@ -414,8 +424,26 @@ class Controller:
             return f"back in service: {', '.join(back)}"
         return "idle"
 
+    def start_listener(self) -> None:
+        """On PostgreSQL, listen for other controllers' work notifications (store/notify.py)."""
+        if self.store.dialect != "postgresql" or self._listener is not None:
+            return
+        self._listener = WorkListener(
+            self.store.db.connect_args(), self._work_notice, op_timeout=self.timing.db_op_timeout
+        )
+        self._listener.start()
+
+    def _work_notice(self, nodes: list[str] | None) -> None:
+        """A notification: wake these nodes' long-polls (None: every waiting one re-checks)."""
+        self.waiters.notify(self.waiters.waiting_nodes() if nodes is None else nodes)
+
+    def gen_poll_interval(self) -> float:
+        listener = self._listener
+        return GEN_POLL_LISTENING if listener is not None and listener.healthy else GEN_POLL
+
     def gen_tick(self) -> str:
-        """Wake this controller's long-polls when another controller gave their nodes work."""
+        """Wake this controller's long-polls when another controller gave their nodes work
+        (the fallback for LISTEN/NOTIFY: see gen_poll_interval)."""
         waiting = self.waiters.waiting_nodes()
         if not waiting:
             return "idle"

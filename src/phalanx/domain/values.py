@@ -285,6 +285,52 @@ def parse_signal(text: str) -> dict[str, Any]:
     return {"signum": signum, "before_s": before_s, "batch_only": "B" in flags.upper()}
 
 
+def parse_signal_name(text: str) -> int:
+    """A bare signal for ``--checkpoint-signal``: ``USR1``, ``SIGUSR2`` or a number."""
+    if ":" in text or "@" in text:
+        raise ValueError(
+            f"invalid signal {text!r}: give only the signal, e.g. USR1, SIGUSR2 or 10 "
+            "(the grace is --checkpoint-grace)"
+        )
+    try:
+        return int(parse_signal(text)["signum"])
+    except ValueError as e:
+        raise ValueError(str(e).replace(_SIGNAL_FORMS, "use e.g. USR1, SIGUSR2 or 10")) from None
+
+
+_INTERVAL_RE = re.compile(r"(\d+)\s*(s|sec|secs|m|min|mins|h|hr|hrs|d|day|days)", re.IGNORECASE)
+_INTERVAL_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_INTERVAL_FORMS = (
+    "use a number with a unit (90s, 10m, 2h, 1d) or a Slurm time (MM, MM:SS, HH:MM:SS, D-HH)"
+)
+
+
+def parse_interval(text: str) -> int:
+    """Seconds for ``--checkpoint-grace``/``--checkpoint-interval``: ``90s``, ``10m``, ``2h``,
+    ``1d``, or any Slurm time form (where, as for ``--time``, a bare number means minutes).
+
+    Units are accepted because these are short durations where a bare "30" is ambiguous;
+    the Slurm forms keep one spelling working across every time option.
+    """
+    raw = text
+    m = _INTERVAL_RE.fullmatch(text.strip())
+    if m is not None:
+        seconds = int(m[1]) * _INTERVAL_UNITS[m[2][0].lower()]
+    else:
+        try:
+            parsed = parse_duration(text)
+        except ValueError:
+            raise ValueError(f"invalid duration {raw!r}: {_INTERVAL_FORMS}") from None
+        if parsed is None:
+            raise ValueError(f"invalid duration {raw!r}: must be finite; {_INTERVAL_FORMS}")
+        seconds = parsed
+    if seconds <= 0:
+        raise ValueError(f"invalid duration {raw!r}: must be more than 0; {_INTERVAL_FORMS}")
+    if seconds > _MAX_DURATION_S:
+        raise ValueError(f"invalid duration {raw!r}: longer than 68 years")
+    return seconds
+
+
 # --------------------------------------------------------------------------------------------
 # GPUs
 # --------------------------------------------------------------------------------------------

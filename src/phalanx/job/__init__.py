@@ -38,6 +38,7 @@ Typical loop::
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import os
 import signal
@@ -313,20 +314,24 @@ def save_atomic(
     return target
 
 
-def latest_checkpoint(directory: str | os.PathLike[str] | None = None) -> Path | None:
+def latest_checkpoint(
+    directory: str | os.PathLike[str] | None = None, pattern: str = "*"
+) -> Path | None:
     """The newest complete checkpoint in ``directory`` (default ``$PHX_CHECKPOINT_DIR``).
 
-    The checkpoint last given to :func:`report_checkpoint` wins if it still exists and is
-    at least as new as every other file; otherwise the newest visible regular file (hidden
-    names, such as :func:`save_atomic`'s temporaries and the pointer itself, never count).
-    None when there is nothing to resume from.
+    Only names matching the glob ``pattern`` count (e.g. ``"step-*.pt"``, so results or logs
+    kept in the same directory are never mistaken for checkpoints).  The checkpoint last given
+    to :func:`report_checkpoint` wins if it still exists, matches and is at least as new as
+    every other file; otherwise the newest visible regular file (hidden names, such as
+    :func:`save_atomic`'s temporaries and the pointer itself, never count).  None when there
+    is nothing to resume from.
     """
     base = Path(directory) if directory is not None else checkpoint_dir()
     if base is None or not base.is_dir():
         return None
     newest: tuple[int, str] | None = None
     for entry in os.scandir(base):
-        if entry.name.startswith(_TMP_PREFIX):
+        if entry.name.startswith(_TMP_PREFIX) or not fnmatch.fnmatchcase(entry.name, pattern):
             continue
         try:
             if not entry.is_file():
@@ -341,7 +346,7 @@ def latest_checkpoint(directory: str | os.PathLike[str] | None = None) -> Path |
         with open(base / LATEST_POINTER, encoding="utf-8") as f:
             pointer = json.load(f)
         candidate = Path(pointer["path"])
-        if candidate.exists():
+        if candidate.exists() and fnmatch.fnmatchcase(candidate.name, pattern):
             reported = candidate
     except (OSError, ValueError, KeyError, TypeError):
         reported = None

@@ -49,6 +49,7 @@ from phalanx.domain.states import (
 from phalanx.errors import Fenced, InvalidSpec, InvalidTransition, NotFound
 from phalanx.store import schema as s
 from phalanx.store.engine import DEFAULT_OP_TIMEOUT, Engines
+from phalanx.store.notify import WORK_CHANNEL, encode_nodes
 
 ACTIVE_ATTEMPT = (AttemptState.STARTING, AttemptState.RUNNING, AttemptState.STOPPING)
 
@@ -128,7 +129,7 @@ class Store:
 
         cfg = AlembicConfig()
         cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
-        with self.db.begin() as conn:
+        with self.db.begin(unbounded=True) as conn:  # a migration may rewrite large tables
             if self.dialect == "postgresql":
                 conn.execute(text("SELECT pg_advisory_xact_lock(7263501)"))
             cfg.attributes["connection"] = conn
@@ -231,6 +232,8 @@ class Store:
         return True
 
     def _bump_gen(self, conn: Connection, nodes: Iterable[str]) -> None:
+        """These nodes have new work. On PostgreSQL also NOTIFY the other controllers, in this
+        transaction, so the wakeup goes out when the change is committed (store/notify.py)."""
         names = sorted(set(nodes))
         if names:
             conn.execute(
@@ -238,6 +241,8 @@ class Store:
                 .where(s.nodes.c.name.in_(names))
                 .values(work_gen=s.nodes.c.work_gen + 1)
             )
+            if self.dialect == "postgresql":
+                conn.execute(select(func.pg_notify(WORK_CHANNEL, encode_nodes(names))))
 
     # ------------------------------------------------------------------ leases
     def acquire_lease(
@@ -1522,16 +1527,7 @@ class Store:
         """The job's retry rules: its own --retries/--retry-on/--retry-backoff (kept in its
         spec, checked at submit) over the cluster's defaults."""
         spec = conn.execute(select(s.jobs.c.spec).where(s.jobs.c.id == job_id)).scalar_one()
-        spec = spec or {}
-        try:
-            return self.policy.rules(
-                retries=spec.get("retries"),
-                retry_on=spec.get("retry_on"),
-                retry_backoff=spec.get("retry_backoff"),
-                no_requeue=spec.get("requeue") is False,
-            )
-        except ValueError:  # a spec stored before the rules existed: the cluster's defaults
-            return self.policy.rules()
+        return self.policy.job_rules(spec)
 
     def _avoidable(
         self, conn: Connection, job: dict[str, Any], failed: Sequence[str]
@@ -1853,7 +1849,8 @@ class Store:
         reason = (reason or "").strip() or None
         with self.db.begin() as conn:
             known: set[str] = set()
-            for chunk in _chunks(names, 500):
+            for i in range(0, len(names), 500):
+                chunk = names[i : i + 500]
                 known.update(
                     r.name
                     for r in conn.execute(select(s.nodes.c.name).where(s.nodes.c.name.in_(chunk)))
@@ -1877,7 +1874,9 @@ class Store:
                 "created_by": actor,
                 "created_at": now,
             }
-            wid = int(conn.execute(insert(s.maintenance).values(**row)).inserted_primary_key[0])
+            pk = conn.execute(insert(s.maintenance).values(**row)).inserted_primary_key
+            assert pk is not None
+            wid = int(pk[0])
             w = maintenance.Window(wid, tuple(names), float(start), float(end), reason)
             self._event(
                 conn,
@@ -1950,7 +1949,7 @@ class Store:
                     f"maintenance window {wid} changed state meanwhile; try again", window=wid
                 )
             returned = self._return_window_nodes(conn, wid, f"maintenance {wid} removed", actor)
-            w = maintenance.Window.from_row(row)
+            w = maintenance.Window.from_row(dict(row))
             self._event(
                 conn,
                 "maint.remove",
@@ -2009,7 +2008,7 @@ class Store:
                 .where(s.maintenance.c.id == wid)
                 .values(state=maintenance.WindowState.ACTIVE.value)
             )
-            w = maintenance.Window.from_row(row)
+            w = maintenance.Window.from_row(dict(row))
             nodes = [
                 dict(r)
                 for r in conn.execute(
@@ -2104,7 +2103,8 @@ class Store:
             return []
         with self.db.begin(write=False) as conn:
             ids: set[int] = set()
-            for chunk in _chunks(list(nodes), 500):
+            for i in range(0, len(nodes), 500):
+                chunk = list(nodes[i : i + 500])
                 ids.update(
                     int(r.attempt_id)
                     for r in conn.execute(
