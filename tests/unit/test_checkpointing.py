@@ -517,3 +517,20 @@ def test_goodput_simulation_sanity() -> None:
     res = g.run_simulation(g.Params(), [300.0], 7.0, 15)["rows"]
     assert res["Young/Daly true M"]["goodput_median"] > 10 * res["none"]["goodput_median"]
     assert res["auto (warm 7d)"]["vs_young_daly"] > 0.9
+
+
+def test_interval_settings_are_documented() -> None:
+    """Every parameter of the interval has its default and meaning in configuration.md."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    t = Timing()
+    for name in (
+        "node_mtbf_prior_s",
+        "node_mtbf_prior_weight_s",
+        "default_checkpoint_cost_s",
+        "checkpoint_interval_min_s",
+    ):
+        row = next((x for x in doc.splitlines() if x.startswith(f"| `{name}` |")), None)
+        assert row is not None, f"{name} is not in the table of docs/configuration.md"
+        assert float(row.split("|")[2].split()[0]) == getattr(t, name), row
