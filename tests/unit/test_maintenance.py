@@ -377,3 +377,16 @@ def test_resolve_times() -> None:
         m.resolve_times("now", -5.0, None, NOW)
     with pytest.raises(ValueError, match="already passed"):
         m.resolve_times(NOW - 100, "10s", None, NOW)
+
+
+def test_maint_lead_is_a_checked_timing_parameter(monkeypatch: pytest.MonkeyPatch) -> None:
+    from phalanx.config import load_config
+    from phalanx.errors import ConfigError
+
+    monkeypatch.delenv("PHALANX_CONFIG", raising=False)
+    assert load_config().timing.maint_lead == 30.0
+    monkeypatch.setenv("PHALANX_TIMING_MAINT_LEAD", "5")
+    assert load_config().timing.maint_lead == 5.0
+    monkeypatch.setenv("PHALANX_TIMING_MAINT_LEAD", "-1")
+    with pytest.raises(ConfigError, match="maint_lead"):
+        load_config()

@@ -2104,14 +2104,14 @@ class Store:
         with self.db.begin(write=False) as conn:
             ids: set[int] = set()
             for i in range(0, len(nodes), 500):
-                chunk = list(nodes[i : i + 500])
+                names = list(nodes[i : i + 500])
                 ids.update(
                     int(r.attempt_id)
                     for r in conn.execute(
                         select(s.tasks.c.attempt_id)
                         .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
                         .where(
-                            s.tasks.c.node.in_(chunk),
+                            s.tasks.c.node.in_(names),
                             s.attempts.c.state.in_(
                                 [AttemptState.STARTING.value, AttemptState.RUNNING.value]
                             ),
