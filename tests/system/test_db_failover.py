@@ -44,7 +44,7 @@ from pgcluster import PgCluster, PostgresNotAvailable
 from phalanx.client import Client
 from phalanx.config import Timing
 from phalanx.errors import ControllerUnavailable
-from phalanx.store.engine import normalize_url
+from phalanx.store.engine import _first_line, describe_url, normalize_url
 from system.harness import Cluster, free_port, read_json, wait_for
 from system.test_ha import Stream, check_exactly_once, duties_held, first
 
@@ -173,6 +173,27 @@ def test_libpq_multi_host_url_is_accepted() -> None:
     assert normalize_url("postgresql://u@db1:5432/phx") == "postgresql+psycopg://u@db1:5432/phx"
 
 
+def test_a_multi_host_failure_names_every_host() -> None:
+    """psycopg's first line names only the last host tried (the standby, read-only); the
+    store's message must say what happened to each one."""
+    err = Exception(
+        'connection failed: connection to server at "10.0.0.2", port 5432 failed: session is '
+        "read-only\nMultiple connection attempts failed. All failures were:\n"
+        "- host: 'db1', port: '5432', hostaddr: '10.0.0.1': connection failed: connection to "
+        'server at "10.0.0.1", port 5432 failed: Connection refused\n'
+        "\tIs the server running on that host and accepting TCP/IP connections?\n"
+        "- host: 'db2', port: '5432', hostaddr: '10.0.0.2': connection failed: connection to "
+        'server at "10.0.0.2", port 5432 failed: session is read-only'
+    )
+    assert _first_line(err) == (
+        "no usable server among 2 hosts: db1:5432: Connection refused; "
+        "db2:5432: session is read-only"
+    )
+    assert describe_url("postgresql://u:pw@db1:5432,db2:5432/phx") == (
+        "postgresql://u:***@/phx?host=db1:5432&host=db2:5432"
+    )
+
+
 def _answer(kind: str) -> httpx.Response:
     if kind == "refused":
         raise httpx.ConnectError("refused") from ConnectionRefusedError(111, "refused")
@@ -235,6 +256,10 @@ def test_primary_killed_standby_promoted(
             int(c.submit(long_spec(stream, i, n, go))["job_id"]) for i, n in enumerate(names)
         ]
         tasks = {jid: running_task(cluster, jid) for jid in long_jobs}
+        wait_for(
+            lambda: all(j["state"] == "RUNNING" for j in cluster.jobs_by_id(long_jobs).values()),
+            what="the long jobs to be RUNNING in the store",
+        )
         pids = {jid: read_json(d / "job.json")["pid"] for jid, d in tasks.items()}  # type: ignore[index]
         before_kill = {int(j["id"]): j for j in c.jobs(limit=100_000)}
         acked_before = [jid for jid, _ in stream.acked]
@@ -289,16 +314,22 @@ def test_primary_killed_standby_promoted(
         stream.stop()
 
     # ---- the API during the gap: 503 with a clear message, never a 500 or a hang
-    gap = probe.between(t_kill + t_noticed, t_promote, "")
+    # (sent after every controller noticed, and well before the promotion: a request sent
+    # just before it may be served by the promoted standby on a busy machine)
+    gap = probe.between(t_kill + t_noticed, t_promote - 1.0, "")
     api = [s for s in gap if s[2].startswith("/v1/jobs")]
     assert api and all(s[3] == 503 for s in api), sorted({(s[3], s[4]) for s in api})
     assert all("database unavailable" in s[4] for s in api), sorted({s[4] for s in api})
+    # ... naming each host's failure: the primary refused, the standby is read-only
+    assert any("Connection refused" in s[4] and "read-only" in s[4] for s in api), sorted(
+        {s[4] for s in api}
+    )
     readiness = [s for s in gap if s[2] == "/healthz/ready"]
     assert readiness and all(s[3] == 503 for s in readiness), readiness[:5]
     liveness = [s for s in probe.seen if s[2] == "/healthz/live"]
     assert liveness and all(s[3] == 200 for s in liveness), [s for s in liveness if s[3] != 200]
-    during = [(t, e) for t, e in stream.failed if t_kill <= t <= t_promote]
-    assert all("database unavailable" in e for _t, e in during), during[:3]
+    during = [(t, e) for t, e in stream.failed if t_kill + t_noticed <= t <= t_promote - 1.0]
+    assert during and all("database unavailable" in e for _t, e in during), during[:3]
 
     # ---- nothing acknowledged before the kill was lost; the long jobs never stopped
     after = {int(j["id"]): j for j in c.jobs(limit=100_000)}

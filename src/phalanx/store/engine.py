@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
@@ -61,7 +62,8 @@ def _hosts_to_query(url: str) -> str:
 def describe_url(url: str) -> str:
     """The URL without its password, for messages."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        # shown to people: `host=db1:5432`, not `host=db1%3A5432`
+        return unquote(make_url(_hosts_to_query(url)).render_as_string(hide_password=True))
     except Exception:
         return "<invalid url>"
 
@@ -155,6 +157,18 @@ class Engines:
             self.read.dispose()
 
 
+_HOST_FAILURE = re.compile(r"^- host: '([^']*)', port: '([^']*)'.*failed: (.*)$")
+
+
 def _first_line(e: BaseException) -> str:
+    """The database error in one line; with a multi-host URL, every host's failure.
+
+    psycopg's first line names only the last host it tried ("session is read-only" for a
+    standby), which hides the one that matters after a failover (the primary refused)."""
     orig = getattr(e, "orig", None) or e
-    return (str(orig).strip().splitlines() or [type(orig).__name__])[0]
+    lines = [ln.strip() for ln in str(orig).strip().splitlines()]
+    hosts = [m for m in map(_HOST_FAILURE.match, lines) if m is not None]
+    if len(hosts) > 1:
+        each = "; ".join(f"{m[1]}:{m[2]}: {m[3]}" for m in hosts)
+        return f"no usable server among {len(hosts)} hosts: {each}"
+    return (lines or [type(orig).__name__])[0]
