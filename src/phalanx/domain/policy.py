@@ -186,6 +186,15 @@ class RetryRules:
     def delay(self, n: int) -> float:
         return backoff(n, self.backoff_base, self.backoff_max)
 
+    def as_dict(self) -> dict[str, Any]:
+        """For `phalanx show` and the API: the rules in force, as the options spell them."""
+        return {
+            "max_retries": self.max_retries,
+            "retry_on": "none" if self.never else self.retry_on.text(),
+            "backoff_base_s": self.backoff_base,
+            "backoff_max_s": self.backoff_max,
+        }
+
 
 @dataclass(frozen=True)
 class FailurePolicy:
@@ -221,6 +230,21 @@ class FailurePolicy:
             backoff_max=cap,
             never=no_requeue,
         )
+
+    def job_rules(self, spec: Mapping[str, Any] | None) -> RetryRules:
+        """The rules for a stored job spec (`--retries`, `--retry-on`, `--retry-backoff`,
+        `--no-requeue`); a spec whose values no longer parse gets the cluster's defaults
+        rather than a crash (they were checked at submit)."""
+        spec = spec or {}
+        try:
+            return self.rules(
+                retries=spec.get("retries"),
+                retry_on=spec.get("retry_on"),
+                retry_backoff=spec.get("retry_backoff"),
+                no_requeue=spec.get("requeue") is False,
+            )
+        except ValueError:
+            return self.rules()
 
 
 class Action(StrEnum):
