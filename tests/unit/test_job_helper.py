@@ -205,3 +205,106 @@ def test_importable_with_the_standard_library_only() -> None:
         env={"PATH": "/usr/bin:/bin"},
     )
     assert out.stdout.strip() == "False []", out.stdout + out.stderr
+
+
+# ---------------------------------------------------------------------- the examples
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _run_example(script: Path, args: list[str], env: dict[str, str]) -> list[str]:
+    out = subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", **env},
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout.splitlines()
+
+
+def _digest(lines: list[str]) -> str:
+    done = [x for x in lines if x.startswith("done ")]
+    assert done, lines
+    return done[-1].rsplit("digest=", 1)[1]
+
+
+@pytest.mark.parametrize("example", ["train_pure.py", "train_torch.py"])
+def test_example_stopped_on_request_resumes_to_the_same_result(
+    example: str, tmp_path: Path
+) -> None:
+    """Outside a cluster, play the node side by hand: request a stop, then run it again."""
+    if example == "train_torch.py":
+        pytest.importorskip("torch", reason="torch is an optional extra ([examples])")
+    script = EXAMPLES / example
+    steps = "60"
+    reference = _digest(
+        _run_example(script, ["--steps", steps, "--checkpoint-dir", str(tmp_path / "ref")], {})
+    )
+
+    ck = tmp_path / "ck"
+
+    def env(restart: int) -> dict[str, str]:
+        ctl = tmp_path / f"control{restart}"
+        ctl.mkdir()
+        return {
+            "PHX_CONTROL_DIR": str(ctl),
+            "PHX_CHECKPOINT_REQUEST": str(ctl / "checkpoint-request.json"),
+            "PHX_CHECKPOINT_MARKER": str(ctl / "checkpoint.json"),
+            "PHX_PROGRESS_FILE": str(ctl / "progress.json"),
+            "PHX_CHECKPOINT_DIR": str(ck),
+            "PHX_CHECKPOINT_SIGNAL": "USR1",
+            "PHX_RESTART_COUNT": str(restart),
+        }
+
+    first = env(0)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(script),
+            "--steps",
+            steps,
+            "--step-time",
+            "0.05",
+            "--checkpoint-every",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", **first},
+    )
+    try:
+        progress = Path(first["PHX_PROGRESS_FILE"])
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if json.loads(progress.read_text())["step"] >= 10:
+                    break
+            except (OSError, ValueError):
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "no progress"
+            time.sleep(0.02)
+        request = {"seq": 1, "reason": "requeue: test", "requested_at": time.time()}
+        request.update({"deadline": time.time() + 30, "stop": True})
+        tmp = Path(first["PHX_CONTROL_DIR"]) / ".req"
+        tmp.write_text(json.dumps(request))
+        os.replace(tmp, first["PHX_CHECKPOINT_REQUEST"])
+        proc.send_signal(signal.SIGUSR1)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out
+    lines = out.splitlines()
+    stop = [x for x in lines if x.startswith("stop restart=0 step=")]
+    assert stop and [x for x in lines if "reason=requeue: test" in x], lines
+    k = int(stop[0].rsplit("=", 1)[1])
+    assert 10 <= k < 60
+    marker = json.loads(Path(first["PHX_CHECKPOINT_MARKER"]).read_text())
+    assert marker["request_seq"] == 1 and marker["path"].startswith(str(ck))
+
+    again = _run_example(script, ["--steps", steps], env(1))
+    assert again[0].endswith(f"restart=1 node=local step={k}"), again
+    assert _digest(again) == reference
