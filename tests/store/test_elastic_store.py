@@ -149,3 +149,13 @@ def test_lost_spare_does_not_stop_the_job(store: Store) -> None:
     store.fail_node_tasks("n3", "node n3 is DOWN", None)
     assert state(store, jid) == "RUNNING"
     assert "job.spare_lost" in kinds(store, jid)
+
+
+def test_draining_a_spare_node_leaves_the_job_running(store: Store) -> None:
+    for i in range(1, 4):
+        add_node(store, f"n{i}", cpus=1)
+    jid = submit1(store, nodes=2, spares=1, requeue=True)
+    assert schedule(store) == [jid]
+    run_everywhere(store, store.attempts_of(jid)[-1])
+    assert store.drain("n3", "bad fan", "ops", now=True) == []
+    assert state(store, jid) == "RUNNING"

@@ -126,7 +126,8 @@ def _elastic_lines(j: dict[str, Any]) -> list[str]:
             f" SparesRequested={j.get('spares') or 0}"
             f" Spares={','.join(j.get('spare_nodes') or []) or '(none)'}"
         )
-    if j.get("reserved_nodes") and j["state"] == "PENDING":
+    until = j.get("reserved_until")
+    if j.get("reserved_nodes") and j["state"] == "PENDING" and until and until > time.time():
         lines.append(
             f"   ReservedNodes={','.join(j['reserved_nodes'])}"
             f" ReservedUntil={_ts(j.get('reserved_until'))}"

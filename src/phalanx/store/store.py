@@ -1268,7 +1268,7 @@ class Store:
                 node=node,
                 data=record,
             )
-        if job_reports.progress_due(row["progress"], rep.progress):
+        if job_reports.progress_due(row["progress"], rep.progress, rank=int(task["rank"])):
             conn.execute(
                 update(s.attempts)
                 .where(s.attempts.c.id == rep.attempt_id)
@@ -1686,12 +1686,16 @@ class Store:
             )
 
     def _requeue_running_on(self, conn: Connection, node: str, why: str, actor: str) -> list[int]:
-        """Planned stop of the requeue-able jobs with a task on `node` (checkpoint, then requeue)."""
+        """Planned stop of the requeue-able jobs with a task on `node` (checkpoint, then requeue).
+
+        A hot spare on the node is no reason to stop its job: nothing runs there, and a drained
+        node is never used when the job restarts."""
         rows = conn.execute(
             select(s.attempts.c.id, s.attempts.c.nodes, s.attempts.c.job_id)
             .join(s.tasks, s.tasks.c.attempt_id == s.attempts.c.id)
             .where(
                 s.tasks.c.node == node,
+                s.tasks.c.spare.is_(False),
                 s.attempts.c.state.in_([AttemptState.STARTING.value, AttemptState.RUNNING.value]),
             )
         ).all()
