@@ -396,7 +396,10 @@ def run_recovery(runs: int) -> dict[str, Any]:
         sys.path.insert(0, str(here))
     recovery = importlib.import_module("recovery")
     out: dict[str, Any] = {}
-    print(f"Recovery: node failure -> job running again ({runs} runs per mode, real clusters)")
+    print(
+        f"Recovery: node failure -> job running again ({runs} run{'s' if runs != 1 else ''} "
+        "per mode, real clusters; bench/recovery.py's fast failure detection)"
+    )
     for mode in RECOVERY_MODES:
         t0 = time.monotonic()
         try:
