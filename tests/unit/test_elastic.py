@@ -256,3 +256,42 @@ def test_submit_check_counts_spares() -> None:
     why = unsatisfiable_reason(job(1, 2, spares=1), nodes(2))
     assert why is not None and "2 nodes and 1 spare" in why, why
     assert unsatisfiable_reason(job(1, 2, nodes_max=8, spares=1), nodes(3)) is None
+
+
+def test_elastic_nodelist_may_name_up_to_max_nodes() -> None:
+    from phalanx.domain.placement import unsatisfiable_reason
+
+    req = job(1, 2, nodes_max=4, nodelist=("n01", "n02", "n03"))
+    assert unsatisfiable_reason(req, nodes(4)) is None
+    [p] = place([req], nodes(4), [], NOW)
+    assert set(p.nodes) >= {"n01", "n02", "n03"}
+
+
+def test_restart_reservation_config_rule() -> None:
+    from phalanx.config import load_config
+    from phalanx.errors import ConfigError
+
+    assert load_config(overrides={"timing": {"restart_reservation": 5.0}}).timing
+    with pytest.raises(ConfigError, match="restart_reservation >= 2 \\* scheduler_interval"):
+        load_config(overrides={"timing": {"restart_reservation": 1.0}})
+
+
+def test_node_seconds_count_spares() -> None:
+    from phalanx.controller.api import allocation_view
+
+    attempts = [
+        {
+            "state": "ENDED",
+            "start_time": 100.0,
+            "end_time": 110.0,
+            "tasks": [{"node": "a", "spare": False}, {"node": "s", "spare": True}],
+        },
+        {
+            "state": "RUNNING",
+            "start_time": 120.0,
+            "end_time": None,
+            "tasks": [{"node": "a", "spare": False}, {"node": "s2", "spare": True}],
+        },
+    ]
+    got = allocation_view(attempts, now=130.0)
+    assert got == {"spare_nodes": ["s2"], "node_seconds": 40.0, "spare_node_seconds": 20.0}

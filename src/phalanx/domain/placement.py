@@ -665,10 +665,11 @@ def _partition_reason(
             return f"node {name} in --nodelist is not in partition {partition}"
         if name in job.exclude:
             return f"node {name} is in both --nodelist and --exclude"
-    if len(required) > job.nodes:
+    most = max(job.nodes, job.nodes_max or 0)
+    if len(required) > most:
         return (
             f"--nodelist names {_plural(len(required), 'node')} but the job requests "
-            f"only {_plural(job.nodes, 'node')}"
+            f"only {_plural(most, 'node')}"
         )
 
     cands = [n for n in members if n.name not in job.exclude]
