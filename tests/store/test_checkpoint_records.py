@@ -74,6 +74,15 @@ def test_progress_is_kept_per_attempt_and_throttled(store: Store) -> None:
     assert w["attempt_progress"]["step"] == 50
 
 
+def test_progress_of_other_ranks_is_not_recorded(store: Store) -> None:
+    add_node(store, "n1")
+    add_node(store, "n2")
+    jid = submit1(store, nodes=2)
+    att = start(store, jid, ["n1", "n2"])
+    store.apply_reports("n2", [report(att, progress={"step": 3, "ts": 100.0})], None)
+    assert store.attempts_of(jid)[0]["progress"] is None
+
+
 def test_reports_about_another_attempt_are_ignored(store: Store) -> None:
     add_node(store, "n1")
     jid = submit1(store, checkpoint_dir="/ck")

@@ -203,6 +203,7 @@ def test_progress_writes_are_throttled() -> None:
     assert not job_reports.progress_due({"step": 1, "ts": 100.0}, {"step": 9, "ts": 100.0 + 1})
     assert job_reports.progress_due({"step": 1, "ts": 100.0}, {"step": 9, "ts": 100.0 + gap})
     assert not job_reports.progress_due({"step": 1, "ts": 100.0}, None)
+    assert not job_reports.progress_due(None, {"step": 1, "ts": 100.0}, rank=1)  # rank 0 only
 
 
 def test_needs_write_for_a_new_checkpoint_or_due_progress() -> None:

@@ -37,6 +37,26 @@ def needs_write(
     work: list[dict[str, Any]], reports: list[TaskReport], taken_at: float | None
 ) -> bool:
     """Whether the agent's report says anything the store does not already know."""
+    return state_changes(work, reports, taken_at) or job_report_news(work, reports)
+
+
+def job_report_news(work: list[dict[str, Any]], reports: list[TaskReport]) -> bool:
+    """A task reports a new checkpoint, or progress due for its (throttled) write."""
+    by_id = {w["attempt_id"]: w for w in work}
+    for r in reports:
+        if r.checkpoint is None and r.progress is None:
+            continue
+        w = by_id.get(r.attempt_id)
+        if w is not None and w["token"] == r.token and _job_report_is_news(w, r):
+            return True
+    return False
+
+
+def state_changes(
+    work: list[dict[str, Any]], reports: list[TaskReport], taken_at: float | None
+) -> bool:
+    """Whether the report changes a task's state (which is worth a scheduling pass; a job's
+    checkpoint or progress is not)."""
     by_id = {w["attempt_id"]: w for w in work}
     reported = set()
     for r in reports:
@@ -44,8 +64,6 @@ def needs_write(
         w = by_id.get(r.attempt_id)
         if w is None or w["token"] != r.token:
             continue
-        if (r.checkpoint is not None or r.progress is not None) and _job_report_is_news(w, r):
-            return True
         ts = w["task_state"]
         if r.state == "running" and ts == TaskState.STARTING.value:
             return True
@@ -74,7 +92,7 @@ def _job_report_is_news(w: dict[str, Any], r: TaskReport) -> bool:
     seq, rank = int(w.get("seq") or 0), int(w.get("rank") or 0)
     return job_reports.is_new_checkpoint(
         w.get("job_checkpoint"), r.checkpoint, seq=seq, rank=rank
-    ) or job_reports.progress_due(w.get("attempt_progress"), r.progress)
+    ) or job_reports.progress_due(w.get("attempt_progress"), r.progress, rank=rank)
 
 
 def stop_item(w: dict[str, Any], checkpoint_grace: float) -> dict[str, Any]:

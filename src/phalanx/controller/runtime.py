@@ -18,7 +18,13 @@ from typing import Any
 from prometheus_client import Counter, Histogram
 
 from phalanx.config import Config
-from phalanx.controller.exchange import Reply, checkpoint_items, decide, needs_write
+from phalanx.controller.exchange import (
+    Reply,
+    checkpoint_items,
+    decide,
+    needs_write,
+    state_changes,
+)
 from phalanx.controller.launch import build_launch
 from phalanx.controller.leases import LeaseKeeper
 from phalanx.controller.maintenance import MaintenanceDuty
@@ -61,6 +67,7 @@ class Waiters:
     def __init__(self) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._events: dict[str, set[asyncio.Event]] = {}
+        self._woken: dict[str, float] = {}  # node -> monotonic time of its last notify
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -68,7 +75,12 @@ class Waiters:
     def waiting_nodes(self) -> list[str]:
         return [n for n, evs in list(self._events.items()) if evs]
 
-    async def wait(self, node: str, timeout: float) -> bool:
+    async def wait(self, node: str, timeout: float, since: float | None = None) -> bool:
+        """Wait for a wakeup of `node`; True if woken. With `since` (the monotonic time the
+        caller read the node's work), a wakeup that came in between counts too: the caller was
+        not waiting yet, and would otherwise sleep through new work for a whole long-poll."""
+        if since is not None and self._woken.get(node, -1.0) >= since:
+            return True
         ev = asyncio.Event()
         self._events.setdefault(node, set()).add(ev)
         try:
@@ -85,6 +97,9 @@ class Waiters:
                 ev.set()
 
     def notify(self, nodes: list[str]) -> None:
+        now = time.monotonic()
+        for n in nodes:
+            self._woken[n] = now
         if self.loop is not None and nodes:
             self.loop.call_soon_threadsafe(self._wake, list(nodes))
 
@@ -122,6 +137,7 @@ class Controller:
         self.maintenance = MaintenanceDuty(
             store,
             lead=lambda: self.timing.maint_lead,
+            tick=lambda: self.cluster_interval(),
             fence=lambda: self.leases.fence(CLUSTER_LEASE),
             kick=self.kick,
             notify=self.waiters.notify,
@@ -138,7 +154,7 @@ class Controller:
         loops: list[tuple[str, Callable[[], str], Callable[[], float]]] = [
             ("leases", self.leases.tick, lambda: self.timing.renew_interval),
             ("scheduler", self.schedule_tick, lambda: self.timing.scheduler_interval),
-            ("cluster", self.cluster_tick, lambda: min(1.0, self.timing.node_down_timeout / 4)),
+            ("cluster", self.cluster_tick, self.cluster_interval),
             ("heartbeats", self.flush_heartbeats, lambda: self.timing.heartbeat_flush_interval),
             ("gens", self.gen_tick, self.gen_poll_interval),
             ("presence", self.presence_tick, lambda: self.timing.renew_interval),
@@ -160,6 +176,10 @@ class Controller:
         with contextlib.suppress(PhalanxError):
             self.flush_heartbeats()
         self.leases.release_all()
+
+    def cluster_interval(self) -> float:
+        """Seconds between two ticks of the cluster duty."""
+        return min(1.0, self.timing.node_down_timeout / 4)
 
     def presence_tick(self) -> str:
         """Keep this controller's `last_seen` fresh: peers spread leases over the live ones,
@@ -438,8 +458,12 @@ class Controller:
         self.waiters.notify(self.waiters.waiting_nodes() if nodes is None else nodes)
 
     def gen_poll_interval(self) -> float:
+        """Fast while no notifications arrive; while they do, a safety net that never polls
+        faster than agents re-heartbeat anyway (a missed wakeup costs at most one long-poll)."""
         listener = self._listener
-        return GEN_POLL_LISTENING if listener is not None and listener.healthy else GEN_POLL
+        if listener is not None and listener.healthy:
+            return max(GEN_POLL_LISTENING, self.timing.heartbeat_interval)
+        return GEN_POLL
 
     def gen_tick(self) -> str:
         """Wake this controller's long-polls when another controller gave their nodes work
@@ -500,9 +524,11 @@ class Controller:
         self.update_health(node, health)
         work = self.store.node_work(node)
         if needs_write(work, reports, taken_at):
+            changed = state_changes(work, reports, taken_at)  # not only checkpoints/progress
             self.store.apply_reports(node, reports, taken_at)
             work = self.store.node_work(node)
-            self.kick()
+            if changed:
+                self.kick()
         ended = self.store.finished_attempts(
             [r.attempt_id for r in reports if r.state in ("exited", "lost")]
         )
@@ -590,6 +616,10 @@ class Controller:
             "leases": self.leases.terms(),
             "timing": self.timing.model_dump(),
             "ticks_ago": {k: round(time.monotonic() - v, 3) for k, v in self.last_tick.items()},
+            # how work placed by other controllers reaches agents long-polling this one
+            "wakeups": "listen"
+            if self._listener is not None and self._listener.healthy
+            else "poll",
         }
 
 

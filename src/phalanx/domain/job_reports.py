@@ -8,9 +8,10 @@ so these pure rules decide when a report is news:
   attempt, path or finish time). Only rank 0's marker counts: every rank of a multi-node job
   runs the same script, and one `job.checkpoint` event per checkpoint (not one per node) is
   what the history, `phalanx show` and the measured checkpoint cost need;
-* progress is news at most once per `PROGRESS_WRITE_INTERVAL_S` per attempt: a job may report
-  every step (many per second) and the store only needs a recent value to show. Hang detection
-  does not depend on these writes (the shepherd watches the progress file itself).
+* progress (rank 0's too) is news at most once per `PROGRESS_WRITE_INTERVAL_S` per attempt: a
+  job may report every step (many per second) and the store only needs a recent value to show.
+  Hang detection does not depend on these writes (the shepherd watches the progress file
+  itself, on every node).
 
 The agent side of the parsing (`parse_checkpoint_marker`, `parse_progress`) lives here too, so
 the accepted forms are defined once: JSON from the helper, or plain text from a job that does
@@ -101,9 +102,12 @@ def checkpoint_record(reported: dict[str, Any], *, seq: int, node: str) -> dict[
     }
 
 
-def progress_due(stored: dict[str, Any] | None, reported: dict[str, Any] | None) -> bool:
-    """Whether to write this progress report (at most one per PROGRESS_WRITE_INTERVAL_S)."""
-    if reported is None:
+def progress_due(
+    stored: dict[str, Any] | None, reported: dict[str, Any] | None, *, rank: int = 0
+) -> bool:
+    """Whether to write this progress report (rank 0's, at most one per
+    PROGRESS_WRITE_INTERVAL_S: the nodes of a multi-node job report at the same moments)."""
+    if reported is None or rank != 0:
         return False
     if stored is None:
         return True
