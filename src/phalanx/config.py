@@ -12,7 +12,14 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from phalanx.domain.policy import FailurePolicy, parse_retry_on
 from phalanx.errors import ConfigError
@@ -59,6 +66,14 @@ class Timing(BaseModel):
     renew_interval: float = Field(0.75, gt=0, le=600, description="how often a lease holder renews")
     db_retry_timeout: float = Field(
         1.0, gt=0, le=600, description="deadline for retrying one store operation"
+    )
+    db_op_timeout: float = Field(
+        2.0,
+        ge=0.1,
+        le=600,
+        description="PostgreSQL: longest wait for the database to answer one statement, commit "
+        "or connection check; then the connection is closed and the call fails (store "
+        "unavailable)",
     )
     scheduler_interval: float = Field(
         1.0,
@@ -149,6 +164,14 @@ class Timing(BaseModel):
             (
                 self.renew_interval + 2 * self.db_retry_timeout <= self.lease_ttl,
                 "renew_interval + 2 * db_retry_timeout <= lease_ttl",
+            ),
+            (
+                # a renewal stuck on a dead connection is cut with time left for one more try
+                # before the lease lapses. Liveness only: a duty write that hangs past the TTL
+                # holds its lease row locked (fence check), so it commits before any takeover
+                # or not at all
+                self.renew_interval + self.db_op_timeout < self.lease_ttl,
+                "renew_interval + db_op_timeout < lease_ttl",
             ),
             (
                 self.fence_timeout + self.fence_kill_grace + self.fence_margin
@@ -268,12 +291,14 @@ class RetryConfig(BaseModel):
     )
     backoff_max: float = Field(600.0, ge=0, le=7 * 86400, description="longest wait before a retry")
 
+    @field_validator("retry_on")
+    @classmethod
+    def _retry_on(cls, text: str) -> str:
+        parse_retry_on(text)  # its ValueError names the bad word and the valid ones
+        return text
+
     @model_validator(mode="after")
     def _rules(self) -> RetryConfig:
-        try:
-            parse_retry_on(self.retry_on)
-        except ValueError as e:
-            raise ValueError(f"retry_on: {e}") from None
         if self.backoff_base > self.backoff_max:
             raise ValueError(
                 f"backoff_base ({self.backoff_base:g}) must not exceed backoff_max "

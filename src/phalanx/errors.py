@@ -7,6 +7,7 @@
     ├── InvalidTransition             invalid_state    409   illegal lifecycle edge
     ├── Conflict                      conflict         409
     ├── StoreUnavailable              store_unavailable 503  the database cannot be reached
+    │   └── StoreOutcomeUnknown       store_outcome_unknown 504  a commit got no answer
     ├── LeaseLost / Fenced            fenced           409   a duty's term is no longer current
     ├── ConfigError                   config           -     refused at load with the broken rule
     └── ControllerUnavailable         unavailable      -     client side: no controller answered
@@ -67,6 +68,15 @@ class StoreUnavailable(PhalanxError):
     http_status = 503
 
 
+class StoreOutcomeUnknown(StoreUnavailable):
+    """The database stopped answering while a commit was in flight: the change may or may not
+    have been applied. Not 503, because a client retries a 503 elsewhere as "surely not
+    applied" and could submit a job twice; the caller must look before retrying."""
+
+    code = "store_outcome_unknown"
+    http_status = 504
+
+
 class LeaseLost(PhalanxError):
     code = "fenced"
     http_status = 409
@@ -95,6 +105,7 @@ BY_CODE: dict[str, type[PhalanxError]] = {
         InvalidTransition,
         Conflict,
         StoreUnavailable,
+        StoreOutcomeUnknown,
         LeaseLost,
         ConfigError,
         ControllerUnavailable,

@@ -855,14 +855,10 @@ def test_integrity_problems_are_not_store_unavailable(store: Store) -> None:
 
 
 @pytest.mark.postgres
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: a pooled connection to a hung database host blocks with no client-side "
-    "timeout (pool_pre_ping and queries wait forever) instead of raising StoreUnavailable",
-)
 def test_postgres_hung_host_with_pooled_connection_is_store_unavailable(
     pg_url: str, pg_server: Any
 ) -> None:
+    """A pooled connection to a frozen server is cut after db_op_timeout (engine.Watchdog)."""
     import threading
 
     st = Store(pg_url, connect_timeout=1)

@@ -445,11 +445,13 @@ def create_app(ctl: Controller) -> FastAPI:
         ctl.seen(node)
         reports = [TaskReport(**r.model_dump()) for r in body.tasks]
         deadline = time.monotonic() + min(body.wait, ctl.timing.heartbeat_interval)
+        read_at = time.monotonic()  # a wakeup after this may not be in the reply: wait less
         reply = await run_in_threadpool(ctl.exchange, node, reports, body.taken_at, body.health)
         while reply.empty and time.monotonic() < deadline:
-            woke = await ctl.waiters.wait(node, deadline - time.monotonic())
+            woke = await ctl.waiters.wait(node, deadline - time.monotonic(), since=read_at)
             if not woke:
                 break
+            read_at = time.monotonic()
             reply = await run_in_threadpool(ctl.exchange, node, reports, body.taken_at, body.health)
         return {
             "start": await run_in_threadpool(ctl.launch_specs, reply, node),

@@ -84,7 +84,12 @@ def run_controller(
         url = db_url or f"sqlite:///{state_dir.absolute() / 'phalanx.db'}"
         sock = bind_socket(host, port)
         try:
-            store = Store(url, actor=cid, policy=config.failure_policy())
+            store = Store(
+                url,
+                actor=cid,
+                policy=config.failure_policy(),
+                op_timeout=config.timing.db_op_timeout,
+            )
             store.restart_reservation = config.timing.restart_reservation
             store.migrate()
             store.sync_partitions(partition_rows(config))

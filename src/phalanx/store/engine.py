@@ -4,23 +4,39 @@ SQLite writers take the write lock at BEGIN (`BEGIN IMMEDIATE`), so two controll
 file serialise their writes instead of failing on a lock upgrade; readers use a separate engine
 with deferred transactions and never block writers (WAL). Database errors that mean "cannot
 reach or use the database" become `StoreUnavailable`.
+
+On PostgreSQL every round trip (a statement, a commit, the pool's connection check) has a
+client-side deadline, `op_timeout` (the `db_op_timeout` timing parameter). A hung database host
+(a frozen server, a dead host whose kernel state is gone, a stalled failover) keeps a pooled
+connection open and never answers: libpq would wait forever, and TCP keepalives do not help
+while the peer's kernel still acknowledges. A `Watchdog` thread therefore shuts down the socket
+of a round trip that passed its deadline; the blocked call fails at once, SQLAlchemy drops the
+connection, and the store raises `StoreUnavailable` (HTTP 503). A commit cut this way may or may
+not have been applied: that raises `StoreOutcomeUnknown` (HTTP 504), so that nobody retries a
+submission that might already exist.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
+import socket
+import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from phalanx.errors import StoreUnavailable
+from phalanx.errors import StoreOutcomeUnknown, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +84,174 @@ def describe_url(url: str) -> str:
         return "<invalid url>"
 
 
-class Engines:
-    """A write engine and a read engine (the same one on PostgreSQL)."""
+#: Default `op_timeout`: the longest a controller waits for PostgreSQL to answer one round trip
+#: (config: `timing.db_op_timeout`).
+DEFAULT_OP_TIMEOUT = 2.0
 
-    def __init__(self, url: str, *, connect_timeout: float = 5.0, pool_size: int = 8) -> None:
+
+@dataclass
+class _Wait:
+    """One round trip in flight on one thread: which connection, until when."""
+
+    conn: Any  # the DBAPI (psycopg) connection
+    fd: int  # its socket
+    deadline: float  # monotonic
+    what: str  # "statement", "commit", ... for the log
+    cut: bool = False
+
+
+class Watchdog:
+    """Cuts database connections whose round trip is not answered within `timeout` seconds.
+
+    A thread calls `arm(conn)` before it sends something and `disarm(conn)` once the answer (or
+    an error) is back. A round trip still armed at its deadline gets its socket shut down
+    (`shutdown(SHUT_RDWR)` on a duplicate of the descriptor, so the driver still owns and
+    closes the original): the blocked driver call returns at once with "server closed the
+    connection", whatever the state of the peer. Only armed connections are ever cut, under
+    the same lock that disarms them, so a connection that answered in time is never touched.
+
+    One round trip per thread at a time (database calls are synchronous), so waits are keyed by
+    thread. The checking thread starts on the first `arm` and sleeps while nothing is armed.
+    """
+
+    def __init__(self, timeout: float, *, name: str = "phx-db-watchdog") -> None:
+        if timeout <= 0:
+            raise ValueError(f"watchdog timeout must be positive, not {timeout}")
+        self.timeout = timeout
+        self.name = name
+        self._waits: dict[int, _Wait] = {}
+        self._cut_threads: set[int] = set()  # threads whose last round trip was cut
+        self._exempt: set[int] = set()  # threads that wait as long as it takes (migrations)
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._wake_at: float | None = None  # when the checking thread looks next; None: idle
+        self._stopping = False
+        self.cuts = 0  # how many round trips were cut (for tests and /healthz)
+
+    def arm(self, conn: Any, what: str) -> None:
+        """The calling thread is about to wait for `conn` to answer."""
+        try:
+            fd = int(conn.fileno())
+        except Exception:
+            return  # closed already: the call fails by itself, there is nothing to cut
+        tid = threading.get_ident()
+        with self._cond:
+            if tid in self._exempt:
+                return
+            self._waits[tid] = _Wait(conn, fd, time.monotonic() + self.timeout, what)
+            self._cut_threads.discard(tid)
+            if self._thread is None or not self._thread.is_alive():
+                self._stopping = False
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread.start()
+            elif self._wake_at is None:
+                self._cond.notify()  # asleep with nothing to watch: a context switch only then
+
+    def disarm(self, conn: Any = None) -> bool:
+        """The calling thread's wait on `conn` (any connection if None) is over.
+
+        Returns True if that round trip was cut (it then also counts for `take_cut`)."""
+        tid = threading.get_ident()
+        with self._cond:
+            w = self._waits.get(tid)
+            if w is None or (conn is not None and w.conn is not conn):
+                return False
+            del self._waits[tid]
+            if w.cut:
+                self._cut_threads.add(tid)
+            return w.cut
+
+    def take_cut(self) -> bool:
+        """Whether the calling thread's last round trip was cut; clears the mark."""
+        tid = threading.get_ident()
+        with self._cond:
+            if tid in self._cut_threads:
+                self._cut_threads.discard(tid)
+                return True
+            return False
+
+    def forget_cut(self) -> None:
+        self.take_cut()
+
+    @contextlib.contextmanager
+    def exempt(self) -> Iterator[None]:
+        """No deadline for the calling thread's round trips inside this block."""
+        tid = threading.get_ident()
+        with self._cond:
+            self._exempt.add(tid)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exempt.discard(tid)
+
+    def stop(self) -> None:
+        """Let the checking thread end (a later `arm` starts it again)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=2.0)
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._stopping:
+                now = time.monotonic()
+                pending = []
+                for w in self._waits.values():
+                    if w.cut:
+                        continue
+                    if w.deadline <= now:
+                        self._cut(w)
+                    else:
+                        pending.append(w.deadline)
+                # while busy this wakes about once per timeout, not once per round trip
+                self._wake_at = min(pending) if pending else None
+                self._cond.wait(None if self._wake_at is None else self._wake_at - now)
+            self._wake_at = None
+
+    def _cut(self, w: _Wait) -> None:
+        """Shut the socket down (called with the lock held, so `w` is still armed)."""
+        w.cut = True
+        self.cuts += 1
+        log.warning(
+            "database did not answer a %s within %gs: closing that connection", w.what, self.timeout
+        )
+        try:
+            sock = socket.socket(fileno=os.dup(w.fd))
+        except OSError:
+            return  # not a socket any more: nothing to cut
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            sock.close()
+
+
+class Engines:
+    """A write engine and a read engine (the same one on PostgreSQL).
+
+    `op_timeout` is the PostgreSQL round-trip deadline (see the module docstring); SQLite
+    ignores it: its waits are for local locks, bounded by the busy timeout.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        connect_timeout: float = 5.0,
+        pool_size: int = 8,
+        op_timeout: float = DEFAULT_OP_TIMEOUT,
+    ) -> None:
         self.url = normalize_url(url)
         u = make_url(self.url)
         self.dialect = u.get_backend_name()
+        self.connect_timeout = connect_timeout
+        self.op_timeout = op_timeout
+        self.watchdog: Watchdog | None = None
+        self._local = threading.local()  # per thread: is a commit in flight?
         if self.dialect == "sqlite":
             db = u.database
             if not db or db == ":memory:":
@@ -89,19 +266,100 @@ class Engines:
             self.write = self._sqlite_engine(immediate=True, timeout=max(connect_timeout, 10.0))
             self.read = self._sqlite_engine(immediate=False, timeout=max(connect_timeout, 10.0))
         elif self.dialect == "postgresql":
-            self.write = create_engine(
-                self.url,
-                pool_size=pool_size,
-                max_overflow=pool_size,
-                pool_pre_ping=True,
-                pool_timeout=connect_timeout,
-                connect_args={"connect_timeout": max(1, int(connect_timeout))},
-            )
+            self.watchdog = Watchdog(op_timeout)
+            self.write = self._postgres_engine(pool_size, connect_timeout, self.watchdog)
             self.read = self.write
         else:
             raise StoreUnavailable(
                 f"unsupported database URL {describe_url(url)}: use sqlite:///PATH or postgresql://..."
             )
+
+    def _postgres_engine(self, pool_size: int, connect_timeout: float, watch: Watchdog) -> Engine:
+        """A pooled psycopg engine whose every round trip is under `watch`.
+
+        The pool's connection check (pre-ping) is done here, in the checkout event, so that it
+        too is under the deadline: SQLAlchemy's own `pool_pre_ping` runs before any event and
+        would wait forever on a hung host.
+        """
+        engine = create_engine(
+            self.url,
+            pool_size=pool_size,
+            max_overflow=pool_size,
+            pool_timeout=connect_timeout,
+            connect_args={"connect_timeout": max(1, int(connect_timeout))},
+        )
+        dialect = engine.dialect
+        local = self._local
+
+        @event.listens_for(engine, "connect")
+        def _fresh(_dbapi_conn: Any, rec: Any) -> None:
+            rec.info["phx_fresh"] = True  # just connected: no need to check it
+
+        @event.listens_for(engine, "checkout")
+        def _check(dbapi_conn: Any, rec: Any, _proxy: Any) -> None:
+            if rec.info.pop("phx_fresh", False):
+                return
+            watch.arm(dbapi_conn, "connection check")
+            try:
+                dialect.do_ping(dbapi_conn)
+            except Exception as e:
+                if watch.disarm(dbapi_conn):
+                    raise StoreUnavailable(self._no_answer("connection check")) from e
+                # closed under us (a restarted or failed-over server): so are the other pooled
+                # connections; the pool drops them all and this checkout reconnects
+                raise sa_exc.InvalidatePoolError(f"pooled connection is dead: {e}") from e
+            if watch.disarm(dbapi_conn):
+                raise StoreUnavailable(self._no_answer("connection check"))
+
+        @event.listens_for(engine, "before_cursor_execute")
+        def _send(_conn: Any, cursor: Any, _stmt: Any, _params: Any, _ctx: Any, _many: Any) -> None:
+            watch.arm(cursor.connection, "statement")
+
+        @event.listens_for(engine, "after_cursor_execute")
+        def _answered(
+            _conn: Any, cursor: Any, _stmt: Any, _params: Any, _ctx: Any, _many: Any
+        ) -> None:
+            watch.disarm(cursor.connection)
+
+        @event.listens_for(engine, "handle_error")
+        def _failed(ctx: Any) -> None:
+            if watch.disarm():
+                ctx.is_disconnect = True  # never return a cut connection to the pool
+
+        @event.listens_for(engine, "commit")
+        def _commit(conn: Connection) -> None:
+            local.committing = True
+            dbapi_conn = _dbapi_of(conn)
+            if dbapi_conn is not None:
+                watch.arm(dbapi_conn, "commit")  # disarmed when the connection is checked in
+
+        @event.listens_for(engine, "rollback")
+        def _rollback(conn: Connection) -> None:
+            dbapi_conn = _dbapi_of(conn)
+            if dbapi_conn is not None:
+                watch.arm(dbapi_conn, "rollback")
+
+        @event.listens_for(engine, "reset")
+        def _reset(dbapi_conn: Any, _rec: Any, _state: Any) -> None:
+            watch.arm(dbapi_conn, "rollback")
+
+        @event.listens_for(engine, "checkin")
+        def _checkin(dbapi_conn: Any, _rec: Any) -> None:
+            if dbapi_conn is not None:
+                watch.disarm(dbapi_conn)
+
+        @event.listens_for(engine, "invalidate")
+        def _invalidated(dbapi_conn: Any, _rec: Any, _exc: Any) -> None:
+            if dbapi_conn is not None:
+                watch.disarm(dbapi_conn)
+
+        return engine
+
+    def _no_answer(self, what: str) -> str:
+        return (
+            f"database unavailable ({describe_url(self.url)}): no answer to a {what} within "
+            f"{self.op_timeout:g}s (db_op_timeout); the connection was closed"
+        )
 
     def _sqlite_engine(self, *, immediate: bool, timeout: float) -> Engine:
         engine = create_engine(
@@ -128,33 +386,76 @@ class Engines:
         return engine
 
     @contextlib.contextmanager
-    def begin(self, *, write: bool = True) -> Iterator[Connection]:
-        """One transaction; database-level failures become StoreUnavailable."""
+    def begin(self, *, write: bool = True, unbounded: bool = False) -> Iterator[Connection]:
+        """One transaction; database-level failures become StoreUnavailable.
+
+        On PostgreSQL a failure while the commit was in flight becomes StoreOutcomeUnknown:
+        the server may have committed before the connection broke. `unbounded` lifts the
+        round-trip deadline (schema migrations, which may rewrite large tables).
+        """
         engine = self.write if write else self.read
+        watch = self.watchdog
+        self._local.committing = False
+        if watch is not None:
+            watch.forget_cut()
         try:
-            with engine.begin() as conn:
+            with contextlib.ExitStack() as stack:
+                if unbounded and watch is not None:
+                    stack.enter_context(watch.exempt())
+                conn = stack.enter_context(engine.begin())
                 yield conn
+        except sa_exc.TimeoutError as e:  # the pool: every connection busy for pool_timeout
+            raise StoreUnavailable(
+                f"database unavailable ({describe_url(self.url)}): no free connection within "
+                f"{self.connect_timeout:g}s ({_first_line(e)})"
+            ) from e
         except (OperationalError, DBAPIError) as e:
+            cut = watch is not None and watch.take_cut()
             # integrity errors and the like are bugs or races, not outages
             if (
-                not isinstance(e, OperationalError)
+                not cut
+                and not isinstance(e, OperationalError)
                 and not e.connection_invalidated
                 and "database is locked" not in str(e.orig)
             ):
                 raise
-            raise StoreUnavailable(
-                f"database unavailable ({describe_url(self.url)}): {_first_line(e)}"
-            ) from e
+            what = "commit" if self._local.committing else "statement"
+            message = (
+                self._no_answer(what)
+                if cut
+                else f"database unavailable ({describe_url(self.url)}): {_first_line(e)}"
+            )
+            if self._local.committing and self.dialect == "postgresql":
+                raise StoreOutcomeUnknown(
+                    message + "; the change may or may not have been applied: check before retrying"
+                ) from e
+            raise StoreUnavailable(message) from e
 
     def db_now_sql(self) -> Any:
         if self.dialect == "sqlite":
             return text("(julianday('now') - 2440587.5) * 86400.0")
         return text("extract(epoch from clock_timestamp())")
 
+    def connect_args(self) -> tuple[list[Any], dict[str, Any]]:
+        """What the pool passes to psycopg.connect, for a dedicated connection (LISTEN)."""
+        cargs, cparams = self.write.dialect.create_connect_args(self.write.url)
+        cparams.setdefault("connect_timeout", max(1, int(self.connect_timeout)))
+        return list(cargs), dict(cparams)
+
     def dispose(self) -> None:
         self.write.dispose()
         if self.read is not self.write:
             self.read.dispose()
+        if self.watchdog is not None:
+            self.watchdog.stop()
+
+
+def _dbapi_of(conn: Connection) -> Any:
+    """The DBAPI connection under a SQLAlchemy connection, or None when it has none now
+    (closed or invalidated: asking for it would reconnect)."""
+    if conn.closed or conn.invalidated:
+        return None
+    return conn.connection.dbapi_connection
 
 
 _HOST_FAILURE = re.compile(r"^- host: '([^']*)', port: '([^']*)'.*failed: (.*)$")
