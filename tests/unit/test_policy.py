@@ -3,12 +3,14 @@ rules (kinds, exit codes, budget, backoff, avoided nodes) and their parsing."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from phalanx.config import load_config
 from phalanx.domain.policy import (
     DEFAULT_RETRY_ON,
     Action,
@@ -24,6 +26,7 @@ from phalanx.domain.policy import (
     parse_seconds,
 )
 from phalanx.domain.states import JobState
+from phalanx.errors import ConfigError
 
 POLICY = FailurePolicy(
     max_launch_failures=3,
@@ -355,3 +358,41 @@ def test_backoff_is_monotone_and_capped(base: float, cap_extra: float, n: int) -
     assert 0.0 <= backoff(n, base, cap) <= backoff(n + 1, base, cap) <= cap
     if base > 0:
         assert backoff(1, base, cap) == base
+
+
+# -- cluster defaults from the configuration ----------------------------------------------------
+
+
+def test_retry_config_feeds_the_failure_policy() -> None:
+    cfg = load_config(
+        overrides={
+            "retry": {"max_retries": 2, "retry_on": "hang,exit:3", "backoff_base": 1.0},
+            "cluster": {"max_launch_failures": 4},
+        }
+    )
+    policy = cfg.failure_policy()
+    assert (policy.max_retries, policy.retry_on, policy.max_launch_failures) == (
+        2,
+        "hang,exit:3",
+        4,
+    )
+    rules = policy.rules()
+    assert rules.retry_on.retries(FailureKind.EXIT, 3) and not rules.retry_on.retries(
+        FailureKind.NODE_FAIL
+    )
+    assert (rules.backoff_base, rules.backoff_max) == (1.0, 600.0)
+
+
+@pytest.mark.parametrize(
+    ("retry", "says"),
+    [
+        ({"retry_on": "often"}, "retry.retry_on: invalid --retry-on 'often'"),
+        ({"backoff_base": 60.0, "backoff_max": 5.0}, "backoff_base (60) must not exceed"),
+        ({"max_retries": -1}, "retry.max_retries"),
+        ({"backoff_base": -1.0}, "retry.backoff_base"),
+        ({"tries": 3}, "retry.tries"),
+    ],
+)
+def test_bad_retry_config_is_refused_naming_the_setting(retry: dict[str, Any], says: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        load_config(overrides={"retry": retry})
