@@ -283,6 +283,10 @@ def test_due_signals_lead_time_and_who_is_spared() -> None:
     assert [k.attempt_id for k in kept] == [5]
     # earlier than the lead: nothing yet
     assert m.due_signals([w], running, NOW - 1, lead=30.0) == ([], [])
+    # unless it falls due before the caller's next tick: at least the lead, never less
+    due, _ = m.due_signals([w], running, NOW - 1, lead=30.0, early=1.0)
+    assert [d.attempt_id for d in due] == [1, 2]
+    assert m.due_signals([w], running, NOW - 1.5, lead=30.0, early=1.0) == ([], [])
     # a job that asked for a longer grace is told earlier
     long = [run(6, ("n1",), None, grace=120.0)]
     due, _ = m.due_signals([w], long, NOW - 90, lead=30.0)

@@ -31,12 +31,14 @@ class MaintenanceDuty:
         store: Store,
         *,
         lead: Callable[[], float],
+        tick: Callable[[], float],
         fence: Callable[[], Fence | None],
         kick: Callable[[], None],
         notify: Callable[[list[str]], None],
     ) -> None:
         self.store = store
         self.lead = lead
+        self.tick_interval = tick
         self.fence = fence
         self.kick = kick
         self.notify = notify
@@ -73,7 +75,9 @@ class MaintenanceDuty:
             )
             for a in attempts
         ]
-        due, _kept = rules.due_signals(windows, running, now, self.lead())
+        due, _kept = rules.due_signals(
+            windows, running, now, self.lead(), early=self.tick_interval()
+        )
         if due:
             fence = self.fence()
             if fence is None:

@@ -346,12 +346,20 @@ class SignalDue:
 
 
 def due_signals(
-    windows: Iterable[Window], running: Iterable[Running], now: float, lead: float
+    windows: Iterable[Window],
+    running: Iterable[Running],
+    now: float,
+    lead: float,
+    *,
+    early: float = 0.0,
 ) -> tuple[list[SignalDue], list[Running]]:
     """Attempts to checkpoint and requeue now because a window on one of their nodes starts
     within ``max(lead, the job's own grace)`` and they would still be running then; and the
     attempts that would cross a window but cannot be requeued (they run on; the window's
-    nodes stay DRAINING until they end)."""
+    nodes stay DRAINING until they end).
+
+    ``early``: the caller's tick interval. A signal due before the next tick goes out now, so
+    a job gets at least its lead time (at most ``early`` more), never up to a tick less."""
     live = sorted((w for w in windows if w.live_at(now)), key=lambda w: (w.start, w.id))
     by_node: dict[str, list[Window]] = {}
     for w in live:
@@ -371,7 +379,7 @@ def due_signals(
         if hit is None:
             continue
         at = hit.start - max(lead, r.grace)
-        if now < at:
+        if now + early < at:
             continue
         if r.requeue:
             due.append(SignalDue(r.attempt_id, r.job_id, hit, at))
