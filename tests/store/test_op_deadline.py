@@ -83,6 +83,24 @@ def test_watchdog_leaves_answered_round_trips_alone() -> None:
         b.close()
 
 
+def test_watchdog_spares_an_answer_that_is_waiting_to_be_read() -> None:
+    """A stalled caller (SIGSTOP, CPU starvation) whose answer has arrived is not cut."""
+    a, b = socket.socketpair()
+    watch = Watchdog(0.5)
+    try:
+        conn = _Conn(a)
+        watch.arm(conn, "statement")
+        b.sendall(b"x")  # answered at once, but the caller reads only after the deadline
+        time.sleep(0.6)
+        assert a.recv(1) == b"x"
+        assert watch.disarm(conn) is False
+        assert watch.cuts == 0
+    finally:
+        watch.stop()
+        a.close()
+        b.close()
+
+
 def test_watchdog_only_disarms_the_connection_it_armed() -> None:
     a, b = socket.socketpair()
     other = _Conn(b)
