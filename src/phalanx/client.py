@@ -178,7 +178,8 @@ class Client:
         reason: str | None = None,
     ) -> dict[str, Any]:
         body = {"nodes": nodes, "start": start, "duration": duration, "end": end, "reason": reason}
-        return self.post("/v1/maintenance", body)["window"]
+        res = self.post("/v1/maintenance", body)
+        return {**res["window"], "warnings": res.get("warnings", [])}
 
     def maintenance(self, *, all: bool = False) -> list[dict[str, Any]]:
         return self.get("/v1/maintenance", all="true" if all else None)["windows"]

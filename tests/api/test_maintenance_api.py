@@ -48,6 +48,7 @@ def test_window_lifecycle_through_the_api(
     )
     assert r.status_code == 201, r.text
     w = r.json()["window"]
+    assert "less than the lead time (30 s)" in r.json()["warnings"][0], r.json()
     assert w["nodes"] == "n1" and w["state"] == "scheduled" and w["created_by"] == "alice"
     assert w["duration_s"] == 60 and w["reason"] == "BIOS"
     nodes = {n["name"]: n for n in client.get("/v1/nodes").json()["nodes"]}

@@ -75,8 +75,10 @@ def add(
         )
     if as_json:
         cli._emit(w)
-    else:
-        cli.console.print(_describe(w, time.time()), highlight=False)
+        return
+    for warning in w.get("warnings") or []:
+        cli._say("warning:", "yellow", warning)
+    cli.console.print(_describe(w, time.time()), highlight=False)
 
 
 @app.command("list")

@@ -1,6 +1,6 @@
 """REST endpoints for maintenance windows (`/v1/maintenance`), included by `api.create_app`.
 
-    POST   /v1/maintenance        {nodes, start, duration | end, reason}  -> 201 {window}
+    POST   /v1/maintenance        {nodes, start, duration | end, reason}  -> 201 {window, warnings}
     GET    /v1/maintenance        ?all=true also lists done and removed windows
     GET    /v1/maintenance/{id}
     DELETE /v1/maintenance/{id}   removes it; an active window returns its nodes at once
@@ -85,7 +85,14 @@ def router(ctl: Any) -> APIRouter:
             raise InvalidSpec(str(e), field="start") from None
         row = ctl.store.add_window(body.nodes, start, end, body.reason, user_of(x_phalanx_user))
         ctl.kick()  # pending jobs may have to avoid the nodes from now on
-        return {"window": window_view(row)}
+        warnings = []
+        lead = float(ctl.timing.maint_lead)
+        if start - time.time() < lead:
+            warnings.append(
+                f"the window starts in less than the lead time ({lead:g} s): jobs running on "
+                "its nodes get only the time left to checkpoint"
+            )
+        return {"window": window_view(row), "warnings": warnings}
 
     @r.get("/v1/maintenance")
     def list_maintenance(all: bool = False) -> dict[str, Any]:
