@@ -63,6 +63,7 @@ def test_report_checkpoint_answers_the_request_and_writes_the_marker(
 ) -> None:
     _request(control, 3, stop=True, reason="requeue: node drained")
     assert job.stop_requested() is True
+    assert job.checkpoint_requested() is True  # seen: the next report answers it
     path = job.save_atomic(tmp_path / "ckpt" / "step-10.bin", b"weights")
     assert job.report_checkpoint(path) is True
     assert job.checkpoint_requested() is False  # answered
@@ -74,6 +75,26 @@ def test_report_checkpoint_answers_the_request_and_writes_the_marker(
     # a newer request is pending again
     _request(control, 4)
     assert job.checkpoint_requested() is True
+
+
+def test_a_request_that_arrives_during_a_save_stays_pending(control: Path, tmp_path: Path) -> None:
+    _request(control, 1)
+    assert job.checkpoint_requested()
+    _request(control, 2, stop=True)  # comes in while the job writes its checkpoint
+    job.report_checkpoint(job.save_atomic(tmp_path / "ckpt" / "a", b"a"))
+    assert json.loads((control / "checkpoint.json").read_text())["request_seq"] == 1
+    req = job.checkpoint_request()
+    assert req is not None and req["seq"] == 2  # not answered: checkpoint again
+    job.report_checkpoint(job.save_atomic(tmp_path / "ckpt" / "b", b"b"))
+    assert json.loads((control / "checkpoint.json").read_text())["request_seq"] == 2
+    assert not job.checkpoint_requested()
+
+
+def test_a_checkpoint_nobody_asked_for_answers_nothing(control: Path, tmp_path: Path) -> None:
+    _request(control, 1)
+    job.report_checkpoint(job.save_atomic(tmp_path / "ckpt" / "a", b"a"))  # periodic, own
+    assert json.loads((control / "checkpoint.json").read_text())["request_seq"] is None
+    assert job.checkpoint_requested()
 
 
 def test_explicit_duration_wins(control: Path, tmp_path: Path) -> None:

@@ -80,8 +80,14 @@ class _State:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.signalled = False  # the checkpoint signal arrived since the last report
-        self.acked_seq = 0  # request seq covered by the last report_checkpoint
+        # A request is answered by the next report_checkpoint only once the job has seen it
+        # (through checkpoint_request/checkpoint_requested): one that arrives while a
+        # checkpoint is being written stays pending, so the job checkpoints again for it.
+        self.signals = 0  # checkpoint signals received
+        self.signals_seen = 0  # ... of which checkpoint_request() has reported
+        self.signals_acked = 0  # ... of which a report_checkpoint has answered
+        self.seen_seq = 0  # newest request seq checkpoint_request() has reported
+        self.acked_seq = 0  # newest request seq a report_checkpoint has answered
         self.request_cache: tuple[tuple[int, int], dict[str, Any] | None] | None = None
         self.last_save: tuple[str, float] | None = None  # (path, seconds) of the last save_atomic
 
@@ -145,14 +151,19 @@ def _read_request() -> dict[str, Any] | None:
 def checkpoint_request() -> dict[str, Any] | None:
     """The pending request (``seq``, ``reason``, ``deadline``, ``stop``), or None.
 
-    Pending means newer than the last :func:`report_checkpoint`.  A request known only from
-    the signal (no request file) reads as ``{"seq": None, "reason": "signal", ...}``.
+    Pending means not answered by a :func:`report_checkpoint` after it was seen here.  A
+    request known only from the signal (no request file) reads as
+    ``{"seq": None, "reason": "signal", ...}``.
     """
     req = _read_request()
     with _state.lock:
+        signals = _state.signals
         if req is not None and req["seq"] > _state.acked_seq:
+            _state.seen_seq = max(_state.seen_seq, req["seq"])
+            _state.signals_seen = signals
             return req
-        if _state.signalled:
+        if signals > _state.signals_acked:
+            _state.signals_seen = signals
             return {"seq": None, "reason": "signal", "deadline": None, "stop": None}
     return None
 
@@ -187,7 +198,7 @@ def install_signal_handler(signum: int | None = None) -> int | None:
         signum = _signal_number(os.environ.get(ENV_SIGNAL)) or int(signal.SIGUSR1)
 
     def on_signal(_signum: int, _frame: object) -> None:
-        _state.signalled = True
+        _state.signals += 1
 
     signal.signal(signum, on_signal)
     return signum
@@ -233,24 +244,23 @@ def report_checkpoint(path: str | os.PathLike[str], duration_s: float | None = N
     ``duration_s`` is how long writing it took; when omitted and ``path`` was just written by
     :func:`save_atomic`, that call's duration is used.  The scheduler records each checkpoint
     (time, duration, path) in the job's events, shows the latest in ``phalanx show`` and uses
-    the durations for ``--checkpoint-interval=auto``.  Also answers the pending request.
-    Returns False outside a Phalanx job (nothing to tell).
+    the durations for ``--checkpoint-interval=auto``.  Also answers the requests the job has
+    seen through :func:`checkpoint_request`/:func:`checkpoint_requested` (not one that came
+    in since).  Returns False outside a Phalanx job (nothing to tell).
     """
     full = os.path.abspath(os.fspath(path))
     if duration_s is None and _state.last_save is not None and _state.last_save[0] == full:
         duration_s = _state.last_save[1]
-    req = _read_request()
-    seq = req["seq"] if req is not None else None
+    with _state.lock:
+        seq = _state.seen_seq if _state.seen_seq > _state.acked_seq else None
+        _state.acked_seq = max(_state.acked_seq, _state.seen_seq)
+        _state.signals_acked = max(_state.signals_acked, _state.signals_seen)
     record = {
         "path": full,
         "finished_at": time.time(),
         "duration_s": None if duration_s is None else float(duration_s),
-        "request_seq": seq,
+        "request_seq": seq,  # the request this checkpoint answers, if any
     }
-    with _state.lock:
-        _state.signalled = False
-        if seq is not None:
-            _state.acked_seq = max(_state.acked_seq, seq)
     data = (json.dumps(record) + "\n").encode()
     ckdir = checkpoint_dir()
     if ckdir is not None and ckdir.is_dir():
