@@ -1,0 +1,676 @@
+"""A randomized fault run: rounds of random faults over a steady workload, then a history check.
+
+Three controllers share one store (SQLite; PostgreSQL too when available), three agents list
+every controller, and a client thread submits short jobs through a multi-URL client (the
+PHALANX_URL way: it fails over by itself). Each round injects one fault, waits until the
+cluster is whole again, and lets the workload run on:
+
+- ctl-kill:   SIGKILL a controller (half the time the holder of a scheduling lease), restart
+              it after a random pause;
+- ctl-stop:   SIGSTOP a controller (half the time a lease holder) for longer than the lease
+              TTL, then SIGCONT it: it must step down, never write under its old term;
+- agent-blip: SIGKILL an agent and restart it before its jobs' fence goes stale: running jobs
+              are re-adopted and finish once;
+- agent-down: SIGKILL an agent and restart it only after its node was marked DOWN: its jobs
+              self-fence, are requeued and run again elsewhere, never at the same time;
+- partition:  (SQLite, where network namespaces and iptables work) cut node01's network to
+              the controllers with iptables DROP until its node is DOWN, then heal it.
+
+Every job appends `start`, `tick` and `end` lines with its attempt id to a file of its own
+(O_APPEND). A sampler thread reads the lease table the whole time. Afterwards
+`system.history.check` must find nothing: no acknowledged job lost, no submission applied
+twice, no two executions of a job overlapping, no execution the store did not record as an
+attempt, exactly one terminal state per job (COMPLETED: the workload is well behaved), lease
+terms that only grow with one holder each, and no write under a stale term.
+
+The seed is printed; PHX_CHAOS_SEED replays a run and PHX_CHAOS_ROUNDS changes its length.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from phalanx.client import Client
+from phalanx.config import Timing
+from phalanx.errors import ControllerUnavailable, PhalanxError
+from system import history as hist
+from system import netns
+from system.conftest import CLUSTERS
+from system.harness import Cluster, Daemon, free_port, marked_processes, wait_for
+from system.netns import NetnsCluster, NetnsError, NetnsLab, NsDaemon
+
+pytestmark = pytest.mark.system
+
+TIMING: dict[str, float] = {
+    "lease_ttl": 3.0,
+    "renew_interval": 0.5,
+    "db_retry_timeout": 0.5,
+    "heartbeat_interval": 0.5,
+    "node_down_timeout": 6.0,
+    # agents talking to a frozen controller fail over only after their heartbeat times out
+    # (heartbeat_interval + 2 s) plus the next long-poll; see tests/system/test_ha.py
+    "fence_timeout": 4.0,
+    "fence_kill_grace": 0.5,
+    "fence_margin": 1.0,
+}
+Timing(**TIMING)  # the set must satisfy phalanx.config's timing rules
+
+CONTROLLERS = ("ctl-1", "ctl-2", "ctl-3")
+NODES = ("node01", "node02", "node03")
+ROUNDS = {"sqlite": 6, "postgres": 4}  # about 60-120 s each on a busy 2-core machine
+SUBMIT_EVERY = 0.5  # seconds between submissions
+# share of jobs that run 15-25 s: longer than node_down_timeout, so a node failure catches
+# them running, and they must be fenced there before they run elsewhere
+LONG_JOBS = 0.1
+EXPOSED_WAIT = 20.0  # seconds a node fault waits for a long job on its node
+SAMPLE_EVERY = 0.3  # seconds between reads of the lease table
+CLIENT_TIMEOUT = 5.0  # read timeout of the workload's client: gets past a frozen controller
+RECOVER = 90.0  # deadline for the cluster to be whole again after a fault
+TICK = 0.2  # seconds between a job's ticks
+
+JOB = """#!/bin/bash
+f={runs}/$PHX_JOB_ID.log
+echo "start $PHX_ATTEMPT $PHX_NODENAME $EPOCHREALTIME" >> "$f"
+for ((i = 0; i < {ticks}; i++)); do
+    sleep {tick}
+    echo "tick $PHX_ATTEMPT $EPOCHREALTIME" >> "$f"
+done
+echo "end $PHX_ATTEMPT $EPOCHREALTIME" >> "$f"
+"""
+
+
+def seed_and_rounds(backend: str) -> tuple[int, int]:
+    """PHX_CHAOS_SEED / PHX_CHAOS_ROUNDS, else a fresh seed and the backend's default."""
+    raw_seed = os.environ.get("PHX_CHAOS_SEED", "").strip()
+    raw_rounds = os.environ.get("PHX_CHAOS_ROUNDS", "").strip()
+    try:
+        seed = int(raw_seed) if raw_seed else random.SystemRandom().randrange(1 << 32)
+        rounds = int(raw_rounds) if raw_rounds else ROUNDS[backend]
+    except ValueError:
+        pytest.fail(
+            f"PHX_CHAOS_SEED ({raw_seed!r}) and PHX_CHAOS_ROUNDS ({raw_rounds!r}) must be "
+            "whole numbers",
+            pytrace=False,
+        )
+    if rounds < 1:
+        pytest.fail(f"PHX_CHAOS_ROUNDS must be at least 1, not {rounds}", pytrace=False)
+    return seed, rounds
+
+
+# ---------------------------------------------------------------------- the workload
+@dataclass
+class Workload:
+    """Submits one short job every `every` seconds from a thread, through one multi-URL
+    Client, and records each submission's outcome for the history."""
+
+    urls: str
+    out: Path
+    rng: random.Random
+    every: float = SUBMIT_EVERY
+    subs: list[hist.Submission] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.runs = self.out / "runs"
+        self.runs.mkdir(parents=True, exist_ok=True)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chaos-submitter", daemon=True)
+        self._ticks = [self.ticks() for _ in range(10_000)]
+
+    def ticks(self) -> int:
+        """A job's length in ticks: most run about a second; some span a fence timeout."""
+        return (
+            self.rng.randint(75, 125) if self.rng.random() < LONG_JOBS else self.rng.randint(3, 7)
+        )
+
+    def spec(self, i: int) -> dict[str, Any]:
+        return {
+            "script": JOB.format(
+                runs=self.runs, ticks=self._ticks[i % len(self._ticks)], tick=TICK
+            ),
+            "name": f"chaos-{i}",
+            "submit_dir": str(self.out),
+            "output": str(self.out / "%j.out"),
+            "time_limit_s": 300,
+            "requeue": True,
+            "env": {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C"},
+        }
+
+    def length(self, name: str) -> float:
+        """The seconds the job submitted as `name` runs (its ticks)."""
+        i = int(name.rsplit("-", 1)[1])
+        return self._ticks[i % len(self._ticks)] * TICK
+
+    def start(self) -> Workload:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=CLIENT_TIMEOUT * 3 + 10)
+        assert not self._thread.is_alive(), "the submitter thread is stuck"
+
+    def acked(self) -> list[int]:
+        return [s.job_id for s in self.subs if s.job_id is not None]
+
+    def _run(self) -> None:
+        timeout = httpx.Timeout(CLIENT_TIMEOUT, connect=2.0)
+        with Client(self.urls, timeout=timeout) as c:
+            i = 0
+            while not self._stop.is_set():
+                t = time.monotonic()
+                name = f"chaos-{i}"
+                try:
+                    jid = int(c.submit(self.spec(i))["job_id"])
+                    self.subs.append(hist.Submission(name, "acked", jid))
+                except ControllerUnavailable as e:  # may or may not have been applied
+                    self.subs.append(hist.Submission(name, "unknown"))
+                    self.errors.append(f"{name}: {e}")
+                except PhalanxError as e:  # a controller answered: not applied
+                    self.subs.append(hist.Submission(name, "refused"))
+                    self.errors.append(f"{name}: refused: {e}")
+                except Exception as e:  # anything else: treat as unanswered
+                    self.subs.append(hist.Submission(name, "unknown"))
+                    self.errors.append(f"{name}: {type(e).__name__}: {e}")
+                i += 1
+                self._stop.wait(max(0.0, self.every - (time.monotonic() - t)))
+
+
+@dataclass
+class LeaseSampler:
+    """Reads the lease table every `every` seconds (through any controller that answers)."""
+
+    urls: str
+    every: float = SAMPLE_EVERY
+    samples: list[hist.LeaseSample] = field(default_factory=list)
+    failures: int = 0
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chaos-sampler", daemon=True)
+
+    def start(self) -> LeaseSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=CLIENT_TIMEOUT * 3 + 10)
+        assert not self._thread.is_alive(), "the lease sampler thread is stuck"
+
+    def _run(self) -> None:
+        with Client(self.urls, timeout=httpx.Timeout(CLIENT_TIMEOUT, connect=2.0)) as c:
+            while not self._stop.is_set():
+                try:
+                    view = c.cluster()
+                    leases = {str(x["name"]): (x["holder"], int(x["term"])) for x in view["leases"]}
+                    self.samples.append(hist.LeaseSample(time.time(), leases))
+                except Exception:
+                    self.failures += 1
+                self._stop.wait(self.every)
+
+
+# ---------------------------------------------------------------------- the cluster
+def held(view: dict[str, Any]) -> dict[str, tuple[str, int]]:
+    """Validly held leases of a GET /v1/cluster view: name -> (holder, term)."""
+    return {
+        x["name"]: (str(x["holder"]), int(x["term"]))
+        for x in view["leases"]
+        if x["valid"] and x["holder"]
+    }
+
+
+def duties_held(view: dict[str, Any]) -> bool:
+    h = held(view)
+    return "cluster" in h and any(n == "sched" or n.startswith("sched:") for n in h)
+
+
+def rotate(urls: list[str], i: int) -> str:
+    """The URLs as a comma list starting with the i-th: each agent prefers another controller."""
+    return ",".join(urls[i:] + urls[:i])
+
+
+@dataclass
+class Chaos:
+    """The running cluster plus what a fault needs: which daemons exist and how to wait."""
+
+    cluster: Cluster
+    urls: list[str]
+    rng: random.Random
+    lab: NetnsLab | None = None
+    partition_ns: str = ""  # node01's namespace, when partitions can be made
+    ctl_addr: str = ""
+    log: list[str] = field(default_factory=list)
+    work: Workload | None = None
+
+    def controllers(self) -> list[Daemon]:
+        return [d for d in self.cluster.daemons.values() if d.kind == "controller"]
+
+    def say(self, text: str) -> None:
+        line = f"{time.strftime('%H:%M:%S')} {text}"
+        self.log.append(line)
+        print(line, flush=True)
+
+    def lease_holders(self) -> list[str]:
+        h = held(self.cluster.client().cluster())
+        return sorted({who for n, (who, _) in h.items() if n.startswith("sched")})
+
+    def pick_controller(self) -> Daemon:
+        """Half the time a holder of a scheduling lease, else any controller."""
+        ctls = self.controllers()
+        if self.rng.random() < 0.5:
+            with contextlib.suppress(Exception):
+                holders = self.lease_holders()
+                if holders:
+                    name = self.rng.choice(holders)
+                    return self.cluster.daemons[name]
+        return self.rng.choice(ctls)
+
+    def healthy(self) -> None:
+        """Every daemon runs, answers or is registered, and both duties have a holder."""
+        for d in self.controllers():
+            self.cluster.wait_controller(d)
+        self.cluster.wait_agents(list(NODES), timeout=RECOVER)
+        wait_for(
+            lambda: duties_held(self.cluster.client().cluster()),
+            timeout=RECOVER,
+            what="the duty leases to be held",
+        )
+
+    # -------------------------------------------------------------- faults
+    def ctl_kill(self) -> None:
+        d = self.pick_controller()
+        pause = self.rng.uniform(0.0, 3.0)
+        self.say(f"SIGKILL {d.name}, restart after {pause:.1f}s")
+        d.kill(signal.SIGKILL)
+        time.sleep(pause)
+        self.cluster.restart(d)
+
+    def ctl_stop(self) -> None:
+        d = self.pick_controller()
+        # sometimes longer than the clients' read timeout, so some submissions go unanswered
+        pause = TIMING["lease_ttl"] + self.rng.uniform(0.5, 4.0)
+        self.say(f"SIGSTOP {d.name} for {pause:.1f}s")
+        os.kill(d.pid, signal.SIGSTOP)
+        try:
+            time.sleep(pause)
+        finally:
+            os.kill(d.pid, signal.SIGCONT)
+
+    def agent_blip(self) -> None:
+        node = self.rng.choice(NODES)
+        pause = self.rng.uniform(0.0, 1.5)
+        self.say(f"SIGKILL agent {node}, restart after {pause:.1f}s")
+        d = self.cluster.agent(node)
+        d.kill(signal.SIGKILL)
+        time.sleep(pause)
+        self.cluster.restart(d, wait=False)
+
+    def agent_down(self) -> None:
+        node = self.exposed_node(NODES)
+        self.say(f"SIGKILL agent {node} until its node is DOWN")
+        d = self.cluster.agent(node)
+        d.kill(signal.SIGKILL)
+        self.wait_down(node)
+        self.cluster.restart(d, wait=False)
+
+    def partition(self) -> None:
+        assert self.lab is not None
+        self.exposed_node(["node01"])
+        self.say("partition node01 from the controllers until its node is DOWN")
+        self.lab.partition(self.partition_ns, self.ctl_addr)
+        try:
+            self.wait_down("node01")
+        finally:
+            self.lab.heal(self.partition_ns, self.ctl_addr)
+
+    def exposed_node(self, nodes: Sequence[str]) -> str:
+        """One of `nodes` running a job that will outlive a node failure detected now (it runs
+        on past node_down_timeout and a requeue): a failure there tests fencing. Waits a while
+        for one (long jobs come along every few seconds); without one, any of `nodes`."""
+        work = self.work
+        assert work is not None
+        need = TIMING["node_down_timeout"] + 4.0
+        found: list[str] = []
+
+        def look() -> bool:
+            now = time.time()
+            for j in self.cluster.client().jobs(state="RUNNING", limit=1000):
+                left = work.length(str(j["name"])) - (now - (j["start_time"] or now))
+                if j["nodelist"] in nodes and left > need:
+                    found.append(str(j["nodelist"]))
+            return bool(found)
+
+        with contextlib.suppress(AssertionError):
+            wait_for(look, timeout=EXPOSED_WAIT, interval=0.3, what="a long job to run")
+        return self.rng.choice(sorted(set(found))) if found else self.rng.choice(list(nodes))
+
+    def wait_down(self, node: str) -> None:
+        wait_for(
+            lambda: self.cluster.client().node(node)["state"] == "DOWN",
+            timeout=RECOVER,
+            interval=0.2,
+            what=f"{node} to be marked DOWN",
+        )
+
+    def faults(self) -> dict[str, Callable[[], None]]:
+        out = {
+            "ctl-kill": self.ctl_kill,
+            "ctl-stop": self.ctl_stop,
+            "agent-blip": self.agent_blip,
+            "agent-down": self.agent_down,
+        }
+        if self.lab is not None:
+            out["partition"] = self.partition
+        return out
+
+
+def start_cluster(cluster: Cluster) -> list[str]:
+    """Three controllers on one store (ctl-1 first, so it takes the leases), three agents each
+    listing every controller, a different one first; return the controllers' URLs."""
+    cluster.timing.update(TIMING)
+    url0 = cluster.controller_url(cluster.start_controller(CONTROLLERS[0]))
+
+    def first_holds() -> bool:
+        return duties_held(httpx.get(url0 + "/v1/cluster", timeout=5).json())
+
+    wait_for(first_holds, what="the first controller to take the duty leases")
+    for cid in CONTROLLERS[1:]:
+        cluster.start_controller(cid, port=free_port())
+    cluster.use_all_controllers(read_timeout=CLIENT_TIMEOUT)
+    urls = cluster.controller_urls()
+    for i, n in enumerate(NODES):
+        cluster.start_agent(n, cpus=4, mem="4G", url=rotate(urls, i), wait=False)
+    cluster.wait_agents(list(NODES))
+    return urls
+
+
+# ---------------------------------------------------------------------- the history
+def all_events(c: Client) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    since = 0
+    while True:
+        batch = c.events(since=since, limit=10_000)
+        out += batch
+        if len(batch) < 10_000:
+            return out
+        since = int(batch[-1]["id"])
+
+
+def collect(cluster: Cluster, work: Workload, sampler: LeaseSampler) -> hist.History:
+    """The run's history: submissions, the store's jobs (with attempts) and events, the runs
+    the jobs recorded, the lease samples."""
+    c = cluster.client()
+    jobs = []
+    for j in c.jobs(limit=100_000):
+        full = c.job(int(j["id"]))[0]
+        attempts = tuple(
+            hist.Attempt(
+                id=int(a["id"]),
+                seq=int(a["seq"]),
+                partition=str(a["partition"]),
+                fence_term=int(a["fence_term"]),
+                created_at=float(a["created_at"]),
+            )
+            for a in full["attempts"]
+        )
+        jobs.append(
+            hist.Job(int(full["id"]), str(full["name"]), full["state"], full["exit_code"], attempts)
+        )
+    events = []
+    for e in all_events(c):
+        data = e.get("data") or {}
+        events.append(
+            hist.Event(
+                id=int(e["id"]),
+                ts=float(e["ts"]),
+                kind=str(e["kind"]),
+                message=str(e.get("message") or ""),
+                job_id=int(e["job_id"]) if e.get("job_id") is not None else None,
+                controller=e.get("controller"),
+                term=int(e["term"]) if e.get("term") is not None else None,
+                from_state=data.get("from") if isinstance(data, dict) else None,
+                to_state=data.get("to") if isinstance(data, dict) else None,
+            )
+        )
+    runs = []
+    for p in sorted(work.runs.glob("*.log")):
+        runs += hist.parse_runs(int(p.stem), p.read_text(errors="replace"))
+    return hist.History(work.subs, jobs, runs, events, sampler.samples)
+
+
+# ---------------------------------------------------------------------- the run
+def schedule(rng: random.Random, kinds: list[str], rounds: int) -> list[str]:
+    """Every kind of fault once (in random order) while rounds last, then random ones: a
+    default-length run exercises each of them."""
+    first = rng.sample(kinds, len(kinds))
+    return (first + [rng.choice(kinds) for _ in range(max(0, rounds - len(kinds)))])[:rounds]
+
+
+def run_chaos(chaos: Chaos, out: Path, seed: int, rounds: int, label: str) -> None:
+    cluster = chaos.cluster
+    urls = ",".join(chaos.urls)
+    work = chaos.work = Workload(urls, out, random.Random(seed + 1)).start()
+    sampler = LeaseSampler(urls).start()
+    counts: dict[str, int] = {}
+    t0 = time.monotonic()
+    try:
+        wait_for(
+            lambda: (
+                len(work.acked()) >= 5 and cluster.client().jobs(state="COMPLETED", limit=1) != []
+            ),
+            timeout=RECOVER,
+            what="the workload to get going",
+        )
+        faults = chaos.faults()
+        for r, kind in enumerate(schedule(chaos.rng, sorted(faults), rounds)):
+            counts[kind] = counts.get(kind, 0) + 1
+            chaos.say(f"round {r + 1}/{rounds}: {kind}")
+            faults[kind]()
+            chaos.healthy()
+            time.sleep(chaos.rng.uniform(0.5, 2.0))  # the workload runs on a whole cluster
+    finally:
+        work.stop()
+        sampler.stop()
+    t_faults = time.monotonic() - t0
+
+    acked = work.acked()
+    wait_for(
+        lambda: not cluster.client().jobs(state=["PENDING", "STARTING", "RUNNING", "COMPLETING"]),
+        timeout=RECOVER,
+        interval=0.5,
+        what=f"the {len(acked)} acknowledged jobs to end",
+    )
+    h = collect(cluster, work, sampler)
+    violations = hist.check(h)
+    s = hist.summarize(h)
+    unknown = sum(1 for x in work.subs if x.outcome == "unknown")
+    print(
+        f"\n{label}: seed {seed} (PHX_CHAOS_SEED={seed} PHX_CHAOS_ROUNDS={rounds} to replay); "
+        f"{rounds} rounds {counts} in {t_faults:.0f}s; {len(work.subs)} submissions "
+        f"({len(acked)} acknowledged, {unknown} unanswered), {s.jobs} jobs {s.by_state}, "
+        f"{s.runs} runs, {s.requeued_jobs} jobs ran more than once; {s.takes} lease takes, "
+        f"{s.term_writes} termed writes, {len(h.samples)} lease samples "
+        f"({sampler.failures} failed)",
+        flush=True,
+    )
+    if work.errors:
+        print(f"submission errors (first 5): {work.errors[:5]}")
+    assert not violations, (
+        f"seed {seed}: {len(violations)} violations:\n"
+        + "\n".join(str(v) for v in violations[:40])
+        + "\nfaults:\n"
+        + "\n".join(chaos.log)
+    )
+    assert len(acked) >= rounds, f"too few acknowledged submissions: {len(acked)}"
+    assert h.samples, "no lease sample was taken"
+    c = cluster.client()
+    wait_for(
+        lambda: all(n["cpus_alloc"] == 0 for n in c.nodes()),
+        timeout=RECOVER,
+        what="every node's resources to be free",
+    )
+    wait_for(lambda: not cluster.live_shepherds(), timeout=RECOVER, what="every shepherd to exit")
+    left: list[str] = []
+
+    def no_strays() -> bool:
+        left[:] = strays(cluster)
+        return not left
+
+    with contextlib.suppress(AssertionError):
+        wait_for(no_strays, timeout=30, what="no process but the daemons to be left")
+    assert not left, f"processes outlived their jobs: {left}"
+
+
+def strays(cluster: Cluster) -> list[str]:
+    """Live processes this cluster started that are neither its daemons nor their direct
+    children (an agent's shepherd launcher): a job or shepherd that outlived its attempt, as
+    `PID: command line`."""
+    daemons = {d.pid for d in cluster.daemons.values() if d.running()}
+    out = []
+    for pid in marked_processes(cluster.root):
+        try:
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError, ValueError):
+            continue
+        if pid in daemons or ppid in daemons:
+            continue
+        out.append(f"{pid}: {cmd.strip()}")
+    return out
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_random_faults_keep_the_history_clean(
+    make_cluster: Callable[..., Cluster],
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    backend: str,
+) -> None:
+    seed, rounds = seed_and_rounds(backend)
+    print(f"\nchaos ({backend}): seed {seed}, {rounds} rounds", flush=True)
+    rng = random.Random(seed)
+    out = tmp_path / "out"
+    if backend == "sqlite":
+        with partition_lab(request, tmp_path) as wired:
+            if wired is not None:
+                chaos = wired(rng)
+            else:
+                cluster = make_cluster()
+                chaos = Chaos(cluster, start_cluster(cluster), rng)
+            run_chaos(chaos, out, seed, rounds, backend)
+    else:
+        cluster = make_cluster(db=request.getfixturevalue("pg_url"))
+        run_chaos(Chaos(cluster, start_cluster(cluster), rng), out, seed, rounds, backend)
+
+
+# ---------------------------------------------------------------------- network namespaces
+@dataclass
+class ChaosNetnsCluster(NetnsCluster):
+    """NetnsCluster with several controllers, each on its own port of the same address."""
+
+    def start_controller(
+        self, cid: str = "ctl-1", *, wait: bool = True, port: int | None = None
+    ) -> Daemon:
+        args = ["controller", "--state-dir", str(self.state_dir), "--host", self.host]
+        args += ["--port", str(port or self.port), "--id", cid]
+        if self.db:
+            args += ["--db", self.db]
+        log = self.logs / f"{cid}.log"
+        d = NsDaemon(cid, "controller", args, log, self.env(), netns=self.ctl_ns).spawn()
+        self.daemons[cid] = d
+        if wait:
+            self.wait_controller(d)
+        return d
+
+    def start_agent(
+        self,
+        node: str,
+        *,
+        cpus: int = 4,
+        mem: str = "8G",
+        gpus: str = "",
+        wait: bool = True,
+        env: dict[str, str] | None = None,
+        extra_args: Any = (),
+        url: str | None = None,
+    ) -> Daemon:
+        args = ["agent", "--name", node, "--state-dir", str(self.agent_dir(node))]
+        args += ["--url", url or self.url, "--cpus", str(cpus), "--mem", mem, "--gpus", gpus]
+        args += list(extra_args)
+        name = f"agent-{node}"
+        ns = self.node_ns.get(node, self.ctl_ns)
+        log = self.logs / f"{name}.log"
+        d = NsDaemon(name, "agent", args, log, self.env(**(env or {})), netns=ns).spawn()
+        self.daemons[name] = d
+        if wait:
+            self.wait_agents([node])
+        return d
+
+
+@contextlib.contextmanager
+def partition_lab(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Callable[[random.Random], Chaos] | None]:
+    """Where namespaces work: yields a function that starts the cluster wired for partitions
+    (controllers and node02/03 in one namespace, node01 behind a veth pair), with this thread
+    moved into the controllers' namespace; else None (the run goes on without partitions).
+    Everything is torn down after, also on failure."""
+    reason = netns.missing_tools()
+    if reason:
+        print(f"no partition faults: {reason}")
+        yield None
+        return
+    netns.sweep_stale_namespaces()
+    lab = NetnsLab()
+    try:
+        ctl_ns = lab.add("ctl")
+        n1_ns = lab.add("n1")
+        link = lab.link(ctl_ns, n1_ns)
+        lab.check_iptables(n1_ns)
+    except NetnsError as e:
+        left = lab.cleanup()
+        print(f"no partition faults: cannot set up network namespaces: {e} {left}")
+        yield None
+        return
+    names = list(lab.namespaces)
+    problems: list[str] = []
+    try:
+        with lab.entered(ctl_ns):
+            cluster = ChaosNetnsCluster(
+                tmp_path / "cluster", host=link.addr_a, ctl_ns=ctl_ns, node_ns={"node01": n1_ns}
+            )
+            request.node.stash[CLUSTERS].append(cluster)
+
+            def wire(rng: random.Random) -> Chaos:
+                urls = start_cluster(cluster)
+                return Chaos(cluster, urls, rng, lab=lab, partition_ns=n1_ns, ctl_addr=link.addr_a)
+
+            try:
+                yield wire
+            finally:
+                swept = cluster.cleanup()
+                if swept:
+                    problems.append(f"cluster cleanup swept up stray processes: {swept}")
+    finally:
+        problems += lab.cleanup()
+    if problems:
+        print("chaos netns cleanup: " + "; ".join(problems), file=sys.stderr)
+    left = [n for n in names if (netns.NETNS_DIR / n).exists()]
+    assert not left, f"could not delete the test's network namespaces {left}: {problems}"
