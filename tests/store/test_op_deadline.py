@@ -118,6 +118,25 @@ def test_watchdog_only_disarms_the_connection_it_armed() -> None:
         b.close()
 
 
+def test_watchdog_works_again_after_stop() -> None:
+    """A store used again after close() (dispose) is still watched."""
+    a, b = socket.socketpair()
+    watch = Watchdog(0.2)
+    try:
+        conn = _Conn(a)
+        watch.arm(conn, "statement")
+        watch.disarm(conn)
+        watch.stop()
+        watch.arm(conn, "statement")
+        a.settimeout(10)
+        assert a.recv(1) == b""
+        assert watch.disarm(conn) is True
+    finally:
+        watch.stop()
+        a.close()
+        b.close()
+
+
 def test_sqlite_has_no_round_trip_deadline(tmp_path: Any) -> None:
     """SQLite waits for local locks, bounded by its busy timeout instead."""
     db = Engines(f"sqlite:///{tmp_path}/x.db", op_timeout=0.1)

@@ -142,7 +142,9 @@ class Watchdog:
                 return
             self._waits[tid] = _Wait(conn, fd, time.monotonic() + self.timeout, what)
             self._cut_threads.discard(tid)
-            if self._thread is None or not self._thread.is_alive():
+            if self._stopping or self._thread is None or not self._thread.is_alive():
+                # (a thread told to stop may still be alive: start a fresh one regardless; two
+                # checking threads for a moment are harmless, a wait nobody checks is not)
                 self._stopping = False
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
@@ -237,6 +239,16 @@ class Watchdog:
             sock.close()
 
 
+def idle_in_transaction_ms(op_timeout: float) -> int:
+    """`idle_in_transaction_session_timeout` for the controllers' sessions, in milliseconds.
+
+    Phalanx's transactions are short and every round trip of one is answered within
+    `op_timeout`, so a session idle inside a transaction for twice that long belongs to a
+    controller that lost its connection (or is frozen); ending it releases its locks.
+    """
+    return max(1000, int(2 * op_timeout * 1000))
+
+
 class Engines:
     """A write engine and a read engine (the same one on PostgreSQL).
 
@@ -297,6 +309,15 @@ class Engines:
         )
         dialect = engine.dialect
         local = self._local
+        idle_ms = idle_in_transaction_ms(self.op_timeout)
+
+        @event.listens_for(engine, "do_connect")
+        def _session_options(_d: Any, _rec: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
+            # The server ends a session of ours that sits in an open transaction this long: a
+            # controller cut off (or frozen) mid-transaction would otherwise keep its row locks,
+            # the lease row included, until TCP gives up (hours), and no peer could take over.
+            extra = f"-c idle_in_transaction_session_timeout={idle_ms}"
+            cparams["options"] = f"{cparams.get('options') or ''} {extra}".strip()
 
         @event.listens_for(engine, "connect")
         def _fresh(_dbapi_conn: Any, rec: Any) -> None:
@@ -396,8 +417,8 @@ class Engines:
     def begin(self, *, write: bool = True, unbounded: bool = False) -> Iterator[Connection]:
         """One transaction; database-level failures become StoreUnavailable.
 
-        On PostgreSQL a failure while the commit was in flight becomes StoreOutcomeUnknown:
-        the server may have committed before the connection broke. `unbounded` lifts the
+        On PostgreSQL a connection lost while the commit was in flight becomes
+        StoreOutcomeUnknown: the server may have committed before the connection broke. `unbounded` lifts the
         round-trip deadline (schema migrations, which may rewrite large tables).
         """
         engine = self.write if write else self.read
@@ -432,7 +453,10 @@ class Engines:
                 if cut
                 else f"database unavailable ({describe_url(self.url)}): {_first_line(e)}"
             )
-            if self._local.committing and self.dialect == "postgresql":
+            # an error answer to COMMIT means it was rolled back; a commit whose connection
+            # broke, or was cut, may have been applied before the answer was lost
+            lost = cut or e.connection_invalidated
+            if self._local.committing and lost and self.dialect == "postgresql":
                 raise StoreOutcomeUnknown(
                     message + "; the change may or may not have been applied: check before retrying"
                 ) from e
