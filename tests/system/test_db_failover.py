@@ -26,6 +26,7 @@ Skipped without PostgreSQL, but failed under CI=true (as tests/conftest.py does)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import sys
@@ -37,14 +38,22 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
+from sqlalchemy import text
 
 from conftest import _in_ci
 from pgcluster import PgCluster, PostgresNotAvailable
 from phalanx.client import Client
 from phalanx.config import Timing
 from phalanx.errors import ControllerUnavailable
-from phalanx.store.engine import _first_line, describe_url, normalize_url
+from phalanx.store.engine import (
+    Engines,
+    _first_line,
+    describe_url,
+    idle_in_transaction_ms,
+    normalize_url,
+)
 from system.harness import Cluster, free_port, read_json, wait_for
 from system.test_ha import Stream, check_exactly_once, duties_held, first
 
@@ -54,7 +63,7 @@ TIMING: dict[str, float] = {
     "db_retry_timeout": 0.5,
     "heartbeat_interval": 0.5,
     "node_down_timeout": 6.0,
-    "fence_timeout": 2.5,
+    "fence_timeout": 4.0,
     "fence_kill_grace": 0.5,
     "fence_margin": 1.0,
 }
@@ -192,6 +201,30 @@ def test_a_multi_host_failure_names_every_host() -> None:
     assert describe_url("postgresql://u:pw@db1:5432,db2:5432/phx") == (
         "postgresql://u:***@/phx?host=db1:5432&host=db2:5432"
     )
+
+
+@pytest.mark.postgres
+def test_a_session_left_in_a_transaction_releases_its_locks(pg_url: str) -> None:
+    """A controller cut off (or frozen) mid-transaction must not keep its row locks, the
+    lease row's included, until TCP gives up: the server ends the session after
+    `idle_in_transaction_ms(db_op_timeout)` and a peer gets the lock."""
+    engines = Engines(pg_url, op_timeout=0.5)
+    assert idle_in_transaction_ms(0.5) == 1000
+    stuck = engines.write.connect()
+    try:
+        stuck.begin()
+        stuck.execute(text("SELECT pg_advisory_xact_lock(4242)"))  # then nothing more is sent
+        dsn = engines.write.url.set(drivername="postgresql").render_as_string(False)
+        t0 = time.monotonic()
+        with psycopg.connect(dsn, connect_timeout=10) as peer:
+            peer.execute("SET statement_timeout = '20s'")
+            peer.execute("SELECT pg_advisory_xact_lock(4242)")  # waits for the stuck session
+        waited = time.monotonic() - t0
+        assert 0.5 < waited < 15, waited
+    finally:
+        with contextlib.suppress(Exception):
+            stuck.close()
+        engines.dispose()
 
 
 def _answer(kind: str) -> httpx.Response:
