@@ -63,6 +63,9 @@ Written by the shepherd:
   ``progress_timeout_s`` in the spec, a job whose progress file (``progress_file``, else
   ``PHX_PROGRESS_FILE``, else ``control/progress.json``) exists but has not changed for that
   long is stopped like a cancel (SIGTERM, SIGKILL after ``kill_grace_s``).
+  ``oom`` is present (true) only when the kernel's OOM killer ended the job: it died of a
+  SIGKILL the shepherd did not send (or exited 137) while the OOM-kill counter of its memory
+  cgroup went up.
 * ``shepherd.log``: the shepherd's own diagnostics (stdout/stderr of the daemon).
 
 The job's control directory ``control/`` (checkpoint protocol, docs/checkpoints.md): the
@@ -798,6 +801,7 @@ class _Shepherd:
         self.checkpoint_sent_at: float | None = None  # wall clock, for exit.json
         self.checkpoint_until: float | None = None  # monotonic end of a running grace
         self.hung: dict[str, Any] | None = None  # set when hang detection stopped the job
+        self.oom_base: int | None = None  # the cgroup's OOM-kill count when the job started
         self.out_fd = -1
         self.err_fd = -1
 
@@ -866,6 +870,7 @@ class _Shepherd:
             self._handle_pending()
             if self.reason is not None:
                 return self._result(None, error="stopped before the job started")
+            self.oom_base = _oom_kills()
             self._spawn(spec)
         except _LaunchError as exc:
             self._write_stderr(str(exc))
@@ -882,7 +887,24 @@ class _Shepherd:
         self._process_requests()
         status = self._wait_job()
         self._cleanup_stragglers()
-        return self._result(status)
+        result = self._result(status)
+        if self._killed_by_oom(status):
+            result["oom"] = True
+        return result
+
+    def _killed_by_oom(self, status: int) -> bool:
+        """True if the kernel's OOM killer ended the job: it died of a SIGKILL the shepherd did
+        not send (directly, or a shell reporting its child's as 137) and the OOM-kill counter
+        of the job's memory cgroup went up meanwhile."""
+        if self.reason is not None or self.oom_base is None:
+            return False
+        killed = (os.WIFSIGNALED(status) and os.WTERMSIG(status) == _signal.SIGKILL) or (
+            os.WIFEXITED(status) and os.WEXITSTATUS(status) == 128 + _signal.SIGKILL
+        )
+        if not killed:
+            return False
+        now = _oom_kills()
+        return now is not None and now > self.oom_base
 
     def _load_spec(self) -> dict[str, Any]:
         try:
@@ -1401,6 +1423,35 @@ class _Shepherd:
             "checkpoint_signal_sent_at": self.checkpoint_sent_at,
             **({"hung": self.hung} if self.hung else {}),
         }
+
+
+def _oom_kills() -> int | None:
+    """The OOM-kill counter of this process's memory cgroup (the job runs in it too), or None
+    where there is none to read: ``memory.events`` (cgroup v2) or ``memory.oom_control``
+    (cgroup v1, kernels since 4.13)."""
+    try:
+        with open("/proc/self/cgroup", encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    candidates = []
+    for line in lines:
+        _hid, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if "memory" in controllers.split(","):
+            candidates.append(f"/sys/fs/cgroup/memory{path}/memory.oom_control")
+        elif controllers == "":
+            candidates.append(f"/sys/fs/cgroup{path.rstrip('/')}/memory.events")
+    for file in candidates:
+        try:
+            with open(file, encoding="utf-8") as f:
+                for row in f:
+                    key, _, value = row.partition(" ")
+                    if key == "oom_kill" and value.strip().isdigit():
+                        return int(value)
+        except OSError:
+            continue
+    return None
 
 
 def _progress_interval(timeout: float) -> float:
