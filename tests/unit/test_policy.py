@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from phalanx.config import load_config
+from phalanx.domain.directives import parse_submission
 from phalanx.domain.policy import (
     DEFAULT_RETRY_ON,
     Action,
@@ -26,7 +27,7 @@ from phalanx.domain.policy import (
     parse_seconds,
 )
 from phalanx.domain.states import JobState
-from phalanx.errors import ConfigError
+from phalanx.errors import ConfigError, InvalidSpec
 
 POLICY = FailurePolicy(
     max_launch_failures=3,
@@ -396,3 +397,22 @@ def test_retry_config_feeds_the_failure_policy() -> None:
 def test_bad_retry_config_is_refused_naming_the_setting(retry: dict[str, Any], says: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(says)):
         load_config(overrides={"retry": retry})
+
+
+# -- the options, from #SBATCH lines and the command line -----------------------------------------
+
+
+def test_retry_options_from_a_script_and_the_command_line() -> None:
+    script = "#!/bin/bash\n#SBATCH --retries=4\n#SBATCH --retry-on=node_fail,exit:75\ntrue\n"
+    parsed = parse_submission(script, ["--retry-backoff=5:60"], "job.sh")
+    assert parsed.fields == {
+        "retries": 4,
+        "retry_on": "node_fail,exit:75",
+        "retry_backoff": "5:60",
+    } | {
+        k: v for k, v in parsed.fields.items() if k not in ("retries", "retry_on", "retry_backoff")
+    }
+    with pytest.raises(
+        InvalidSpec, match=r"job\.sh line 2: --retry-on: .*unknown failure kind 'flaky'"
+    ):
+        parse_submission("#!/bin/bash\n#SBATCH --retry-on=flaky\n", [], "job.sh")
