@@ -35,6 +35,7 @@ from phalanx.errors import PhalanxError
 log = logging.getLogger("phalanx.agent")
 
 WATCH_INTERVAL = 0.05  # how often the watcher looks for new exit files (seconds)
+FORGOTTEN_MAX = 100_000  # forgotten attempt ids remembered (never launched again)
 HEARTBEAT_GRACE_MIN = 0.5  # seconds; see heartbeat_grace()
 
 
@@ -73,6 +74,10 @@ class Agent:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._known_exited: set[str] = set()
+        # Attempts the controller told us to forget. The main loop and the exit watcher both
+        # heartbeat, so a reply computed before the forget (still saying "start") can arrive
+        # after it, when the task dir is gone: it must not run the job a second time.
+        self._forgotten: dict[str, None] = {}
         # periodic checkpoints in force, attempt id -> {"interval_s", "signal", "batch_only"}
         self._intervals: dict[int, dict[str, Any]] = {}
         self._registered = False
@@ -259,6 +264,9 @@ class Agent:
             if d.is_dir():
                 shutil.rmtree(d, ignore_errors=True)
             self._known_exited.discard(str(aid))
+            self._forgotten[str(aid)] = None
+        while len(self._forgotten) > FORGOTTEN_MAX:
+            del self._forgotten[next(iter(self._forgotten))]  # the oldest
 
     def _periodic_checkpoint(self, d: Path, attempt_id: int, started_at: float | None) -> None:
         """Ask a running job for a checkpoint when its interval in force has passed."""
@@ -287,8 +295,8 @@ class Agent:
 
     def _launch(self, launch: dict[str, Any]) -> None:
         d = self.tasks_dir / str(launch["attempt_id"])
-        if d.exists():
-            return  # already launched (replies may repeat)
+        if d.exists() or str(launch["attempt_id"]) in self._forgotten:
+            return  # already launched (replies may repeat), or already over and forgotten
         tmp = self.tasks_dir / f".{launch['attempt_id']}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)

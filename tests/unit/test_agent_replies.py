@@ -1,0 +1,63 @@
+"""The agent applies controller replies exactly once per attempt, with real shepherds.
+
+The main heartbeat loop and the exit watcher both talk to the controller, so a reply computed
+before an attempt ended (still saying "start") can arrive after the reply that said "forget"
+and removed its task dir. Found by the 100-task array system test, where a fast task ran twice.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from phalanx.agent.agent import Agent
+from phalanx.agent.resources import NodeResources
+from phalanx.client import Client
+
+
+def launch_item(root: Path, attempt_id: int, marker: Path) -> dict[str, Any]:
+    return {
+        "attempt_id": attempt_id,
+        "token": "ab" * 8,
+        "job_id": 1,
+        "rank": 0,
+        "node": "n1",
+        "command": {"argv": ["/bin/sh", "-c", f"echo run >> {marker}"]},
+        "env": {"PATH": "/usr/bin:/bin"},
+        "cwd": str(root),
+        "stdout": str(root / "out"),
+        "stderr": None,
+        "open_mode": "append",
+        "time_limit_s": None,
+        "kill_grace_s": 1.0,
+        "signal": None,
+    }
+
+
+def test_a_stale_start_after_forget_does_not_run_the_job_again(tmp_path: Path) -> None:
+    client = Client("http://127.0.0.1:9")  # never called: apply() is local
+    agent = Agent(
+        name="n1",
+        state_dir=tmp_path / "state",
+        client=client,
+        resources=NodeResources(cpus=1, mem_mb=1024),
+    )
+    agent.tasks_dir.mkdir(parents=True)
+    marker = tmp_path / "runs"
+    start = launch_item(tmp_path, 7, marker)
+    try:
+        agent.apply({"start": [start]})
+        exit_file = agent.tasks_dir / "7" / "exit.json"
+        deadline = time.monotonic() + 30
+        while not exit_file.exists():
+            assert time.monotonic() < deadline, "the job did not finish"
+            time.sleep(0.02)
+        agent.apply({"start": [start]})  # a repeated reply while the dir exists: nothing
+        agent.apply({"forget": [7]})
+        assert not (agent.tasks_dir / "7").exists()
+        agent.apply({"start": [start]})  # the stale reply, after the forget
+        assert not (agent.tasks_dir / "7").exists(), "the attempt was launched again"
+        assert marker.read_text() == "run\n"
+    finally:
+        client.close()
