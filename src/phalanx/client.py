@@ -97,6 +97,11 @@ class Client:
                 errors.append(f"{base}: {_message(resp)}")
                 no_store += _code(resp) == StoreUnavailable.code
                 continue
+            if resp.status_code == 504 and idempotent:
+                # the store lost the connection mid-commit: repeating a level-triggered call
+                # elsewhere is safe; anything else must surface "outcome unknown" below
+                errors.append(f"{base}: {_message(resp)}")
+                continue
             self._current = idx
             if resp.status_code >= 400:
                 raise _to_error(resp)

@@ -86,3 +86,32 @@ def test_detector_names_only_registered_live_nodes_silent_too_long() -> None:
 def test_detector_boundary_is_strictly_longer_than_the_timeout() -> None:
     assert silent_nodes([node("n", 90.0)], 100.0, 10.0) == []
     assert silent_nodes([node("n", 89.9)], 100.0, 10.0)
+
+
+def test_an_unreachable_store_costs_one_call_per_tick_not_one_per_lease(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each call to a hung database can take a full timeout; a tick must not multiply it."""
+    from phalanx.errors import StoreUnavailable
+
+    clock = FakeClock()
+    names = ["cluster", "sched:a", "sched:b", "sched:c"]
+    k = LeaseKeeper(store, "ctl-a", names, ttl=30.0, renew_interval=1.0, clock=clock)
+    k.tick()
+    assert all(k.held(n) for n in names)
+    calls: list[str] = []
+
+    def down(name: str, *a: object, **kw: object) -> bool:
+        calls.append(name)
+        raise StoreUnavailable("database unreachable")
+
+    monkeypatch.setattr(store, "renew_lease", down)
+    monkeypatch.setattr(store, "acquire_lease", down)
+    clock.advance(1.0)
+    summary = k.tick()
+    assert len(calls) == 1
+    assert all(k.held(n) for n in names)  # kept until their local deadlines
+    assert summary.count("kept until deadline") == len(names)
+    clock.advance(30.0)
+    k.tick()
+    assert not any(k.held(n) for n in names)

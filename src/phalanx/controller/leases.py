@@ -81,6 +81,7 @@ class LeaseKeeper:
         given = self._hand_over(live)
         if given:
             parts.append(f"{given}: handed over to {preferred(given, live or [])}")
+        store_error: PhalanxError | None = None
         for name in self.names:
             if name == given:
                 continue
@@ -88,6 +89,10 @@ class LeaseKeeper:
             with self._lock:
                 h = self._held.get(name)
             try:
+                if store_error is not None:
+                    # one unreachable store is enough to know: each further try could cost a
+                    # full connect timeout and stall this loop past its liveness bound
+                    raise store_error
                 if h is not None and start < h.deadline:
                     ok = self.store.renew_lease(name, self.holder, h.term, self.ttl)
                     term: int | None = h.term if ok else None
@@ -107,7 +112,9 @@ class LeaseKeeper:
                             f"; retaken under term {term}" if term else "; another holds it",
                         )
             except PhalanxError as e:
-                log.warning("lease %s: store error: %s", name, e)
+                if store_error is None:
+                    log.warning("lease %s: store error: %s", name, e)
+                store_error = e
                 term = None if h is None or start >= h.deadline else -1
             if term == -1:
                 parts.append(f"{name}: kept until deadline (store error)")
