@@ -202,5 +202,9 @@ def test_hung_job_is_detected_within_its_timeout_and_requeued(
     detected_after = hung["idle_s"]
     assert PROGRESS_TIMEOUT_S <= detected_after < PROGRESS_TIMEOUT_S + 1.5, hung
     assert requeue["ts"] - hung["last_progress_at"] < PROGRESS_TIMEOUT_S + 15, (requeue, hung)
+    print(
+        f"hang: stopped {detected_after:.2f}s after the last progress (timeout "
+        f"{PROGRESS_TIMEOUT_S}s), requeued {requeue['ts'] - hung['last_progress_at']:.2f}s after it"
+    )
     out = (tmp_path / f"hung-{jid}.out").read_text().splitlines()
     assert out == [f"stuck in a collective on {node}", f"run 1 on {second['nodes'][0]} finished"]
