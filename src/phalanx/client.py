@@ -101,6 +101,7 @@ class Client:
                 # the store lost the connection mid-commit: repeating a level-triggered call
                 # elsewhere is safe; anything else must surface "outcome unknown" below
                 errors.append(f"{base}: {_message(resp)}")
+                no_store += 1  # it lost its database: as good as "cannot reach the store"
                 continue
             self._current = idx
             if resp.status_code >= 400:

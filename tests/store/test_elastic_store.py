@@ -1,5 +1,5 @@
 """Elastic jobs and hot spares in the store, on SQLite and PostgreSQL: a node failure puts the
-job back to PENDING with its surviving nodes reserved (no retry used, no backoff), the next
+job back to PENDING with its surviving nodes reserved (one retry used, no backoff), the next
 scheduling pass restarts it there before anyone else, spares hold resources but are never
 sent to an agent, and a spare takes a failed rank's place with the rank layout kept."""
 
@@ -75,7 +75,7 @@ def test_elastic_job_restarts_on_survivors_before_anyone_else(store: Store) -> N
     kill_node(store, "n2", att)
     job = store.get_job(jid)
     assert job["state"] == "PENDING" and job["restart_count"] == 1
-    assert job["retries"] == 0 and job["eligible_time"] is None
+    assert job["retries"] == 1 and job["eligible_time"] is None  # a retry, with no backoff
     assert job["reserved_nodes"] == ["n1", "n3", "n4"]
     assert time.time() + 30 < job["reserved_until"] <= time.time() + 61
     assert "job.restart" in kinds(store, jid) and "job.requeue" not in kinds(store, jid)
@@ -159,3 +159,24 @@ def test_draining_a_spare_node_leaves_the_job_running(store: Store) -> None:
     run_everywhere(store, store.attempts_of(jid)[-1])
     assert store.drain("n3", "bad fan", "ops", now=True) == []
     assert state(store, jid) == "RUNNING"
+
+
+def test_a_spent_budget_ends_the_elastic_job_instead_of_restarting_it(store: Store) -> None:
+    """A job whose nodes keep dying cannot restart forever just because it is elastic."""
+    for i in range(1, 5):
+        add_node(store, f"n{i}", cpus=1)
+    jid = submit1(store, nodes=1, nodes_max=4, requeue=True, retries=1)
+    assert schedule(store) == [jid]
+    att = store.attempts_of(jid)[-1]
+    run_everywhere(store, att)
+    kill_node(store, "n1", att)
+    assert state(store, jid) == "PENDING"
+    assert store.get_job(jid)["retries"] == 1
+    assert schedule(store) == [jid]
+    att = store.attempts_of(jid)[-1]
+    run_everywhere(store, att)
+    kill_node(store, att["nodes"][0], att)
+    job = store.get_job(jid)
+    assert job["state"] == "NODE_FAIL", job
+    assert "retries used" in (job["reason"] or "") or "retr" in (job["reason"] or ""), job
+    assert job["reserved_nodes"] is None

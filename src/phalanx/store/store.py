@@ -33,6 +33,7 @@ from phalanx.domain.elastic import restart_layout
 from phalanx.domain.hostlist import compress_hostlist, expand_hostlist, hostname_sort_key
 from phalanx.domain.policy import (
     Action,
+    FailureKind,
     FailurePolicy,
     RetryRules,
     TaskEnd,
@@ -1450,16 +1451,27 @@ class Store:
         The job restarts at once on its surviving nodes (a spare in place of the failed rank,
         rank layout kept; an elastic job may shrink to MIN and grow with free nodes) without
         going back through the queue: the scheduler places a job with a live reservation first
-        and closes its nodes to everyone else until `reserved_until`. This is not a failure
-        retry (the retry budget is untouched) and sets no backoff. False when the job is not
-        elastic or spare, is not requeue-able, was being stopped on purpose, or too few nodes
-        are left (then the usual requeue policy applies).
+        and closes its nodes to everyone else until `reserved_until`. It spends one retry of
+        the job's budget (as any node-failure requeue does) and sets no backoff. False when the
+        job is not elastic or spare, is not requeue-able, was being stopped on purpose, its
+        retry rules do not retry node failures or its budget is spent, or too few nodes are
+        left (then the usual policy decides).
         """
         stop = att["stop_reason"] or ""
         if not job["requeue"] or stop.startswith(("cancel", "requeue")):
             return False
         nodes_max, spares = self._elastic_of(conn, int(job["id"]))
         if nodes_max is None and not spares:
+            return False
+        # A node failure is a failure whatever the job's shape: the restart spends a retry like
+        # any node-failure requeue, so a job whose nodes keep dying cannot restart forever.
+        rules = self._retry_rules(conn, int(job["id"]))
+        used = int(job["retries"] or 0)
+        if (
+            rules.never
+            or not rules.retry_on.retries(FailureKind.NODE_FAIL)
+            or used >= rules.max_retries
+        ):
             return False
         failed = {
             t["node"]
@@ -1495,10 +1507,11 @@ class Store:
         lost = sorted(failed & set(ranks))
         why = (
             f"restarting on {len(layout)} reserved nodes after losing {','.join(lost) or 'a node'}"
-            f" ({reason or 'node failure'})"
+            f" ({reason or 'node failure'}); retry {used + 1} of {rules.max_retries}"
         )
         extra: dict[str, Any] = {
             "restart_count": job["restart_count"] + 1,
+            "retries": used + 1,
             "reserved_nodes": layout,
             "reserved_until": until,
             "eligible_time": None,
