@@ -345,7 +345,11 @@ def create_app(ctl: Controller) -> FastAPI:
                 (a["progress"] for a in reversed(view["attempts"]) if a.get("progress")), None
             )
             if view["checkpoint_spec"]:
-                view["checkpoint_interval"] = ctl.checkpoint_interval(row).as_dict()
+                # a running job's interval counts the nodes it runs on (an elastic job may have
+                # shrunk), as the one its agents are sent does
+                running = row["state"] == "RUNNING" and row["nodelist_run"]
+                sized = {**row, "attempt_nodes": row["nodelist_run"]} if running else row
+                view["checkpoint_interval"] = ctl.checkpoint_interval(sized).as_dict()
             out.append(view)
         return {"jobs": out}
 
