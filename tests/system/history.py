@@ -59,14 +59,11 @@ class Run:
 
 @dataclass(frozen=True)
 class Attempt:
-    """One attempt as the store recorded it; `fenced` if a task of it stopped by self-fencing."""
-
     id: int
     seq: int
     partition: str
     fence_term: int
     created_at: float
-    fenced: bool = False
 
 
 @dataclass(frozen=True)
@@ -149,7 +146,7 @@ class Summary:
     jobs: int = 0
     runs: int = 0
     requeued_jobs: int = 0
-    fenced_attempts: int = 0
+    stopped_runs: int = 0  # executions that never wrote their end line (fenced or killed)
     takes: int = 0
     term_writes: int = 0
     samples: int = 0
@@ -563,7 +560,7 @@ def summarize(h: History) -> Summary:
         jobs=len(h.jobs),
         runs=len(h.runs),
         requeued_jobs=sum(1 for j in h.jobs if len(j.attempts) > 1),
-        fenced_attempts=sum(1 for j in h.jobs for a in j.attempts if a.fenced),
+        stopped_runs=sum(1 for r in h.runs if not r.finished),
         takes=len(lease_takes(h.events)),
         term_writes=len(writes),
         samples=len(h.samples),

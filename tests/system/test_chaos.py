@@ -7,6 +7,8 @@ cluster is whole again, and lets the workload run on:
 
 - ctl-kill:   SIGKILL a controller (half the time the holder of a scheduling lease), restart
               it after a random pause;
+- ctl-restart: SIGTERM a controller (half the time a lease holder; it hands its leases back as
+              it stops) and start it again at once;
 - ctl-stop:   SIGSTOP a controller (half the time a lease holder) for longer than the lease
               TTL, then SIGCONT it: it must step down, never write under its old term;
 - agent-blip: SIGKILL an agent and restart it before its jobs' fence goes stale: running jobs
@@ -71,7 +73,7 @@ Timing(**TIMING)  # the set must satisfy phalanx.config's timing rules
 
 CONTROLLERS = ("ctl-1", "ctl-2", "ctl-3")
 NODES = ("node01", "node02", "node03")
-ROUNDS = {"sqlite": 6, "postgres": 4}  # about 60-120 s each on a busy 2-core machine
+ROUNDS = {"sqlite": 6, "postgres": 5}  # about 60-120 s each on a busy 2-core machine
 SUBMIT_EVERY = 0.5  # seconds between submissions
 # share of jobs that run 15-25 s: longer than node_down_timeout, so a node failure catches
 # them running, and they must be fenced there before they run elsewhere
@@ -300,6 +302,12 @@ class Chaos:
         time.sleep(pause)
         self.cluster.restart(d)
 
+    def ctl_restart(self) -> None:
+        d = self.pick_controller()
+        self.say(f"SIGTERM {d.name} and start it again")
+        d.kill(signal.SIGTERM)
+        self.cluster.restart(d)
+
     def ctl_stop(self) -> None:
         d = self.pick_controller()
         # sometimes longer than the clients' read timeout, so some submissions go unanswered
@@ -370,6 +378,7 @@ class Chaos:
     def faults(self) -> dict[str, Callable[[], None]]:
         out = {
             "ctl-kill": self.ctl_kill,
+            "ctl-restart": self.ctl_restart,
             "ctl-stop": self.ctl_stop,
             "agent-blip": self.agent_blip,
             "agent-down": self.agent_down,
@@ -425,7 +434,6 @@ def collect(cluster: Cluster, work: Workload, sampler: LeaseSampler) -> hist.His
                 partition=str(a["partition"]),
                 fence_term=int(a["fence_term"]),
                 created_at=float(a["created_at"]),
-                fenced=any((t.get("detail") or {}).get("fenced") for t in a.get("tasks", [])),
             )
             for a in full["attempts"]
         )
@@ -521,8 +529,8 @@ def run_chaos(chaos: Chaos, out: Path, seed: int, rounds: int, label: str) -> No
         f"\n{label}: seed {seed} (PHX_CHAOS_SEED={seed} PHX_CHAOS_ROUNDS={rounds} to replay); "
         f"{rounds} rounds {counts} in {t_faults:.0f}s; {len(work.subs)} submissions "
         f"({len(acked)} acknowledged, {unknown} unanswered), {s.jobs} jobs {s.by_state}, "
-        f"{s.runs} runs, {s.requeued_jobs} jobs ran more than once, {s.fenced_attempts} "
-        f"attempts fenced; {s.takes} lease takes, {s.term_writes} termed writes, "
+        f"{s.runs} runs, {s.requeued_jobs} jobs ran more than once, {s.stopped_runs} "
+        f"runs stopped before their end; {s.takes} lease takes, {s.term_writes} termed writes, "
         f"{len(h.samples)} lease samples "
         f"({sampler.failures} failed)",
         flush=True,

@@ -61,7 +61,7 @@ def good() -> History:
             "c-2",
             "COMPLETED",
             0,
-            (Attempt(21, 0, "batch", 1, 10.5, fenced=True), Attempt(22, 1, "batch", 2, 20.0)),
+            (Attempt(21, 0, "batch", 1, 10.5), Attempt(22, 1, "batch", 2, 20.0)),
         ),
     ]
     events = [
@@ -115,7 +115,7 @@ def test_a_good_history_passes() -> None:
     h = good()
     assert check(h) == []
     s = summarize(h)
-    assert (s.jobs, s.runs, s.requeued_jobs, s.fenced_attempts, s.takes) == (2, 3, 1, 1, 3)
+    assert (s.jobs, s.runs, s.requeued_jobs, s.stopped_runs, s.takes) == (2, 3, 1, 1, 3)
     assert s.term_writes == 7  # 3 attempts, 3 job.starting events, 1 node.down
 
 
