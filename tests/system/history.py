@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from phalanx.domain.states import TERMINAL
 
@@ -162,42 +162,26 @@ def parse_runs(job_id: int, text: str) -> list[Run]:
     belong to the latest execution of their attempt. A partial last line (the job was killed
     mid-write) is ignored.
     """
-    runs: list[dict[str, object]] = []
-    latest: dict[int, dict[str, object]] = {}
+    runs: list[Run] = []
+    latest: dict[int, int] = {}  # attempt id -> index in runs of its latest execution
     for line in text.splitlines():
         parts = line.split()
         try:
             if len(parts) == 4 and parts[0] == "start":
-                t = float(parts[3])
-                r: dict[str, object] = {
-                    "attempt": int(parts[1]),
-                    "node": parts[2],
-                    "start": t,
-                    "last": t,
-                    "finished": False,
-                }
-                runs.append(r)
-                latest[int(parts[1])] = r
+                attempt, t = int(parts[1]), float(parts[3])
+                latest[attempt] = len(runs)
+                runs.append(Run(job_id, attempt, parts[2], t, t, False))
             elif len(parts) == 3 and parts[0] in ("tick", "end"):
-                r2 = latest.get(int(parts[1]))
-                if r2 is None:
+                i = latest.get(int(parts[1]))
+                if i is None:
                     continue  # its start line was cut short
-                r2["last"] = max(float(parts[2]), float(r2["last"]))  # type: ignore[arg-type]
-                if parts[0] == "end":
-                    r2["finished"] = True
+                r = runs[i]
+                runs[i] = replace(
+                    r, last=max(r.last, float(parts[2])), finished=r.finished or parts[0] == "end"
+                )
         except ValueError:
             continue
-    return [
-        Run(
-            job_id=job_id,
-            attempt_id=int(r["attempt"]),  # type: ignore[call-overload]
-            node=str(r["node"]),
-            start=float(r["start"]),  # type: ignore[arg-type]
-            last=float(r["last"]),  # type: ignore[arg-type]
-            finished=bool(r["finished"]),
-        )
-        for r in runs
-    ]
+    return runs
 
 
 # ---------------------------------------------------------------------- checks

@@ -15,6 +15,8 @@ cluster is whole again, and lets the workload run on:
               are re-adopted and finish once;
 - agent-down: SIGKILL an agent and restart it only after its node was marked DOWN: its jobs
               self-fence, are requeued and run again elsewhere, never at the same time;
+- agent-freeze: SIGSTOP an agent until its node is DOWN, then SIGCONT it: its jobs fenced
+              themselves meanwhile, and what it reports on waking must not bring them back;
 - partition:  (SQLite, where network namespaces and iptables work) cut node01's network to
               the controllers with iptables DROP until its node is DOWN, then heal it.
 
@@ -73,7 +75,7 @@ Timing(**TIMING)  # the set must satisfy phalanx.config's timing rules
 
 CONTROLLERS = ("ctl-1", "ctl-2", "ctl-3")
 NODES = ("node01", "node02", "node03")
-ROUNDS = {"sqlite": 6, "postgres": 5}  # about 60-120 s each on a busy 2-core machine
+ROUNDS = {"sqlite": 7, "postgres": 5}  # about 60-120 s each on a busy 2-core machine
 SUBMIT_EVERY = 0.5  # seconds between submissions
 # share of jobs that run 15-25 s: longer than node_down_timeout, so a node failure catches
 # them running, and they must be fenced there before they run elsewhere
@@ -336,6 +338,16 @@ class Chaos:
         self.wait_down(node)
         self.cluster.restart(d, wait=False)
 
+    def agent_freeze(self) -> None:
+        node = self.exposed_node(NODES)
+        self.say(f"SIGSTOP agent {node} until its node is DOWN, then SIGCONT")
+        d = self.cluster.agent(node)
+        os.kill(d.pid, signal.SIGSTOP)
+        try:
+            self.wait_down(node)
+        finally:
+            os.kill(d.pid, signal.SIGCONT)
+
     def partition(self) -> None:
         assert self.lab is not None
         self.exposed_node(["node01"])
@@ -382,6 +394,7 @@ class Chaos:
             "ctl-stop": self.ctl_stop,
             "agent-blip": self.agent_blip,
             "agent-down": self.agent_down,
+            "agent-freeze": self.agent_freeze,
         }
         if self.lab is not None:
             out["partition"] = self.partition
