@@ -1,0 +1,167 @@
+"""The store's foundation: engines and configuration, migrations, and the helpers every
+transaction uses (events, fence checks, conditional job transitions, work wakeups).
+
+`Store` (store/store.py) is built on it, topic by topic (store/windows.py for maintenance).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, func, insert, select, text, update
+
+from phalanx.domain.policy import FailurePolicy
+from phalanx.domain.states import JobState, check_job_transition
+from phalanx.errors import Fenced
+from phalanx.store import schema as s
+from phalanx.store.engine import DEFAULT_OP_TIMEOUT, Engines
+from phalanx.store.notify import WORK_CHANNEL, encode_nodes
+from phalanx.store.sqlbits import Fence
+from phalanx.store.sqlbits import now as _now
+
+
+class StoreBase:
+    """Engines, settings and shared transaction helpers of `Store`."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        actor: str = "phalanx",
+        connect_timeout: float = 5.0,
+        policy: FailurePolicy | None = None,
+        op_timeout: float = DEFAULT_OP_TIMEOUT,
+    ) -> None:
+        # op_timeout: PostgreSQL round-trip deadline (timing.db_op_timeout; store/engine.py)
+        self.db = Engines(url, connect_timeout=connect_timeout, op_timeout=op_timeout)
+        self.actor = actor  # default actor/controller id stamped on events
+        self.dialect = self.db.dialect
+        self.policy = policy or FailurePolicy()
+        # seconds an elastic or spare job's surviving nodes stay reserved for its fast restart
+        # (timing.restart_reservation; the controller sets it from its configuration)
+        self.restart_reservation = 60.0
+
+    # ------------------------------------------------------------------ schema
+    def migrate(self) -> None:
+        """Bring the schema to the latest Alembic revision (safe to run from several controllers)."""
+        from alembic import command
+        from alembic.config import Config as AlembicConfig
+
+        cfg = AlembicConfig()
+        cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
+        with self.db.begin(unbounded=True) as conn:  # a migration may rewrite large tables
+            if self.dialect == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(7263501)"))
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+
+    def close(self) -> None:
+        self.db.dispose()
+
+    # ------------------------------------------------------------------ helpers
+    def _event(
+        self,
+        conn: Connection,
+        kind: str,
+        message: str,
+        *,
+        job_id: int | None = None,
+        node: str | None = None,
+        actor: str | None = None,
+        term: int | None = None,
+        data: dict[str, Any] | None = None,
+        ts: float | None = None,
+    ) -> None:
+        conn.execute(
+            insert(s.events).values(
+                ts=ts or _now(),
+                kind=kind,
+                job_id=job_id,
+                node=node,
+                actor=actor or self.actor,
+                controller=self.actor,
+                term=term,
+                message=message,
+                data=data,
+            )
+        )
+
+    def _events_many(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        base = {
+            "ts": _now(),
+            "job_id": None,
+            "node": None,
+            "actor": self.actor,
+            "controller": self.actor,
+            "term": None,
+            "data": None,
+        }
+        conn.execute(insert(s.events), [{**base, **r} for r in rows])
+
+    def _check_fence(self, conn: Connection, fence: Fence | None) -> None:
+        if fence is None:
+            return
+        q = select(s.leases.c.holder, s.leases.c.term).where(s.leases.c.name == fence.lease)
+        if self.dialect == "postgresql":
+            q = q.with_for_update()
+        row = conn.execute(q).first()
+        if row is None or row.holder != fence.holder or row.term != fence.term:
+            raise Fenced(
+                f"lease {fence.lease} term {fence.term} is no longer held by {fence.holder}",
+                lease=fence.lease,
+                term=fence.term,
+            )
+
+    def _set_job_state(
+        self,
+        conn: Connection,
+        job: dict[str, Any],
+        new: JobState,
+        reason: str | None,
+        *,
+        extra: dict[str, Any] | None = None,
+        actor: str | None = None,
+        term: int | None = None,
+        event_kind: str | None = None,
+        message: str | None = None,
+    ) -> bool:
+        """Conditional transition: only if the job is still in the state we read."""
+        old = JobState(job["state"])
+        check_job_transition(job["id"], old, new)
+        values: dict[str, Any] = {"state": new.value, "reason": reason, **(extra or {})}
+        if new.terminal and "end_time" not in values:
+            values["end_time"] = _now()
+        res = conn.execute(
+            update(s.jobs)
+            .where(s.jobs.c.id == job["id"], s.jobs.c.state == old.value)
+            .values(**values)
+        )
+        if res.rowcount != 1:
+            return False
+        self._event(
+            conn,
+            event_kind or f"job.{new.value.lower()}",
+            message or (f"{old.value} -> {new.value}" + (f": {reason}" if reason else "")),
+            job_id=job["id"],
+            actor=actor,
+            term=term,
+            data={"from": old.value, "to": new.value},
+        )
+        return True
+
+    def _bump_gen(self, conn: Connection, nodes: Iterable[str]) -> None:
+        """These nodes have new work. On PostgreSQL also NOTIFY the other controllers, in this
+        transaction, so the wakeup goes out when the change is committed (store/notify.py)."""
+        names = sorted(set(nodes))
+        if names:
+            conn.execute(
+                update(s.nodes)
+                .where(s.nodes.c.name.in_(names))
+                .values(work_gen=s.nodes.c.work_gen + 1)
+            )
+            if self.dialect == "postgresql":
+                conn.execute(select(func.pg_notify(WORK_CHANNEL, encode_nodes(names))))

@@ -1,0 +1,46 @@
+"""Small pieces the store's modules share: the fence proof, the clock, chunking, a task query."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Select, select
+
+from phalanx.domain.states import AttemptState
+from phalanx.store import schema as s
+
+# Every job column but the spec (script and environment can be kilobytes): lists, scheduling
+# snapshots and state transitions never need it, only `get_job` does.
+JOB_SUMMARY = [c for c in s.jobs.c if c.name != "spec"]
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Proof that a write is made by the current holder of a duty lease."""
+
+    lease: str
+    holder: str
+    term: int
+
+
+def now() -> float:
+    """The controller's clock for stamps (lease expiry uses the database's clock instead)."""
+    return time.time()
+
+
+def active_tasks(*cols: Any) -> Select[Any]:
+    """`cols` of the tasks whose attempt still holds its resources (not ENDED)."""
+    return (
+        select(*cols)
+        .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
+        .where(s.attempts.c.state != AttemptState.ENDED.value)
+    )
+
+
+def chunks(items: list[int], n: int) -> Iterable[list[int]]:
+    """`items` in lists of at most `n`: keeps IN (...) lists under the backends' limits."""
+    for i in range(0, len(items), n):
+        yield items[i : i + n]
