@@ -7,7 +7,6 @@ SQLite; divergence between the two is a bug we want to catch.
 
 from __future__ import annotations
 
-import os
 import sys
 import uuid
 from collections.abc import Iterator
@@ -24,11 +23,7 @@ for _path in (str(_TESTS_DIR), str(_SRC_DIR)):
         sys.path.insert(0, _path)
 
 from pgserver import PgServer, PostgresNotAvailable  # noqa: E402
-
-
-def _in_ci() -> bool:
-    """CI sets ``CI=true``; there a missing PostgreSQL must fail, not silently skip."""
-    return os.environ.get("CI", "").strip().lower() in {"true", "1", "yes"}
+from pgserver import in_ci as _in_ci  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -497,3 +497,8 @@ if __name__ == "__main__":
         print(_server.url, flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             signal.pause()
+
+
+def in_ci() -> bool:
+    """CI sets ``CI=true``; there a missing PostgreSQL must fail, not silently skip."""
+    return os.environ.get("CI", "").strip().lower() in {"true", "1", "yes"}

@@ -41,8 +41,8 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import _in_ci
 from pgcluster import PgNode, PostgresNotAvailable, start_reachable_server
+from pgserver import in_ci as _in_ci
 from phalanx.client import Client
 from phalanx.config import Timing
 from system import netns

@@ -42,8 +42,8 @@ import psycopg
 import pytest
 from sqlalchemy import text
 
-from conftest import _in_ci
 from pgcluster import PgCluster, PostgresNotAvailable
+from pgserver import in_ci as _in_ci
 from phalanx.client import Client
 from phalanx.config import Timing
 from phalanx.errors import ControllerUnavailable
