@@ -77,7 +77,6 @@ SETTINGS: dict[str, dict[str, float]] = {
     "tight": {
         "lease_ttl": 3.0,
         "renew_interval": 0.5,
-        "db_retry_timeout": 0.5,
         "heartbeat_interval": 0.5,
         "node_down_timeout": 6.0,
         "fence_timeout": 4.0,

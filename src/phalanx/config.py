@@ -64,9 +64,6 @@ class Timing(BaseModel):
         3.0, gt=0, le=3600, description="a duty lease expires this long after its last renewal"
     )
     renew_interval: float = Field(0.75, gt=0, le=600, description="how often a lease holder renews")
-    db_retry_timeout: float = Field(
-        1.0, gt=0, le=600, description="deadline for retrying one store operation"
-    )
     db_op_timeout: float = Field(
         2.0,
         ge=0.1,
@@ -160,10 +157,6 @@ class Timing(BaseModel):
             (
                 self.renew_interval * 3 <= self.lease_ttl,
                 "renew_interval * 3 <= lease_ttl",
-            ),
-            (
-                self.renew_interval + 2 * self.db_retry_timeout <= self.lease_ttl,
-                "renew_interval + 2 * db_retry_timeout <= lease_ttl",
             ),
             (
                 # a renewal stuck on a dead connection is cut with time left for one more try

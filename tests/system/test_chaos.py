@@ -62,7 +62,6 @@ pytestmark = pytest.mark.system
 TIMING: dict[str, float] = {
     "lease_ttl": 3.0,
     "renew_interval": 0.5,
-    "db_retry_timeout": 0.5,
     "heartbeat_interval": 0.5,
     "node_down_timeout": 6.0,
     # agents talking to a frozen controller fail over only after their heartbeat times out

@@ -66,7 +66,6 @@ pytestmark = [pytest.mark.system, pytest.mark.postgres]
 TIMING: dict[str, float] = {
     "lease_ttl": 3.0,
     "renew_interval": 0.5,
-    "db_retry_timeout": 0.5,
     "heartbeat_interval": 0.5,
     # fence_timeout well above the agents' failover time (a heartbeat to the cut-off
     # controller times out, the next goes to its peer) even on a loaded 2-core machine

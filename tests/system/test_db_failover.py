@@ -60,7 +60,6 @@ from system.test_ha import Stream, check_exactly_once, duties_held, first
 TIMING: dict[str, float] = {
     "lease_ttl": 3.0,
     "renew_interval": 0.5,
-    "db_retry_timeout": 0.5,
     "heartbeat_interval": 0.5,
     "node_down_timeout": 6.0,
     "fence_timeout": 4.0,

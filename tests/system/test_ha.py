@@ -52,7 +52,6 @@ pytestmark = pytest.mark.system
 TIMING: dict[str, float] = {
     "lease_ttl": 3.0,
     "renew_interval": 0.5,
-    "db_retry_timeout": 0.5,
     "heartbeat_interval": 0.5,
     "node_down_timeout": 6.0,
     # 2.5 s would pass the config rules, but an agent whose controller freezes fails over only

@@ -57,7 +57,6 @@ def test_fence_rule_holds_when_satisfied(tmp_path: Path) -> None:
             "heartbeat_interval = 3.0",
             "heartbeat_interval * 2 + max(0.5, heartbeat_interval) < fence_timeout",
         ),
-        ("db_retry_timeout = 3.0", "renew_interval + 2 * db_retry_timeout <= lease_ttl"),
         ("heartbeat_flush_interval = 5.0", "heartbeat_flush_interval < node_down_timeout / 2"),
     ],
 )
