@@ -279,6 +279,12 @@ class Api:
             raise RuntimeError(f"GET {path}: HTTP {r.status_code}: {r.text[:300]}")
         return r.json()
 
+    def job(self, jid: int) -> dict[str, Any]:
+        return dict(self.get(f"/v1/jobs/{jid}")["jobs"][0])
+
+    def events(self) -> list[dict[str, Any]]:
+        return all_events(lambda since: self.get("/v1/events", since=since, limit=10_000)["events"])
+
 
 def all_events(fetch: Callable[[int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Every event, paging with `fetch(since)` (which asks for at most 10,000)."""

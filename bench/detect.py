@@ -107,23 +107,10 @@ def cluster(nodes: int, timing: dict[str, float], keep: bool) -> Iterator[tuple[
         yield f"http://127.0.0.1:{port}", state, time.time()
 
 
-class Api(common.Api):
-    def __init__(self, url: str) -> None:
-        super().__init__(url, timeout=30.0)
-
-    def job(self, jid: int) -> dict[str, Any]:
-        return dict(self.get(f"/v1/jobs/{jid}")["jobs"][0])
-
-    def events(self) -> list[dict[str, Any]]:
-        return common.all_events(
-            lambda since: self.get("/v1/events", since=since, limit=10_000)["events"]
-        )
-
-
 def one_run(args: argparse.Namespace, setting: str, k: int) -> dict[str, Any]:
     timing = SETTINGS[setting]
     with cluster(args.nodes, timing, args.keep) as (url, state, _t_up):
-        api = Api(url)
+        api = common.Api(url, timeout=30.0)
         try:
             return measure(api, state, setting, k, args)
         except Exception:
@@ -136,7 +123,7 @@ def one_run(args: argparse.Namespace, setting: str, k: int) -> dict[str, Any]:
 
 
 def measure(
-    api: Api, state: Path, setting: str, k: int, args: argparse.Namespace
+    api: common.Api, state: Path, setting: str, k: int, args: argparse.Namespace
 ) -> dict[str, Any]:
     tm = api.get("/v1/cluster")["this_controller"]["timing"]
     common.check_timing(tm, SETTINGS[setting])

@@ -95,19 +95,6 @@ def cluster(keep: bool = False, nodes: int = NODES) -> Iterator[tuple[str, Path]
         yield f"http://127.0.0.1:{port}", state
 
 
-class Api(common.Api):
-    def __init__(self, url: str) -> None:
-        super().__init__(url, timeout=30.0)
-
-    def job(self, jid: int) -> dict[str, Any]:
-        return dict(self.get(f"/v1/jobs/{jid}")["jobs"][0])
-
-    def events(self) -> list[dict[str, Any]]:
-        return common.all_events(
-            lambda since: self.get("/v1/events", since=since, limit=10_000)["events"]
-        )
-
-
 def kill_node(state: Path, node: str) -> tuple[float, list[str], dict[str, str]]:
     """SIGKILL the node's agent, shepherds and job process groups.
 
@@ -166,7 +153,7 @@ def _started(state: Path, job: dict[str, Any]) -> bool:
 def one_run(mode: str, k: int, keep: bool = False, busy: float = 0.0) -> dict[str, Any]:
     """One cluster, one job in `mode`, one node killed; the measured times."""
     with cluster(keep, BUSY_NODES[mode] if busy else NODES) as (url, state):
-        api = Api(url)
+        api = common.Api(url, timeout=30.0)
         try:
             return _run(api, state, mode, k, busy)
         except Exception:
@@ -176,7 +163,7 @@ def one_run(mode: str, k: int, keep: bool = False, busy: float = 0.0) -> dict[st
             api.http.close()
 
 
-def _run(api: Api, state: Path, mode: str, k: int, busy: float) -> dict[str, Any]:
+def _run(api: common.Api, state: Path, mode: str, k: int, busy: float) -> dict[str, Any]:
     tm = api.get("/v1/cluster")["this_controller"]["timing"]
     common.check_timing(tm, TIMING)
     down_timeout = float(tm["node_down_timeout"])
