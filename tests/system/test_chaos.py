@@ -49,28 +49,15 @@ import httpx
 import pytest
 
 from phalanx.client import Client
-from phalanx.config import Timing
 from phalanx.errors import PhalanxError
 from system import history as hist
 from system import netns
 from system.conftest import CLUSTERS
 from system.harness import Cluster, Daemon, free_port, marked_processes, wait_for
 from system.netns import NetnsCluster, NetnsError, NetnsLab, NsDaemon
+from system.test_ha import TIMING  # fast takeovers; fencing slower than agents' failover
 
 pytestmark = pytest.mark.system
-
-TIMING: dict[str, float] = {
-    "lease_ttl": 3.0,
-    "renew_interval": 0.5,
-    "heartbeat_interval": 0.5,
-    "node_down_timeout": 6.0,
-    # agents talking to a frozen controller fail over only after their heartbeat times out
-    # (heartbeat_interval + 2 s) plus the next long-poll; see tests/system/test_ha.py
-    "fence_timeout": 4.0,
-    "fence_kill_grace": 0.5,
-    "fence_margin": 1.0,
-}
-Timing(**TIMING)  # the set must satisfy phalanx.config's timing rules
 
 CONTROLLERS = ("ctl-1", "ctl-2", "ctl-3")
 NODES = ("node01", "node02", "node03")

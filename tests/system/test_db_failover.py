@@ -45,7 +45,6 @@ from sqlalchemy import text
 from pgcluster import PgCluster, PostgresNotAvailable
 from pgserver import in_ci as _in_ci
 from phalanx.client import Client
-from phalanx.config import Timing
 from phalanx.errors import ControllerUnavailable
 from phalanx.store.engine import (
     Engines,
@@ -55,18 +54,7 @@ from phalanx.store.engine import (
     normalize_url,
 )
 from system.harness import Cluster, free_port, read_json, wait_for
-from system.test_ha import Stream, check_exactly_once, duties_held, first
-
-TIMING: dict[str, float] = {
-    "lease_ttl": 3.0,
-    "renew_interval": 0.5,
-    "heartbeat_interval": 0.5,
-    "node_down_timeout": 6.0,
-    "fence_timeout": 4.0,
-    "fence_kill_grace": 0.5,
-    "fence_margin": 1.0,
-}
-Timing(**TIMING)  # the set must satisfy phalanx.config's timing rules
+from system.test_ha import TIMING, Stream, check_exactly_once, duties_held, first
 
 CONTROLLERS = ("ctl-1", "ctl-2")
 NODES = 2
