@@ -280,10 +280,13 @@ class NetnsCluster(Cluster):
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start_controller(self, cid: str = "ctl-1", *, wait: bool = True) -> Daemon:
-        """Cluster.start_controller, in `ctl_ns` and listening on `host`."""
+    def start_controller(
+        self, cid: str = "ctl-1", *, wait: bool = True, port: int | None = None
+    ) -> Daemon:
+        """Cluster.start_controller, in `ctl_ns` and listening on `host` (at `port`, else the
+        cluster's: several controllers share the address on ports of their own)."""
         args = ["controller", "--state-dir", str(self.state_dir), "--host", self.host]
-        args += ["--port", str(self.port), "--id", cid]
+        args += ["--port", str(port or self.port), "--id", cid]
         if self.db:
             args += ["--db", self.db]
         log = self.logs / f"{cid}.log"
@@ -303,10 +306,12 @@ class NetnsCluster(Cluster):
         wait: bool = True,
         env: dict[str, str] | None = None,
         extra_args: Sequence[str] = (),
+        url: str | None = None,
     ) -> Daemon:
-        """Cluster.start_agent, in the node's namespace (`node_ns`, else the controller's)."""
+        """Cluster.start_agent, in the node's namespace (`node_ns`, else the controller's);
+        `url`: the controller list it is given (default: the cluster's one controller)."""
         args = ["agent", "--name", node, "--state-dir", str(self.agent_dir(node))]
-        args += ["--url", self.url, "--cpus", str(cpus), "--mem", mem, "--gpus", gpus]
+        args += ["--url", url or self.url, "--cpus", str(cpus), "--mem", mem, "--gpus", gpus]
         args += extra_args
         name = f"agent-{node}"
         ns = self.node_ns.get(node, self.ctl_ns)

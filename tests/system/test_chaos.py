@@ -54,7 +54,7 @@ from system import history as hist
 from system import netns
 from system.conftest import CLUSTERS
 from system.harness import Cluster, Daemon, free_port, marked_processes, wait_for
-from system.netns import NetnsCluster, NetnsError, NetnsLab, NsDaemon
+from system.netns import NetnsCluster, NetnsError, NetnsLab
 from system.test_ha import TIMING  # fast takeovers; fencing slower than agents' failover
 
 pytestmark = pytest.mark.system
@@ -608,49 +608,6 @@ def test_random_faults_keep_the_history_clean(
 
 
 # ---------------------------------------------------------------------- network namespaces
-@dataclass
-class ChaosNetnsCluster(NetnsCluster):
-    """NetnsCluster with several controllers, each on its own port of the same address."""
-
-    def start_controller(
-        self, cid: str = "ctl-1", *, wait: bool = True, port: int | None = None
-    ) -> Daemon:
-        args = ["controller", "--state-dir", str(self.state_dir), "--host", self.host]
-        args += ["--port", str(port or self.port), "--id", cid]
-        if self.db:
-            args += ["--db", self.db]
-        log = self.logs / f"{cid}.log"
-        d = NsDaemon(cid, "controller", args, log, self.env(), netns=self.ctl_ns).spawn()
-        self.daemons[cid] = d
-        if wait:
-            self.wait_controller(d)
-        return d
-
-    def start_agent(
-        self,
-        node: str,
-        *,
-        cpus: int = 4,
-        mem: str = "8G",
-        gpus: str = "",
-        wait: bool = True,
-        env: dict[str, str] | None = None,
-        extra_args: Any = (),
-        url: str | None = None,
-    ) -> Daemon:
-        args = ["agent", "--name", node, "--state-dir", str(self.agent_dir(node))]
-        args += ["--url", url or self.url, "--cpus", str(cpus), "--mem", mem, "--gpus", gpus]
-        args += list(extra_args)
-        name = f"agent-{node}"
-        ns = self.node_ns.get(node, self.ctl_ns)
-        log = self.logs / f"{name}.log"
-        d = NsDaemon(name, "agent", args, log, self.env(**(env or {})), netns=ns).spawn()
-        self.daemons[name] = d
-        if wait:
-            self.wait_agents([node])
-        return d
-
-
 @contextlib.contextmanager
 def partition_lab(
     request: pytest.FixtureRequest, tmp_path: Path
@@ -680,7 +637,7 @@ def partition_lab(
     problems: list[str] = []
     try:
         with lab.entered(ctl_ns):
-            cluster = ChaosNetnsCluster(
+            cluster = NetnsCluster(
                 tmp_path / "cluster", host=link.addr_a, ctl_ns=ctl_ns, node_ns={"node01": n1_ns}
             )
             request.node.stash[CLUSTERS].append(cluster)
