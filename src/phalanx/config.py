@@ -300,12 +300,126 @@ class RetryConfig(BaseModel):
         return self
 
 
+class AuthConfig(BaseModel):
+    """Who may call the API and as whom jobs run (docs/security.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key_file: str | None = Field(
+        None,
+        description="the cluster key (JWKS of HS256 keys; the first signs, all verify): "
+        "default <state-dir>/keys/cluster.jwks, created on first start",
+    )
+    credential_ttl: float = Field(
+        300.0,
+        ge=10,
+        le=86400,
+        description="seconds a local credential (minted by an agent or `phalanx authd` for "
+        "the Unix user on a local socket) stays valid",
+    )
+    clock_skew: float = Field(
+        30.0,
+        ge=0,
+        le=600,
+        description="seconds of clock difference between hosts tolerated when checking a "
+        "credential's expiry and not-before times",
+    )
+    token_max_lifetime: float = Field(
+        365 * 86400.0,
+        gt=0,
+        le=10 * 365 * 86400.0,
+        description="longest lifetime `phalanx token create` may give a bearer token",
+    )
+    admins: list[str] = Field(
+        default_factory=list, description="user names that are admins (root always is)"
+    )
+    operators: list[str] = Field(
+        default_factory=list, description="user names that are operators"
+    )
+    allow_root_jobs: bool = Field(False, description="accept jobs that would run as root")
+    private_data: bool = Field(
+        True,
+        description="others' jobs are listed without their command, environment, paths and "
+        "events (Slurm PrivateData=jobs); false shows everything to everyone",
+    )
+    jwks_file: str | None = Field(
+        None, description="public keys (JWKS) of the site's identity provider (RS256 tokens)"
+    )
+    idp_audience: str | None = Field(None, description="the 'aud' an IdP token must carry")
+    idp_issuer: str | None = Field(None, description="the 'iss' an IdP token must carry")
+    user_claim: str = Field("sub", description="the IdP token claim that names the user")
+    role_claim: str | None = Field(
+        None, description="an IdP token claim listing roles (admin, operator); none: user"
+    )
+    tls_cert: str | None = Field(None, description="controller: TLS certificate (PEM)")
+    tls_key: str | None = Field(None, description="controller: TLS private key (PEM)")
+
+    @model_validator(mode="after")
+    def _rules(self) -> AuthConfig:
+        if self.clock_skew >= self.credential_ttl:
+            raise ValueError(
+                f"clock_skew ({self.clock_skew:g}) must be less than credential_ttl "
+                f"({self.credential_ttl:g})"
+            )
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together: give both or neither")
+        if self.jwks_file is not None and not self.idp_audience:
+            raise ValueError("jwks_file needs idp_audience (the audience IdP tokens carry)")
+        return self
+
+
+class LimitsConfig(BaseModel):
+    """Per-user rate limits of each controller (token buckets; docs/security.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    api_rate: float = Field(
+        200.0, gt=0, le=1e6, description="API calls per second per user, sustained"
+    )
+    api_burst: float = Field(2000.0, ge=1, le=1e7, description="API calls per user in a burst")
+    submit_rate: float = Field(
+        200.0, gt=0, le=1e6, description="jobs submitted per second per user, sustained"
+    )
+    submit_burst: float = Field(
+        20000.0, ge=1, le=1e8, description="jobs per user in a burst (a batch counts each job)"
+    )
+    exempt_roles: list[str] = Field(
+        default_factory=lambda: ["admin"], description="roles never throttled (agents never are)"
+    )
+
+    @field_validator("exempt_roles")
+    @classmethod
+    def _roles(cls, roles: list[str]) -> list[str]:
+        bad = [r for r in roles if r not in ("admin", "operator", "user")]
+        if bad:
+            raise ValueError(f"unknown roles {bad}: use admin, operator or user")
+        return roles
+
+
+class IsolationConfig(BaseModel):
+    """What contains a job on its node (docs/isolation.md); sent to agents when they register."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pids_max: int = Field(
+        4096, ge=16, le=4_194_304, description="most processes and threads one job attempt may have"
+    )
+    require_cgroups: bool = Field(
+        True,
+        description="a node whose agent cannot put jobs in cgroups (memory, pids, cpu) runs "
+        "no jobs: it is drained with the reason",
+    )
+
+
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     timing: Timing = Field(default_factory=lambda: Timing())
     cluster: ClusterConfig = Field(default_factory=lambda: ClusterConfig())
     retry: RetryConfig = Field(default_factory=lambda: RetryConfig())
+    auth: AuthConfig = Field(default_factory=lambda: AuthConfig())
+    limits: LimitsConfig = Field(default_factory=lambda: LimitsConfig())
+    isolation: IsolationConfig = Field(default_factory=lambda: IsolationConfig())
 
     def failure_policy(self) -> FailurePolicy:
         return FailurePolicy(

@@ -442,7 +442,12 @@ def create_app(ctl: Controller) -> FastAPI:
     @app.post("/v1/agents/{node}/register")
     def register(node: str, body: RegisterIn) -> dict[str, Any]:
         ctl.register(node, body.model_dump())
-        return {"node": node, "timing": ctl.timing.model_dump(), "controller": ctl.cid}
+        return {
+            "node": node,
+            "timing": ctl.timing.model_dump(),
+            "isolation": ctl.config.isolation.model_dump(),
+            "controller": ctl.cid,
+        }
 
     @app.post("/v1/agents/{node}/heartbeat")
     async def heartbeat(node: str, body: HeartbeatIn) -> dict[str, Any]:
