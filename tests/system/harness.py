@@ -350,6 +350,10 @@ class Cluster:
             self._client = Client(self.url)
         return self._client
 
+    def client_as(self, user: str) -> Client:
+        """A client that acts as `user` (a normal user, not an admin); the caller closes it."""
+        return Client(self.url, user=user)
+
     # -------------------------------------------------------------- jobs
     def submit_script(self, tmp_path: Path, name: str, script: str, **extra: Any) -> int:
         """Submit a batch script with output in `tmp_path/<name>-<id>.out`; return its id."""
