@@ -102,6 +102,8 @@ def main() -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     os.environ["PHALANX_URL"] = url
+    # commands below get their credential from the local cluster's credential service
+    os.environ["PHALANX_AUTH_SOCKET"] = str(STATE.absolute() / "auth.sock")
     write_scripts()
     run(
         "up",

@@ -9,18 +9,26 @@ raised (phalanx.errors).
 
 from __future__ import annotations
 
-import getpass
 import os
 from collections.abc import Sequence
 from typing import Any
 
 import httpx
 
-from phalanx.errors import BY_CODE, ControllerUnavailable, PhalanxError, StoreUnavailable
+from phalanx.auth.credentials import CredentialSource, default_source
+from phalanx.errors import (
+    BY_CODE,
+    ControllerUnavailable,
+    PhalanxError,
+    RateLimited,
+    StoreUnavailable,
+    Unauthenticated,
+)
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=3.0)
 ENV_URL = "PHALANX_URL"
 DEFAULT_URL = "http://127.0.0.1:6817"
+ENV_CA = "PHALANX_CA_FILE"
 
 
 def urls_from(value: str | Sequence[str] | None) -> list[str]:
@@ -41,15 +49,20 @@ class Client:
         self,
         urls: str | Sequence[str] | None = None,
         *,
-        user: str | None = None,
+        token: str | None = None,
+        credentials: CredentialSource | None = None,
         timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
         transport: httpx.BaseTransport | None = None,
+        verify: str | bool = True,
     ) -> None:
+        """`token` or `credentials` say who the client is (default: `default_source()`:
+        $PHALANX_TOKEN, a token file, or this host's local credential service). `verify` is
+        a CA file for https controllers (default: $PHALANX_CA_FILE, else the system's CAs)."""
         self.urls = urls_from(urls)
-        self.user = user or _whoami()
-        self._http = httpx.Client(
-            timeout=timeout, transport=transport, headers={"X-Phalanx-User": self.user}
-        )
+        self.credentials = credentials or default_source(token)
+        if verify is True and os.environ.get(ENV_CA):
+            verify = os.environ[ENV_CA]
+        self._http = httpx.Client(timeout=timeout, transport=transport, verify=verify)
         self._current = 0
 
     def close(self) -> None:
@@ -63,11 +76,30 @@ class Client:
 
     # ------------------------------------------------------------------ transport
     def request(self, method: str, path: str, *, idempotent: bool | None = None, **kw: Any) -> Any:
+        """Send with this client's credential; a local credential the controller found expired
+        (clocks apart) is replaced once and the call repeated (a 401 changed nothing)."""
+        try:
+            return self._send(method, path, idempotent=idempotent, **kw)
+        except Unauthenticated as e:
+            if e.details.get("reason") != "expired":
+                raise
+            self.credentials.invalidate()
+            try:
+                return self._send(method, path, idempotent=idempotent, **kw)
+            except Unauthenticated as again:
+                raise Unauthenticated(
+                    f"{again.message}; {self.credentials.renew_hint}", **again.details
+                ) from None
+
+    def _send(self, method: str, path: str, *, idempotent: bool | None = None, **kw: Any) -> Any:
         """Send to the current controller, failing over on connection errors and 503s.
 
         `idempotent` (default: GET only) also allows failing over after a request was sent
         but not answered, which is safe for level-triggered calls such as heartbeats.
         """
+        token = self.credentials.token()
+        if token is not None:
+            kw["headers"] = {**(kw.get("headers") or {}), "Authorization": f"Bearer {token}"}
         if idempotent is None:
             idempotent = method == "GET"
         errors: list[str] = []
@@ -105,7 +137,12 @@ class Client:
                 continue
             self._current = idx
             if resp.status_code >= 400:
-                raise _to_error(resp)
+                err = _to_error(resp)
+                if isinstance(err, Unauthenticated) and token is None:
+                    err = Unauthenticated(self.credentials.problem or err.message, **err.details)
+                if isinstance(err, RateLimited):
+                    err.details.setdefault("retry_after", resp.headers.get("Retry-After"))
+                raise err
             return resp.json()
         raise ControllerUnavailable(
             "no controller answered: " + "; ".join(errors),
@@ -227,10 +264,3 @@ def _to_error(resp: httpx.Response) -> PhalanxError:
     except Exception:
         err = PhalanxError(f"HTTP {resp.status_code}: {resp.text[:200]}")
     return err
-
-
-def _whoami() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:
-        return str(os.getuid())

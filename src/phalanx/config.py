@@ -333,9 +333,7 @@ class AuthConfig(BaseModel):
     admins: list[str] = Field(
         default_factory=list, description="user names that are admins (root always is)"
     )
-    operators: list[str] = Field(
-        default_factory=list, description="user names that are operators"
-    )
+    operators: list[str] = Field(default_factory=list, description="user names that are operators")
     allow_root_jobs: bool = Field(False, description="accept jobs that would run as root")
     private_data: bool = Field(
         True,
@@ -458,6 +456,11 @@ def load_config(
                 raise ConfigError(f"PHALANX_TIMING_{key.upper()}={env!r} is not a number") from None
     if timing:
         data["timing"] = timing
+    root_jobs = os.environ.get("PHALANX_AUTH_ALLOW_ROOT_JOBS")
+    if root_jobs is not None:  # `phalanx up` run by root: its owner may run jobs as root
+        if root_jobs not in ("0", "1"):
+            raise ConfigError(f"PHALANX_AUTH_ALLOW_ROOT_JOBS={root_jobs!r} must be 0 or 1")
+        data.setdefault("auth", {})["allow_root_jobs"] = root_jobs == "1"
     for key, value in (overrides or {}).items():
         data.setdefault(key, {}).update(value)
     try:

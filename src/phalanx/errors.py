@@ -4,6 +4,9 @@
     ├── InvalidSpec                   invalid_spec     422   a job spec or request field is wrong
     ├── Unsatisfiable                 unsatisfiable    422   no node/partition could ever run it
     ├── NotFound                      not_found        404
+    ├── Unauthenticated               unauthenticated  401   no, or a bad, credential (says which)
+    ├── Forbidden                     forbidden        403   the caller may not do this (names the rule)
+    ├── RateLimited                   rate_limited     429   too many calls; Retry-After says when
     ├── InvalidTransition             invalid_state    409   illegal lifecycle edge
     ├── Conflict                      conflict         409
     ├── StoreUnavailable              store_unavailable 503  the database cannot be reached
@@ -51,6 +54,27 @@ class Unsatisfiable(PhalanxError):
 class NotFound(PhalanxError):
     code = "not_found"
     http_status = 404
+
+
+class Unauthenticated(PhalanxError):
+    """Missing, malformed, forged, expired or otherwise unacceptable credential."""
+
+    code = "unauthenticated"
+    http_status = 401
+
+
+class Forbidden(PhalanxError):
+    """A verified caller asked for something its role or ownership does not allow."""
+
+    code = "forbidden"
+    http_status = 403
+
+
+class RateLimited(PhalanxError):
+    """The caller's rate limit is spent; `retry_after` (seconds) says when to come back."""
+
+    code = "rate_limited"
+    http_status = 429
 
 
 class InvalidTransition(PhalanxError):
@@ -102,6 +126,9 @@ BY_CODE: dict[str, type[PhalanxError]] = {
         InvalidSpec,
         Unsatisfiable,
         NotFound,
+        Unauthenticated,
+        Forbidden,
+        RateLimited,
         InvalidTransition,
         Conflict,
         StoreUnavailable,

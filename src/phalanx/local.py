@@ -20,6 +20,8 @@ from pathlib import Path
 import httpx
 
 from phalanx.agent import shepherd
+from phalanx.auth.credentials import LocalService
+from phalanx.client import Client
 from phalanx.errors import PhalanxError
 
 READY_TIMEOUT = 60.0
@@ -101,7 +103,9 @@ class LocalCluster:
         config: Path | None,
         health_config: Path | None = None,
         log_level: str = "info",
+        root_jobs: bool = True,
     ) -> None:
+        self.root_jobs = root_jobs
         self.health_config = health_config.absolute() if health_config else None
         self.state_dir = state_dir.absolute()
         self.n_nodes = nodes
@@ -114,6 +118,8 @@ class LocalCluster:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.urls = [f"http://127.0.0.1:{port + i}" for i in range(controllers)]
         self.url = ",".join(self.urls)
+        # where users of this cluster get local credentials (`phalanx up` prints it)
+        self.auth_socket = self.state_dir / "auth.sock"
 
     def node_names(self) -> list[str]:
         width = max(2, len(str(self.n_nodes)))
@@ -127,6 +133,7 @@ class LocalCluster:
         logs.mkdir(parents=True, exist_ok=True)
         log = open(logs / f"{name}.log", "ab")  # noqa: SIM115 (owned by the child)
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env["PHALANX_AUTH_ALLOW_ROOT_JOBS"] = "1" if self.root_jobs else "0"
         if self.config:
             env["PHALANX_CONFIG"] = str(self.config.absolute())
         proc = subprocess.Popen(
@@ -193,6 +200,20 @@ class LocalCluster:
                 lambda url=url: httpx.get(url + "/healthz", timeout=2).status_code == 200,
             )
         health = self.health_config or self._local_health_config()
+        # one host: agents and authd derive their keys from the controllers' cluster key
+        key = str(self.state_dir / "keys" / "cluster.jwks")
+        self._spawn(
+            "authd",
+            [
+                "authd",
+                "--key-file",
+                key,
+                "--socket",
+                str(self.auth_socket),
+                "--log-level",
+                self.log_level,
+            ],
+        )
         for node in self.node_names():
             name = f"agent-{node}"
             self._spawn(
@@ -215,16 +236,28 @@ class LocalCluster:
                     self.log_level,
                     "--health-config",
                     str(health),
+                    "--key-file",
+                    key,
+                    "--auth-socket",
+                    str(self.state_dir / "nodes" / node / "auth.sock"),
                 ],
             )
         want = set(self.node_names())
 
+        client = Client(self.url, credentials=LocalService(self.auth_socket))
+
         def registered() -> bool:
-            r = httpx.get(self.urls[0] + "/v1/nodes", timeout=5)
-            got = {n["name"] for n in r.json()["nodes"] if n["state"] not in ("UNKNOWN", "DOWN")}
+            try:
+                nodes = client.nodes()
+            except PhalanxError:
+                return False
+            got = {n["name"] for n in nodes if n["state"] not in ("UNKNOWN", "DOWN")}
             return want <= got
 
-        self._wait("agents", registered)
+        try:
+            self._wait("agents", registered)
+        finally:
+            client.close()
 
     def _local_health_config(self) -> Path:
         """Local nodes share one host: the host-wide checks (kernel log, disks) would drain all

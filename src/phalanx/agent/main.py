@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import sys
@@ -14,7 +15,9 @@ from typing import Any
 from phalanx.agent.agent import Agent
 from phalanx.agent.health import build_monitor
 from phalanx.agent.resources import detect, parse_gpu_override
+from phalanx.auth import localsock, service
 from phalanx.client import Client
+from phalanx.config import load_config
 from phalanx.controller.server import StartupError, check_state_dir, setup_logging
 from phalanx.domain.values import parse_memory_mb
 from phalanx.errors import PhalanxError
@@ -46,6 +49,8 @@ def run_agent(
     features: str,
     health_config: Path | None = None,
     log_level: str = "info",
+    key_file: Path | None = None,
+    auth_socket: Path | None = None,
 ) -> int:
     name = name or socket.gethostname().split(".")[0]
     setup_logging(log_level, f"agent[{name}]")
@@ -71,7 +76,18 @@ def run_agent(
             monitor = build_monitor(load_health_config(health_config))
         except ValueError as e:
             raise StartupError(f"health config {health_config}: {e}") from None
-        client = Client(url, user=f"agent:{name}")
+        config = load_config()
+        keys = service.host_keys(service.key_file(key_file, service.DEFAULT_NODE_KEY), "node", name)
+        cluster, ttl = config.cluster.name, config.auth.credential_ttl
+        client = Client(url, credentials=service.agent_source(keys, name, cluster, ttl))
+        sock = auth_socket or Path(os.environ.get(localsock.ENV_SOCKET) or localsock.DEFAULT_SOCKET)
+        try:
+            creds = service.serve_local(keys, cluster, ttl, sock)
+        except OSError as e:
+            raise StartupError(
+                f"cannot serve local credentials on {sock}: {e.strerror or e} "
+                "(choose another path with --auth-socket)"
+            ) from None
     except (StartupError, PhalanxError) as e:
         print(f"phalanx agent: {e}", file=sys.stderr)
         return 2
@@ -86,6 +102,7 @@ def run_agent(
         "agent %s starting (state dir %s; jobs keep running if the agent stops)", name, state_dir
     )
     agent.run()
+    creds.close()
     client.close()
     log.info("agent %s stopped", name)
     return 0

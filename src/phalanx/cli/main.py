@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from phalanx.cli import maint, render
+from phalanx.cli import auth, maint, render
 from phalanx.client import Client
 from phalanx.errors import PhalanxError
 
@@ -113,6 +113,18 @@ def agent(
         None, "--health-config", help="TOML file with a [health] table (default: built-in checks)"
     ),
     log_level: str = typer.Option("info", "--log-level"),
+    key_file: Path | None = typer.Option(
+        None,
+        "--key-file",
+        help="this node's key (phalanx keys derive), or the cluster key on a single host "
+        "(default: $PHALANX_KEY_FILE, else /etc/phalanx/node.jwks)",
+    ),
+    auth_socket: Path | None = typer.Option(
+        None,
+        "--auth-socket",
+        help="where local users get credentials (default: $PHALANX_AUTH_SOCKET, else "
+        "/run/phalanx/auth.sock)",
+    ),
 ) -> None:
     """Run a node agent (registers the node, runs its jobs through shepherds)."""
     from phalanx.agent.main import run_agent
@@ -128,6 +140,8 @@ def agent(
             gpus=gpus,
             features=features,
             log_level=log_level,
+            key_file=key_file,
+            auth_socket=auth_socket,
         )
     )
 
@@ -151,6 +165,12 @@ def up(
         None, "--health-config", help="agents' health checks (default: GPU and memory only)"
     ),
     detach: bool = typer.Option(False, "--detach", help="return once the cluster is ready"),
+    root_jobs: bool = typer.Option(
+        True,
+        "--root-jobs/--no-root-jobs",
+        help="accept jobs submitted by root (the local cluster's owner); other users' jobs "
+        "run as those users",
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Start a local cluster: controllers and agents on this host."""
@@ -167,6 +187,7 @@ def up(
         gpus=gpus,
         config=config,
         health_config=health_config,
+        root_jobs=root_jobs,
     )
     try:
         cluster.start()
@@ -174,12 +195,23 @@ def up(
         cluster.stop(quiet=True)
         _fail(e.message)
     if as_json:
-        _emit({"url": cluster.url, "pids": cluster.pids(), "state_dir": str(state_dir.absolute())})
+        _emit(
+            {
+                "url": cluster.url,
+                "auth_socket": str(cluster.auth_socket),
+                "pids": cluster.pids(),
+                "state_dir": str(state_dir.absolute()),
+            }
+        )
     else:
         console.print(
             f"Phalanx cluster up: {controllers} controller(s), {nodes} node(s), state in {state_dir}"
         )
-        console.print(f"export PHALANX_URL={cluster.url}", highlight=False, soft_wrap=True)
+        console.print(
+            f"export PHALANX_URL={cluster.url} PHALANX_AUTH_SOCKET={cluster.auth_socket}",
+            highlight=False,
+            soft_wrap=True,
+        )
     if detach:
         return
     console.print("Running in the foreground; Ctrl-C stops the cluster.")
@@ -449,6 +481,10 @@ def cluster(url: str | None = UrlOpt, as_json: bool = JsonOpt) -> None:
 
 
 app.add_typer(maint.app, name="maint")
+app.add_typer(auth.token_app, name="token")
+app.add_typer(auth.keys_app, name="keys")
+app.command("whoami")(auth.whoami)
+app.command("authd")(auth.authd)
 
 
 def main() -> None:

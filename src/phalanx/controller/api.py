@@ -11,15 +11,18 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI, Header, Query, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from phalanx import __version__
-from phalanx.controller import maint_api
+from phalanx.auth.keys import KeySet
+from phalanx.auth.tokens import Identity, Verifier, mint_token
+from phalanx.controller import access, maint_api
 from phalanx.controller.launch import default_output, expand_pattern
 from phalanx.controller.runtime import Controller
 from phalanx.domain import checkpointing
@@ -27,7 +30,7 @@ from phalanx.domain.hostlist import compress_hostlist
 from phalanx.domain.spec import JobSpec
 from phalanx.domain.states import node_display_state
 from phalanx.domain.values import format_duration
-from phalanx.errors import InvalidSpec, NotFound, PhalanxError
+from phalanx.errors import Forbidden, InvalidSpec, NotFound, PhalanxError
 from phalanx.store.store import TaskReport
 
 MAX_BATCH = 10_000
@@ -40,6 +43,12 @@ class BatchIn(BaseModel):
 class RefsIn(BaseModel):
     jobs: list[str] = Field(min_length=1, max_length=MAX_BATCH)
     reason: str | None = None
+
+
+class TokenIn(BaseModel):
+    user: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.@-]+$")
+    role: str = Field(default="user", pattern="^(admin|operator|user)$")
+    lifetime_s: float = Field(default=30 * 86400.0, gt=0)
 
 
 class DrainIn(BaseModel):
@@ -223,10 +232,74 @@ def node_view(n: dict[str, Any]) -> dict[str, Any]:
 
 
 def _error(e: PhalanxError) -> JSONResponse:
-    return JSONResponse({"error": e.to_body()}, status_code=e.http_status)
+    headers = {}
+    if e.details.get("retry_after") is not None:
+        headers["Retry-After"] = str(e.details["retry_after"])
+    if e.http_status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse({"error": e.to_body()}, status_code=e.http_status, headers=headers)
 
 
-def create_app(ctl: Controller) -> FastAPI:
+# fields of a job body that would name someone else: a job always runs as its submitter
+_IDENTITY_FIELDS = ("user", "uid", "gid", "group", "uid_name")
+
+
+def verifier_for(ctl: Controller, keys: KeySet) -> Verifier:
+    auth = ctl.config.auth
+    from pathlib import Path
+
+    return Verifier(
+        keys,
+        cluster=ctl.config.cluster.name,
+        clock_skew=auth.clock_skew,
+        admins=auth.admins,
+        operators=auth.operators,
+        idp_jwks=Path(auth.jwks_file) if auth.jwks_file else None,
+        idp_audience=auth.idp_audience,
+        idp_issuer=auth.idp_issuer,
+        user_claim=auth.user_claim,
+        role_claim=auth.role_claim,
+    )
+
+
+def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
+    """The API of one controller; `keys` (the cluster key set) verifies credentials."""
+    verifier = verifier_for(ctl, keys)
+    limits = ctl.config.limits
+    api_buckets = access.TokenBuckets(limits.api_rate, limits.api_burst)
+    submit_buckets = access.TokenBuckets(limits.submit_rate, limits.submit_burst)
+    bearer_scheme = HTTPBearer(auto_error=False, description="a Phalanx credential (JWT)")
+
+    async def authorize(
+        request: Request,
+        cred: HTTPAuthorizationCredentials | None = Depends(bearer_scheme),
+    ) -> None:
+        """Every route: verify the caller, apply the route's rule, count the call."""
+        route = request.scope.get("route")
+        key = (request.method, getattr(route, "path", ""))
+        rule = access.RULES.get(key)
+        if rule is not None and rule.level == access.PUBLIC:
+            return
+        header = request.headers.get("authorization")
+        ident = access.authenticate(verifier, header) if header else None
+        access.decide(rule, ident, dict(request.path_params))
+        assert ident is not None
+        access.throttle(api_buckets, ident, limits.exempt_roles, 1, "API call")
+        request.state.identity = ident
+
+    def caller(request: Request) -> Identity:
+        ident: Identity = request.state.identity
+        return ident
+
+    def submitter(ident: Identity, n: int) -> str:
+        if ident.user == "root" and not ctl.config.auth.allow_root_jobs:
+            raise Forbidden(
+                "jobs would run as root, which this cluster does not allow "
+                "(auth.allow_root_jobs = false): submit as a normal user"
+            )
+        access.throttle(submit_buckets, ident, limits.exempt_roles, n, "job submission")
+        return ident.user
+
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         # long-polls are woken from the controller's threads through this loop
@@ -239,6 +312,7 @@ def create_app(ctl: Controller) -> FastAPI:
         openapi_url="/v1/openapi.json",
         docs_url="/v1/docs",
         lifespan=lifespan,
+        dependencies=[Depends(authorize)],
     )
 
     @app.exception_handler(PhalanxError)
@@ -247,6 +321,16 @@ def create_app(ctl: Controller) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_req: Request, e: RequestValidationError) -> JSONResponse:
+        for err in e.errors():
+            loc = err.get("loc") or ()
+            if err.get("type") == "extra_forbidden" and loc and loc[-1] in _IDENTITY_FIELDS:
+                return _error(
+                    Forbidden(
+                        f"a job runs as the user who submits it; the field {loc[-1]!r} cannot "
+                        "name another user or id",
+                        field=str(loc[-1]),
+                    )
+                )
         msgs = []
         for err in e.errors():
             loc = [str(x) for x in err["loc"] if x not in ("body",)]
@@ -254,9 +338,6 @@ def create_app(ctl: Controller) -> FastAPI:
         first = e.errors()[0] if e.errors() else {}
         loc = [str(x) for x in first.get("loc", ()) if x != "body"]
         return _error(InvalidSpec("; ".join(msgs), field=".".join(loc)))
-
-    def user_of(x_phalanx_user: str | None) -> str:
-        return (x_phalanx_user or "unknown")[:128]
 
     # ---------------------------------------------------------------- health
     @app.get("/healthz")
@@ -287,15 +368,13 @@ def create_app(ctl: Controller) -> FastAPI:
 
     # ---------------------------------------------------------------- jobs
     @app.post("/v1/jobs", status_code=201)
-    def submit(spec: JobSpec, x_phalanx_user: str | None = Header(default=None)) -> dict[str, Any]:
-        ids = ctl.submit([spec], user_of(x_phalanx_user))[0]
+    def submit(spec: JobSpec, ident: Identity = Depends(caller)) -> dict[str, Any]:
+        ids = ctl.submit([spec], submitter(ident, 1))[0]
         return {"job_id": ids[0], "job_ids": ids, "array": bool(spec.array)}
 
     @app.post("/v1/jobs/batch", status_code=201)
-    def submit_batch(
-        body: BatchIn, x_phalanx_user: str | None = Header(default=None)
-    ) -> dict[str, Any]:
-        ids = ctl.submit(body.jobs, user_of(x_phalanx_user))
+    def submit_batch(body: BatchIn, ident: Identity = Depends(caller)) -> dict[str, Any]:
+        ids = ctl.submit(body.jobs, submitter(ident, len(body.jobs)))
         return {"jobs": [{"job_id": i[0], "job_ids": i} for i in ids]}
 
     @app.get("/v1/jobs")
@@ -331,12 +410,25 @@ def create_app(ctl: Controller) -> FastAPI:
             raise NotFound(f"job {ref} does not exist", job=ref)
         return ids
 
+    def private(ident: Identity, row: dict[str, Any]) -> bool:
+        """Whether `ident` sees only the public part of this job (auth.private_data)."""
+        return (
+            ctl.config.auth.private_data
+            and row["user"] != ident.user
+            and not access.may_see_all(ident)
+        )
+
     @app.get("/v1/jobs/{ref}")
-    def show_job(ref: str) -> dict[str, Any]:
+    def show_job(ref: str, ident: Identity = Depends(caller)) -> dict[str, Any]:
         ids = _one(ref)
         out = []
         for jid in ids:
             row = ctl.store.get_job(jid)
+            if private(ident, row):
+                view = job_view(row, detail=True)
+                view["attempts"] = ctl.store.attempts_of(jid)
+                out.append(access.redact(view))
+                continue
             view = job_view(row, detail=True)
             view["attempts"] = ctl.store.attempts_of(jid)
             view.update(allocation_view(view["attempts"], time.time()))
@@ -353,32 +445,40 @@ def create_app(ctl: Controller) -> FastAPI:
             out.append(view)
         return {"jobs": out}
 
-    def _bulk(refs: list[str], fn: Any, *args: Any) -> dict[str, Any]:
+    def _bulk(refs: list[str], ident: Identity, what: str, fn: Any, *args: Any) -> dict[str, Any]:
         ids = ctl.store.resolve_refs(refs)
         if not ids:
             raise NotFound(f"no such job: {', '.join(refs)}", jobs=refs)
+        access.check_owner(ident, [job_view(r) for r in ctl.store.list_jobs(ids=ids)], what)
         result = fn(ids, *args)
         ctl.kick()
         return {"results": {str(k): v for k, v in result.items()}}
 
     @app.post("/v1/jobs/cancel")
-    def cancel(body: RefsIn, x_phalanx_user: str | None = Header(default=None)) -> dict[str, Any]:
+    def cancel(body: RefsIn, ident: Identity = Depends(caller)) -> dict[str, Any]:
         return _bulk(
-            body.jobs, ctl.store.cancel, user_of(x_phalanx_user), body.reason or "cancelled"
+            body.jobs, ident, "cancel", ctl.store.cancel, ident.actor, body.reason or "cancelled"
         )
 
     @app.post("/v1/jobs/hold")
-    def hold(body: RefsIn, x_phalanx_user: str | None = Header(default=None)) -> dict[str, Any]:
-        return _bulk(body.jobs, ctl.store.hold, user_of(x_phalanx_user))
+    def hold(body: RefsIn, ident: Identity = Depends(caller)) -> dict[str, Any]:
+        return _bulk(body.jobs, ident, "hold", ctl.store.hold, ident.actor)
 
     @app.post("/v1/jobs/release")
-    def release(body: RefsIn, x_phalanx_user: str | None = Header(default=None)) -> dict[str, Any]:
-        return _bulk(body.jobs, ctl.store.release, user_of(x_phalanx_user))
+    def release(body: RefsIn, ident: Identity = Depends(caller)) -> dict[str, Any]:
+        return _bulk(body.jobs, ident, "release", ctl.store.release, ident.actor)
 
     @app.get("/v1/jobs/{ref}/events")
-    def job_events(ref: str) -> dict[str, Any]:
+    def job_events(ref: str, ident: Identity = Depends(caller)) -> dict[str, Any]:
         out = []
         for jid in _one(ref):
+            row = ctl.store.get_job(jid)
+            if private(ident, row):
+                raise Forbidden(
+                    f"the events of job {jid} are private to {row['user']} (auth.private_data)",
+                    job=str(jid),
+                    owner=row["user"],
+                )
             out.extend(ctl.store.events(job_id=jid))
         out.sort(key=lambda e: e["id"])
         return {"events": out}
@@ -400,18 +500,16 @@ def create_app(ctl: Controller) -> FastAPI:
         return view
 
     @app.post("/v1/nodes/{name}/drain")
-    def drain(
-        name: str, body: DrainIn, x_phalanx_user: str | None = Header(default=None)
-    ) -> dict[str, Any]:
-        requeued = ctl.store.drain(name, body.reason, user_of(x_phalanx_user), now=body.now)
+    def drain(name: str, body: DrainIn, ident: Identity = Depends(caller)) -> dict[str, Any]:
+        requeued = ctl.store.drain(name, body.reason, ident.actor, now=body.now)
         if requeued:
             ctl.waiters.notify([name])
         ctl.kick()
         return {**node_view(ctl.store.get_node(name)), "requeued": requeued}
 
     @app.post("/v1/nodes/{name}/resume")
-    def resume(name: str, x_phalanx_user: str | None = Header(default=None)) -> dict[str, Any]:
-        ctl.store.resume(name, user_of(x_phalanx_user))
+    def resume(name: str, ident: Identity = Depends(caller)) -> dict[str, Any]:
+        ctl.store.resume(name, ident.actor)
         ctl.kick()
         return node_view(ctl.store.get_node(name))
 
@@ -437,6 +535,38 @@ def create_app(ctl: Controller) -> FastAPI:
         since: int = 0, limit: int = Query(default=1000, ge=1, le=10_000), node: str | None = None
     ) -> dict[str, Any]:
         return {"events": ctl.store.events(since_id=since, limit=limit, node=node)}
+
+    # ---------------------------------------------------------------- identity
+    @app.get("/v1/whoami")
+    def whoami(ident: Identity = Depends(caller)) -> dict[str, Any]:
+        return {"user": ident.user, "role": ident.role, "kind": ident.kind, "uid": ident.uid}
+
+    @app.post("/v1/tokens", status_code=201)
+    def create_token(body: TokenIn, ident: Identity = Depends(caller)) -> dict[str, Any]:
+        """A bearer token for `user` (admin only). The token is in the reply and nowhere
+        else: not in events, not in logs."""
+        most = ctl.config.auth.token_max_lifetime
+        if body.lifetime_s > most:
+            raise InvalidSpec(
+                f"lifetime_s: {body.lifetime_s:g} s is longer than this cluster allows "
+                f"({most:g} s, auth.token_max_lifetime)",
+                field="lifetime_s",
+            )
+        token = mint_token(
+            keys,
+            user=body.user,
+            role=body.role,
+            cluster=ctl.config.cluster.name,
+            lifetime=body.lifetime_s,
+        )
+        expires = time.time() + body.lifetime_s
+        ctl.store.record_event(
+            "auth.token",
+            f"{ident.actor} created a {body.role} token for {body.user} valid for "
+            f"{format_duration(int(body.lifetime_s))}",
+            actor=ident.actor,
+        )
+        return {"token": token, "user": body.user, "role": body.role, "expires_at": expires}
 
     # ---------------------------------------------------------------- agents
     @app.post("/v1/agents/{node}/register")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
 from phalanx.domain import maintenance as rules
@@ -72,18 +72,15 @@ def router(ctl: Any) -> APIRouter:
     """The endpoints, bound to a controller (`runtime.Controller`)."""
     r = APIRouter()
 
-    def user_of(x_phalanx_user: str | None) -> str:
-        return (x_phalanx_user or "unknown")[:128]
-
     @r.post("/v1/maintenance", status_code=201)
-    def add_maintenance(
-        body: MaintenanceIn, x_phalanx_user: str | None = Header(default=None)
-    ) -> dict[str, Any]:
+    def add_maintenance(body: MaintenanceIn, request: Request) -> dict[str, Any]:
         try:
             start, end = rules.resolve_times(body.start, body.duration, body.end, time.time())
         except ValueError as e:
             raise InvalidSpec(str(e), field="start") from None
-        row = ctl.store.add_window(body.nodes, start, end, body.reason, user_of(x_phalanx_user))
+        row = ctl.store.add_window(
+            body.nodes, start, end, body.reason, request.state.identity.actor
+        )
         ctl.kick()  # pending jobs may have to avoid the nodes from now on
         warnings = []
         lead = float(ctl.timing.maint_lead)
@@ -103,10 +100,8 @@ def router(ctl: Any) -> APIRouter:
         return {"window": window_view(ctl.store.get_window(wid))}
 
     @r.delete("/v1/maintenance/{wid}")
-    def remove_maintenance(
-        wid: int, x_phalanx_user: str | None = Header(default=None)
-    ) -> dict[str, Any]:
-        row = ctl.store.remove_window(wid, user_of(x_phalanx_user))
+    def remove_maintenance(wid: int, request: Request) -> dict[str, Any]:
+        row = ctl.store.remove_window(wid, request.state.identity.actor)
         ctl.kick()
         return {"window": window_view(row), "returned": row["returned"]}
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import uvicorn
 
+from phalanx.auth import keys as keyfiles
 from phalanx.config import Config
 from phalanx.controller.api import create_app
 from phalanx.controller.runtime import Controller, partition_rows
@@ -37,6 +38,33 @@ def check_state_dir(path: Path) -> None:
         probe.unlink()
     except OSError as e:
         raise StartupError(f"state dir {path} is not writable: {e.strerror or e}") from None
+
+
+def cluster_key_path(config: Config, state_dir: Path) -> Path:
+    return (
+        Path(config.auth.key_file) if config.auth.key_file else state_dir / "keys" / "cluster.jwks"
+    )
+
+
+def load_cluster_keys(config: Config, state_dir: Path) -> keyfiles.KeySet:
+    """The cluster key: the configured file (which must exist: controllers on several hosts
+    share it), or one in the state dir, created on first start (a single-host cluster)."""
+    path = cluster_key_path(config, state_dir)
+    try:
+        ks = keyfiles.load(path) if config.auth.key_file else keyfiles.load_or_create(path)
+    except PhalanxError as e:
+        raise StartupError(e.message) from None
+    except OSError as e:
+        raise StartupError(f"cannot create the cluster key {path}: {e.strerror or e}") from None
+    if not ks.is_cluster:
+        raise StartupError(
+            f"{path} holds a node's or host's key, not the cluster key: controllers verify "
+            "credentials with the cluster key"
+        )
+    for p in (config.auth.tls_cert, config.auth.tls_key):
+        if p is not None and not Path(p).is_file():
+            raise StartupError(f"TLS file {p} does not exist (auth.tls_cert / auth.tls_key)")
+    return ks
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -81,6 +109,7 @@ def run_controller(
     setup_logging(log_level, f"controller[{cid}]")
     try:
         check_state_dir(state_dir)
+        keys = load_cluster_keys(config, state_dir)
         url = db_url or f"sqlite:///{state_dir.absolute() / 'phalanx.db'}"
         sock = bind_socket(host, port)
         try:
@@ -102,12 +131,19 @@ def run_controller(
         print(f"phalanx controller: {e}", file=sys.stderr)
         return 2
     actual_port = sock.getsockname()[1]
-    public = f"http://{host}:{actual_port}"
+    tls = config.auth.tls_cert is not None
+    public = f"{'https' if tls else 'http'}://{host}:{actual_port}"
     ctl = Controller(store, config, cid=cid, url=public)
-    app = create_app(ctl)
+    app = create_app(ctl, keys)
     server = uvicorn.Server(
         uvicorn.Config(
-            app, log_level="warning", access_log=False, timeout_keep_alive=30, lifespan="on"
+            app,
+            log_level="warning",
+            access_log=False,
+            timeout_keep_alive=30,
+            lifespan="on",
+            ssl_certfile=config.auth.tls_cert,
+            ssl_keyfile=config.auth.tls_key,
         )
     )
     try:

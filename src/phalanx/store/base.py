@@ -60,6 +60,11 @@ class StoreBase:
     def close(self) -> None:
         self.db.dispose()
 
+    def record_event(self, kind: str, message: str, *, actor: str | None = None) -> None:
+        """An event that goes with no other change (e.g. a token was created)."""
+        with self.db.begin() as conn:
+            self._event(conn, kind, message, actor=actor)
+
     # ------------------------------------------------------------------ helpers
     def _event(
         self,

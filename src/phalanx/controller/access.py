@@ -1,0 +1,195 @@
+"""Who may call which route: authentication, the one authorization table, rate limits.
+
+Every route of the API is in `RULES`, keyed by (method, path template). A route that is not
+there is refused (and `tests/api/test_access_table.py` walks the OpenAPI document to keep the
+table complete). Rules:
+
+* ``public``: no credential needed (health checks for load balancers, Prometheus metrics).
+* ``user``: any verified user, operator or admin (never an agent); routes that act on jobs
+  also check ownership per job (`check_owner`): a user acts only on their own jobs,
+  operators and admins on any.
+* ``operator`` / ``admin``: that role or above.
+* ``agent``: an agent credential, for the node named in the path only.
+
+The decisions are pure functions (`decide`, `check_owner`, `TokenBuckets.take`); the FastAPI
+dependency around them only reads the request and raises.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from phalanx.auth.tokens import Identity, Verifier
+from phalanx.errors import Forbidden, RateLimited, Unauthenticated
+
+
+@dataclass(frozen=True)
+class Rule:
+    level: str  # public | user | operator | admin | agent
+    what: str  # the action, for refusals: "draining a node"
+    owner: bool = False  # the handler checks ownership of each job it touches
+
+
+PUBLIC, USER, OPERATOR, ADMIN, AGENT = "public", "user", "operator", "admin", "agent"
+
+RULES: dict[tuple[str, str], Rule] = {
+    ("GET", "/healthz"): Rule(PUBLIC, "reading health"),
+    ("GET", "/healthz/live"): Rule(PUBLIC, "reading liveness"),
+    ("GET", "/healthz/ready"): Rule(PUBLIC, "reading readiness"),
+    ("GET", "/metrics"): Rule(PUBLIC, "reading metrics"),
+    ("GET", "/v1/whoami"): Rule(USER, "asking who you are"),
+    ("POST", "/v1/jobs"): Rule(USER, "submitting a job"),
+    ("POST", "/v1/jobs/batch"): Rule(USER, "submitting jobs"),
+    ("GET", "/v1/jobs"): Rule(USER, "listing jobs"),
+    ("GET", "/v1/jobs/{ref}"): Rule(USER, "showing a job", owner=True),
+    ("GET", "/v1/jobs/{ref}/events"): Rule(USER, "reading a job's events", owner=True),
+    ("POST", "/v1/jobs/cancel"): Rule(USER, "cancelling jobs", owner=True),
+    ("POST", "/v1/jobs/hold"): Rule(USER, "holding jobs", owner=True),
+    ("POST", "/v1/jobs/release"): Rule(USER, "releasing jobs", owner=True),
+    ("GET", "/v1/nodes"): Rule(USER, "listing nodes"),
+    ("GET", "/v1/nodes/{name}"): Rule(USER, "showing a node"),
+    ("POST", "/v1/nodes/{name}/drain"): Rule(OPERATOR, "draining a node"),
+    ("POST", "/v1/nodes/{name}/resume"): Rule(OPERATOR, "resuming a node"),
+    ("GET", "/v1/cluster"): Rule(USER, "showing the cluster"),
+    ("GET", "/v1/events"): Rule(OPERATOR, "reading the cluster's event log"),
+    ("GET", "/v1/maintenance"): Rule(USER, "listing maintenance windows"),
+    ("GET", "/v1/maintenance/{wid}"): Rule(USER, "showing a maintenance window"),
+    ("POST", "/v1/maintenance"): Rule(OPERATOR, "adding a maintenance window"),
+    ("DELETE", "/v1/maintenance/{wid}"): Rule(OPERATOR, "removing a maintenance window"),
+    ("POST", "/v1/tokens"): Rule(ADMIN, "creating tokens"),
+    ("POST", "/v1/agents/{node}/register"): Rule(AGENT, "registering a node"),
+    ("POST", "/v1/agents/{node}/heartbeat"): Rule(AGENT, "reporting for a node"),
+}
+
+
+def decide(rule: Rule | None, ident: Identity | None, path_params: dict[str, Any]) -> None:
+    """Raise Unauthenticated/Forbidden unless `ident` may use a route with `rule`."""
+    if rule is None:
+        raise Forbidden("this route has no authorization rule, so nobody may call it")
+    if rule.level == PUBLIC:
+        return
+    if ident is None:
+        raise Unauthenticated("no credential", reason="missing")
+    if rule.level == AGENT:
+        if ident.role != AGENT:
+            raise Forbidden(f"{rule.what} is for agents only; {ident.user} is a {ident.role}")
+        node = path_params.get("node")
+        if node != ident.node:
+            raise Forbidden(
+                f"the agent of {ident.node} may report only for its own node, not for {node}"
+            )
+        return
+    if ident.role == AGENT:
+        raise Forbidden(
+            f"agent credentials ({ident.node}) may only register and report for their node, "
+            f"not be used for {rule.what}"
+        )
+    if not ident.at_least(rule.level):
+        raise Forbidden(f"{rule.what} needs the {rule.level} role; {ident.user} is a {ident.role}")
+
+
+def may_see_all(ident: Identity) -> bool:
+    return ident.at_least(OPERATOR)
+
+
+def check_owner(ident: Identity, rows: Iterable[dict[str, Any]], what: str) -> None:
+    """A user acts only on their own jobs; operators and admins on any (as in Slurm)."""
+    if may_see_all(ident):
+        return
+    for row in rows:
+        if row["user"] != ident.user:
+            ref = row.get("job_id") or row["id"]
+            raise Forbidden(
+                f"job {ref} belongs to {row['user']}; {ident.user} may act only on their own "
+                f"jobs ({what})",
+                job=str(ref),
+                owner=row["user"],
+            )
+
+
+# fields of `show` that only the owner (or an operator) sees when data is private
+PRIVATE_FIELDS = (
+    "command",
+    "workdir",
+    "submit_dir",
+    "stdout",
+    "stderr",
+    "comment",
+    "checkpoint",
+    "checkpoint_spec",
+    "progress",
+)
+
+
+def redact(view: dict[str, Any]) -> dict[str, Any]:
+    """Another user's job as `show` gives it under private_data: no command, paths or env."""
+    out = {k: v for k, v in view.items() if k not in PRIVATE_FIELDS}
+    out["attempts"] = [
+        {k: a.get(k) for k in ("id", "seq", "state", "start_time", "end_time", "nodes")}
+        for a in view.get("attempts") or []
+    ]
+    out["private"] = True
+    return out
+
+
+class TokenBuckets:
+    """Per-key token buckets (rate, burst); thread-safe; `take` says how long to wait."""
+
+    def __init__(self, rate: float, burst: float, max_keys: int = 100_000) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.max_keys = max_keys
+        self._state: dict[str, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, key: str, n: float = 1.0, now: float | None = None) -> float:
+        """Take n tokens: 0.0 if granted, else the seconds until n would be available
+        (nothing is taken then). Asking for more than the burst waits for a full bucket."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            level, at = self._state.get(key, (self.burst, now))
+            level = min(self.burst, level + (now - at) * self.rate)
+            if level >= n:
+                self._state[key] = (level - n, now)
+                return 0.0
+            if len(self._state) >= self.max_keys:
+                self._state.clear()  # bounded memory under a flood of names: start afresh
+            self._state[key] = (level, now)
+            return (min(n, self.burst) - level) / self.rate
+
+
+def throttle(
+    buckets: TokenBuckets, ident: Identity, exempt: list[str], n: float, what: str
+) -> None:
+    if ident.role == AGENT or ident.role in exempt:
+        return
+    wait = buckets.take(ident.user, n)
+    if wait > 0:
+        retry = max(1, math.ceil(wait))
+        raise RateLimited(
+            f"{ident.user} is over the {what} rate limit ({buckets.rate:g}/s, bursts of "
+            f"{buckets.burst:g}); retry in {retry} s",
+            retry_after=retry,
+        )
+
+
+def bearer(header: str | None) -> str | None:
+    """The token of an `Authorization: Bearer ...` header (None if there is none)."""
+    if not header:
+        return None
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        raise Unauthenticated(
+            "the Authorization header must be 'Bearer <token>'", reason="malformed"
+        )
+    return value.strip()
+
+
+def authenticate(verifier: Verifier, header: str | None) -> Identity | None:
+    token = bearer(header)
+    return verifier.verify(token) if token is not None else None
