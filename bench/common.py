@@ -7,7 +7,6 @@ import this module as plain `common`.
 from __future__ import annotations
 
 import contextlib
-import getpass
 import json
 import os
 import platform
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from phalanx.auth.credentials import LocalService
 
 
 def log(msg: str) -> None:
@@ -227,6 +228,8 @@ def phalanx_up(
         stdout = subprocess.PIPE if capture else subprocess.DEVNULL
         out = subprocess.run(cmd, check=True, stdout=stdout, env=env, text=True).stdout
         log(f"cluster up in {time.monotonic() - t0:.1f}s (state {state}, {where})")
+        # this process (its Api) and the commands it runs get local credentials there
+        os.environ["PHALANX_AUTH_SOCKET"] = str(state.absolute() / "auth.sock")
         yield out
     finally:
         subprocess.run(
@@ -259,12 +262,27 @@ def controller_log_tail(state: Path, lines: int) -> str:
 # --- REST API ---------------------------------------------------------------------------------
 
 
+class LocalCredential(httpx.Auth):
+    """Each request carries a credential from the local credential service (as the CLI's
+    do), renewed when it nears its expiry."""
+
+    def __init__(self) -> None:
+        self.source = LocalService()
+
+    def auth_flow(self, request: httpx.Request) -> Iterator[httpx.Request]:
+        token = self.source.token()
+        if token is None:
+            raise RuntimeError(self.source.problem or "no credential")
+        request.headers["Authorization"] = f"Bearer {token}"
+        yield request
+
+
 class Api:
     def __init__(self, url: str, timeout: float) -> None:
         self.http = httpx.Client(
             base_url=url,
             timeout=httpx.Timeout(timeout, connect=5.0),
-            headers={"X-Phalanx-User": getpass.getuser()},
+            auth=LocalCredential(),
         )
 
     def post(self, path: str, body: Any) -> Any:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from api_auth import KEYS, AuthedClient
 from fastapi.testclient import TestClient
 
 from phalanx.config import Config, load_config
@@ -49,5 +50,5 @@ def ctl(store: Store, config: Config) -> Controller:
 
 @pytest.fixture
 def client(ctl: Controller) -> Iterator[TestClient]:
-    with TestClient(create_app(ctl)) as c:
+    with AuthedClient(create_app(ctl, KEYS)) as c:
         yield c

@@ -7,13 +7,14 @@ import time
 from typing import Any
 
 import pytest
+from api_auth import KEYS, AuthedClient, as_user
 from fastapi.testclient import TestClient
 
 from phalanx.config import load_config
 from phalanx.controller.api import create_app
 from phalanx.controller.runtime import Controller
 
-USER = {"X-Phalanx-User": "alice"}
+USER = as_user("alice", "operator")  # operators may drain nodes and add windows
 
 
 class Agent:
@@ -225,9 +226,7 @@ def test_unsatisfiable_gpus(client: TestClient, agent: Agent) -> None:
 def test_list_filters(client: TestClient, ctl: Controller, agent: Agent) -> None:
     (a,) = submit(client, name="train")
     (b,) = submit(client, name="eval", partition="long")
-    r = client.post(
-        "/v1/jobs", json={"argv": ["x"], "name": "train"}, headers={"X-Phalanx-User": "bob"}
-    )
+    r = client.post("/v1/jobs", json={"argv": ["x"], "name": "train"}, headers=as_user("bob"))
     c = r.json()["job_id"]
 
     def ids(**params: Any) -> list[int]:
@@ -510,7 +509,7 @@ def test_long_poll_wakes_on_new_work(store: Any, monkeypatch: pytest.MonkeyPatch
     )
     ctl = Controller(store, cfg, cid="lp")
     ctl.leases.tick()
-    with TestClient(create_app(ctl)) as client:
+    with AuthedClient(create_app(ctl, KEYS)) as client:
         Agent(client, "n1").register()
         out: dict[str, Any] = {}
 

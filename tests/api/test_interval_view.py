@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import pytest
+from api_auth import as_user
 from fastapi.testclient import TestClient
 
 from phalanx.cli.render import cluster_summary, job_detail
@@ -19,7 +20,7 @@ from phalanx.controller import runtime
 from phalanx.store.store import Store
 
 DAY = 86400.0
-USER = {"X-Phalanx-User": "alice"}
+USER = as_user("alice", "operator")  # operators may drain nodes and add windows
 
 
 @pytest.fixture(autouse=True)

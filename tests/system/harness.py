@@ -28,6 +28,8 @@ from typing import Any, TypeVar
 import httpx
 
 from phalanx.agent import shepherd
+from phalanx.auth import keys as keyfiles
+from phalanx.auth.tokens import mint_token
 from phalanx.client import Client
 from phalanx.domain.states import TERMINAL
 
@@ -193,6 +195,35 @@ class Cluster:
         self.logs = self.root / "logs"
         if not self.port:
             self.port = free_port()
+        # the controllers' default cluster key (their state dir), made here so tests can mint
+        # tokens with it; agents get their own derived node keys (agent_auth_args)
+        self.keys = keyfiles.load_or_create(self.state_dir / "keys" / "cluster.jwks")
+        self.admin_token = self.token("root", "admin")
+        # run_cli() gives this to the commands it runs (as $PHALANX_TOKEN_FILE)
+        token_file = self.root / "admin.token"
+        token_file.write_text(self.admin_token)
+        token_file.chmod(0o600)
+
+    # -------------------------------------------------------------- identity
+    def token(self, user: str, role: str = "user", lifetime: float = 6 * 3600.0) -> str:
+        """A bearer token for `user` signed with this cluster's key."""
+        return mint_token(self.keys, user=user, role=role, cluster="phalanx", lifetime=lifetime)
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """For raw HTTP calls (httpx) that need a credential: root, an admin."""
+        return {"Authorization": f"Bearer {self.admin_token}"}
+
+    def agent_auth_args(self, node: str) -> list[str]:
+        """The node's own key (derived from the cluster key) and its credential socket."""
+        key = self.agent_dir(node) / "node.jwks"
+        if not key.exists():
+            keyfiles.save(self.keys.for_scope("node", node), key)
+        return ["--key-file", str(key), "--auth-socket", str(self.agent_socket(node))]
+
+    def agent_socket(self, node: str) -> Path:
+        """Where the agent of `node` serves local credentials."""
+        return self.agent_dir(node) / "auth.sock"
 
     # -------------------------------------------------------------- processes
     @property
@@ -208,6 +239,8 @@ class Cluster:
 
     def env(self, **extra: str) -> dict[str, str]:
         timing = {f"PHALANX_TIMING_{k.upper()}": str(v) for k, v in self.timing.items()}
+        # the tests' jobs run as root, the user running the tests
+        extra.setdefault("PHALANX_AUTH_ALLOW_ROOT_JOBS", "1")
         return base_env(self.root, **timing, **extra)
 
     def start_controller(
@@ -249,7 +282,9 @@ class Cluster:
         url = ",".join(self.controller_urls())
         if self._client is not None:
             self._client.close()
-        self._client = Client(url, timeout=httpx.Timeout(read_timeout, connect=2.0))
+        self._client = Client(
+            url, token=self.admin_token, timeout=httpx.Timeout(read_timeout, connect=2.0)
+        )
         return url
 
     def wait_controller(self, d: Daemon) -> None:
@@ -293,6 +328,7 @@ class Cluster:
             mem,
             "--gpus",
             gpus,
+            *self.agent_auth_args(node),
             *extra_args,
         ]
         name = f"agent-{node}"
@@ -347,12 +383,12 @@ class Cluster:
 
     def client(self) -> Client:
         if self._client is None:
-            self._client = Client(self.url)
+            self._client = Client(self.url, token=self.admin_token)
         return self._client
 
     def client_as(self, user: str) -> Client:
         """A client that acts as `user` (a normal user, not an admin); the caller closes it."""
-        return Client(self.url, user=user)
+        return Client(self.url, token=self.token(user))
 
     # -------------------------------------------------------------- jobs
     def submit_script(self, tmp_path: Path, name: str, script: str, **extra: Any) -> int:
@@ -551,8 +587,11 @@ def run_cli(
     root: Path,
     timeout: float = 120.0,
 ) -> subprocess.CompletedProcess[str]:
-    """Run `phalanx ARGS` as a user would (PHALANX_URL in the environment)."""
+    """Run `phalanx ARGS` as a user would (PHALANX_URL in the environment), as root with the
+    cluster's admin token when the cluster made one (`root/admin.token`)."""
     extra = {"PHALANX_URL": url} if url else {}
+    if (root / "admin.token").is_file():
+        extra["PHALANX_TOKEN_FILE"] = str(root / "admin.token")
     return subprocess.run(
         phalanx_cmd(*args),
         cwd=cwd,

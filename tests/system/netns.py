@@ -312,7 +312,7 @@ class NetnsCluster(Cluster):
         `url`: the controller list it is given (default: the cluster's one controller)."""
         args = ["agent", "--name", node, "--state-dir", str(self.agent_dir(node))]
         args += ["--url", url or self.url, "--cpus", str(cpus), "--mem", mem, "--gpus", gpus]
-        args += extra_args
+        args += [*self.agent_auth_args(node), *extra_args]
         name = f"agent-{node}"
         ns = self.node_ns.get(node, self.ctl_ns)
         log = self.logs / f"{name}.log"

@@ -394,7 +394,9 @@ def start_cluster(cluster: Cluster) -> list[str]:
     url0 = cluster.controller_url(cluster.start_controller(CONTROLLERS[0]))
 
     def first_holds() -> bool:
-        return duties_held(httpx.get(url0 + "/v1/cluster", timeout=5).json())
+        return duties_held(
+            httpx.get(url0 + "/v1/cluster", timeout=5, headers=cluster.admin_headers).json()
+        )
 
     wait_for(first_holds, what="the first controller to take the duty leases")
     for cid in CONTROLLERS[1:]:

@@ -164,7 +164,7 @@ def start_agent(lab: Lab, node: str, url: str) -> Daemon:
     """`phalanx agent` in `main`, given every controller's URL (`url`, a comma list)."""
     c = lab.cluster
     args = ["agent", "--name", node, "--state-dir", str(c.agent_dir(node)), "--url", url]
-    args += ["--cpus", "2", "--mem", "4G", "--gpus", ""]
+    args += ["--cpus", "2", "--mem", "4G", "--gpus", "", *c.agent_auth_args(node)]
     name = f"agent-{node}"
     d = NsDaemon(name, "agent", args, c.logs / f"{name}.log", c.env(), netns=lab.main)
     c.daemons[name] = d.spawn()
@@ -199,16 +199,20 @@ def heal(lab: Lab, cid: str) -> None:
         lab.netlab.rules.remove((ns, rule))
 
 
-def status(url: str, path: str, timeout: float = 15.0) -> tuple[int, dict[str, Any]]:
-    r = httpx.get(url + path, timeout=timeout)
+def status(
+    url: str, path: str, timeout: float = 15.0, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any]]:
+    r = httpx.get(url + path, timeout=timeout, headers=headers)
     return r.status_code, r.json()
 
 
-def answers(url: str, path: str, ok: Callable[[int], bool]) -> Callable[[], Any]:
+def answers(
+    url: str, path: str, ok: Callable[[int], bool], headers: dict[str, str] | None = None
+) -> Callable[[], Any]:
     """A wait condition: `(status, body)` of GET url+path once `ok(status)`."""
 
     def check() -> tuple[int, dict[str, Any]] | None:
-        s = status(url, path)
+        s = status(url, path, headers=headers)
         return s if ok(s[0]) else None
 
     return check
@@ -236,7 +240,9 @@ def test_controller_cut_off_from_the_database(lab: Lab, tmp_path: Path) -> None:
     start_controller(lab, "ctl-1")
     url1 = cluster.controller_url(cluster.daemons["ctl-1"])
     wait_for(
-        lambda: duties_held(httpx.get(url1 + "/v1/cluster", timeout=5).json()),
+        lambda: duties_held(
+            httpx.get(url1 + "/v1/cluster", timeout=5, headers=cluster.admin_headers).json()
+        ),
         what="ctl-1 to take the duty leases",
     )
     start_controller(lab, "ctl-2")
@@ -297,7 +303,12 @@ def test_controller_cut_off_from_the_database(lab: Lab, tmp_path: Path) -> None:
         t_unready = time.time() - t_cut
         assert body["ready"] is False and body["problems"], body
         api_code, api_body = wait_for(
-            answers(victim_url, "/v1/jobs?limit=1", lambda s: s != 200),
+            answers(
+                victim_url,
+                "/v1/jobs?limit=1",
+                lambda s: s != 200,
+                headers=lab.cluster.admin_headers,
+            ),
             timeout=DEADLINE,
             what=f"{victim}'s API to refuse",
         )
@@ -351,7 +362,7 @@ def test_controller_cut_off_from_the_database(lab: Lab, tmp_path: Path) -> None:
         )
         time.sleep(max(0.0, t_heal + WATCH_AFTER_HEAL - time.time()))  # the watch window
         after_heal = [t for t in lease_takes(all_events(c)) if t[3] >= t_heal - 0.5]
-        for_victim = status(victim_url, "/v1/cluster")[1]
+        for_victim = status(victim_url, "/v1/cluster", headers=lab.cluster.admin_headers)[1]
     finally:
         stream.stop()
 

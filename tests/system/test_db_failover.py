@@ -91,6 +91,7 @@ class Probe:
     """Polls every controller's API, readiness and liveness from a thread; keeps what it saw."""
 
     urls: list[str]
+    headers: dict[str, str]  # a credential: /v1/jobs needs one
     every: float = 0.2
     seen: list[tuple[float, str, str, int, str]] = field(default_factory=list)
     # (time, controller url, path, status, error code + message or "")
@@ -108,7 +109,7 @@ class Probe:
         self._thread.join(timeout=30)
 
     def _run(self) -> None:
-        with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0)) as http:
+        with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0), headers=self.headers) as http:
             while not self._stop.is_set():
                 for url in self.urls:
                     for path in ("/v1/jobs?limit=1", "/healthz/ready", "/healthz/live"):
@@ -285,7 +286,7 @@ def test_primary_killed_standby_promoted(
         acked_before = [jid for jid, _ in stream.acked]
 
         # ---- the primary dies; nothing is promoted for GAP_S
-        probe = Probe(ctl_urls).start()
+        probe = Probe(ctl_urls, cluster.admin_headers).start()
         t_kill = time.time()
         pg_pair.kill_primary()
 

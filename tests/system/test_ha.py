@@ -79,7 +79,9 @@ def start_ha(cluster: Cluster) -> str:
         if i == 0:
             url0 = cluster.controller_url(cluster.daemons[cid])
             wait_for(
-                lambda u=url0: duties_held(httpx.get(u + "/v1/cluster", timeout=5).json()),
+                lambda u=url0: duties_held(
+                    httpx.get(u + "/v1/cluster", timeout=5, headers=cluster.admin_headers).json()
+                ),
                 what="the first controller to take the duty leases",
             )
     urls = cluster.use_all_controllers()
@@ -450,7 +452,11 @@ def test_sigstop_lease_holder_steps_down(
             stepped_down, timeout=30, what=f"{old} to log that it lost (or re-took) its leases"
         )
         time.sleep(3.0)  # let it run a few scheduler and lease ticks after waking
-        own = httpx.get(cluster.controller_url(old_d) + "/v1/cluster", timeout=10).json()
+        own = httpx.get(
+            cluster.controller_url(old_d) + "/v1/cluster",
+            timeout=10,
+            headers=cluster.admin_headers,
+        ).json()
     finally:
         if stopped and old_d is not None:
             os.kill(old_d.pid, signal.SIGCONT)

@@ -56,8 +56,8 @@ def pick_ids() -> tuple[str, str]:
     return ids if preferred(SCHED_LEASE, ids) == ids[0] else (ids[1], ids[0])
 
 
-def holders(url: str) -> dict[str, str]:
-    view = httpx.get(url + "/v1/cluster", timeout=10).json()
+def holders(url: str, headers: dict[str, str]) -> dict[str, str]:
+    view = httpx.get(url + "/v1/cluster", timeout=10, headers=headers).json()
     return {
         lease["name"]: str(lease["holder"])
         for lease in view["leases"]
@@ -87,7 +87,7 @@ def test_job_submitted_through_a_starts_promptly_on_an_agent_polling_b(
     a = cluster.start_controller(a_id, port=cluster.port)
     url_a = cluster.controller_url(a)
     wait_for(
-        lambda: holders(url_a).get(SCHED_LEASE) == a_id,
+        lambda: holders(url_a, cluster.admin_headers).get(SCHED_LEASE) == a_id,
         what=f"{a_id} to take {SCHED_LEASE}",
     )
     b = cluster.start_controller(b_id, port=free_port())
@@ -96,7 +96,9 @@ def test_job_submitted_through_a_starts_promptly_on_an_agent_polling_b(
     cluster.start_agent("node01", cpus=8, mem="8G", url=url_b)  # the agent knows B only
     client_a = Client(url_a)  # submissions go through A
     try:
-        assert holders(url_a).get(SCHED_LEASE) == a_id, "A must schedule, B must not"
+        assert holders(url_a, cluster.admin_headers).get(SCHED_LEASE) == a_id, (
+            "A must schedule, B must not"
+        )
 
         latencies = []
         for i in range(JOBS):
@@ -124,7 +126,9 @@ def test_job_submitted_through_a_starts_promptly_on_an_agent_polling_b(
             assert starters == {a_id}, f"job {jid} was not started by A: {events}"
 
         print(f"submit -> running latencies (s): {[round(x, 3) for x in latencies]}")
-        assert holders(url_a).get(SCHED_LEASE) == a_id, "the scheduling lease moved mid-test"
+        assert holders(url_a, cluster.admin_headers).get(SCHED_LEASE) == a_id, (
+            "the scheduling lease moved mid-test"
+        )
         assert health(url_b)["wakeups"] == "listen"
         assert max(latencies) < MAX_LATENCY < FALLBACK, latencies
         assert statistics.median(latencies) < MEDIAN_LATENCY, latencies
