@@ -56,7 +56,11 @@ class Agent:
         resources: NodeResources,
         addr: str | None = None,
         health: HealthMonitor | None = None,
+        job_env: dict[str, str] | None = None,
     ) -> None:
+        # set in every job: this node's credential socket (it wins over a submitter's) and the
+        # controllers (a submitter's own PHALANX_URL wins), so `phalanx` works inside jobs
+        self.job_env = dict(job_env or {})
         self.name = name
         self.health = health
         self.state_dir = state_dir
@@ -310,6 +314,11 @@ class Agent:
             argv = list(cmd["argv"])
         env = dict(launch["env"])
         env["PHX_TASK_DIR"] = str(d)
+        for key, value in self.job_env.items():
+            if key == "PHALANX_URL":
+                env.setdefault(key, value)
+            else:
+                env[key] = value
         # the checkpoint protocol's control files (docs/checkpoints.md)
         (tmp / shepherd.CONTROL_DIR).mkdir()
         env.update(shepherd.control_environment(d))

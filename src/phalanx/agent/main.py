@@ -91,7 +91,17 @@ def run_agent(
     except (StartupError, PhalanxError) as e:
         print(f"phalanx agent: {e}", file=sys.stderr)
         return 2
-    agent = Agent(name=name, state_dir=state_dir, client=client, resources=res, health=monitor)
+    agent = Agent(
+        name=name,
+        state_dir=state_dir,
+        client=client,
+        resources=res,
+        health=monitor,
+        job_env={
+            localsock.ENV_SOCKET: str(sock.absolute()),
+            "PHALANX_URL": ",".join(client.urls),
+        },
+    )
 
     def _stop(_sig: int, _frame: FrameType | None) -> None:
         agent.stop()
