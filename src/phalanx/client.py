@@ -10,6 +10,7 @@ raised (phalanx.errors).
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,7 +63,10 @@ class Client:
         self.credentials = credentials or default_source(token)
         if verify is True and os.environ.get(ENV_CA):
             verify = os.environ[ENV_CA]
-        self._http = httpx.Client(timeout=timeout, transport=transport, verify=verify)
+        tls: ssl.SSLContext | bool = (
+            ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify
+        )
+        self._http = httpx.Client(timeout=timeout, transport=transport, verify=tls)
         self._current = 0
 
     def close(self) -> None:
