@@ -149,18 +149,21 @@ class TokenBuckets:
 
     def take(self, key: str, n: float = 1.0, now: float | None = None) -> float:
         """Take n tokens: 0.0 if granted, else the seconds until n would be available
-        (nothing is taken then). Asking for more than the burst waits for a full bucket."""
+        (nothing is taken then). Asking for more than the burst waits for a full bucket and
+        then takes all n: the bucket goes into debt, so the next call waits until the rate has
+        paid for the excess (a big batch is not a way around the limit)."""
         now = time.monotonic() if now is None else now
+        need = min(n, self.burst)
         with self._lock:
             level, at = self._state.get(key, (self.burst, now))
             level = min(self.burst, level + (now - at) * self.rate)
-            if level >= n:
+            if level >= need:
                 self._state[key] = (level - n, now)
                 return 0.0
             if len(self._state) >= self.max_keys:
                 self._state.clear()  # bounded memory under a flood of names: start afresh
             self._state[key] = (level, now)
-            return (min(n, self.burst) - level) / self.rate
+            return (need - level) / self.rate
 
 
 def throttle(
