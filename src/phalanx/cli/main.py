@@ -35,7 +35,8 @@ err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200, m
 
 
 def _say(label: str, style: str, message: str) -> None:
-    err_console.print(Text(label, style=style), Text(message), highlight=False)
+    # soft_wrap: a long message stays one line (errors are one line, whatever the width)
+    err_console.print(Text(label, style=style), Text(message), highlight=False, soft_wrap=True)
 
 
 UrlOpt = typer.Option(

@@ -82,10 +82,11 @@ def job_detail(j: dict[str, Any]) -> str:
             else ""
         ),
         f"   Exclusive={int(j['exclusive'])} Features={j.get('constraint') or '(null)'}",
-        f"   Command={j.get('command') or '(null)'}",
-        f"   WorkDir={j.get('workdir') or '(null)'}",
-        f"   StdOut={j.get('stdout')}",
-        f"   StdErr={j.get('stderr')}",
+        # another user's job under auth.private_data comes without these (access.redact)
+        f"   Command={_private(j, 'command')}",
+        f"   WorkDir={_private(j, 'workdir')}",
+        f"   StdOut={_private(j, 'stdout', None)}",
+        f"   StdErr={_private(j, 'stderr', None)}",
     ]
     lines.extend(_retry_lines(j))
     lines.extend(_checkpoint_lines(j))
@@ -94,13 +95,20 @@ def job_detail(j: dict[str, Any]) -> str:
         nodes = ",".join(a["nodes"])
         spares = [t["node"] for t in a.get("tasks") or [] if t.get("spare")]
         lines.append(
-            f"   Attempt={a['id']} Restart={a['seq']} State={a['state']} Result={a['result'] or '-'} "
+            f"   Attempt={a['id']} Restart={a['seq']} State={a['state']} "
+            f"Result={a.get('result') or '-'} "
             f"Nodes={nodes}"
             + (f" Spares={','.join(spares)}" if spares else "")
             + f" Start={_ts(a['start_time'])} End={_ts(a['end_time'])}"
-            + (f" Stop={a['stop_reason']}" if a["stop_reason"] else "")
+            + (f" Stop={a['stop_reason']}" if a.get("stop_reason") else "")
         )
     return "\n".join(lines) + "\n"
+
+
+def _private(j: dict[str, Any], key: str, missing: str | None = "(null)") -> str:
+    if j.get("private"):
+        return "(private)"
+    return str(j.get(key) or missing)
 
 
 def _retry_lines(j: dict[str, Any]) -> list[str]:
