@@ -282,6 +282,10 @@ class Engines:
                 raise StoreUnavailable(
                     f"cannot open database {db}: directory {parent} does not exist"
                 )
+            # the store holds every job's command, environment and paths: a new database file
+            # is the controller's only (SQLite gives its -wal and -shm files the same mode)
+            with contextlib.suppress(FileExistsError, PermissionError):
+                os.close(os.open(db, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             self.write = self._sqlite_engine(immediate=True, timeout=max(connect_timeout, 10.0))
             self.read = self._sqlite_engine(immediate=False, timeout=max(connect_timeout, 10.0))
         elif self.dialect == "postgresql":
