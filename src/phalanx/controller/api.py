@@ -34,6 +34,7 @@ from phalanx.errors import Forbidden, InvalidSpec, NotFound, PhalanxError
 from phalanx.store.store import TaskReport
 
 MAX_BATCH = 10_000
+MAX_ID = 2**63 - 1  # ids and counters go into 64-bit INTEGER columns
 
 
 class BatchIn(BaseModel):
@@ -59,8 +60,8 @@ class DrainIn(BaseModel):
 
 
 class RegisterIn(BaseModel):
-    cpus: int = Field(ge=1)
-    mem_mb: int = Field(ge=1)
+    cpus: int = Field(ge=1, le=1_000_000)
+    mem_mb: int = Field(ge=1, le=2**40)
     gpus: list[tuple[int, str]] = Field(default_factory=list)
     features: list[str] = Field(default_factory=list)
     addr: str | None = None
@@ -70,7 +71,7 @@ class RegisterIn(BaseModel):
 
 
 class ReportIn(BaseModel):
-    attempt_id: int
+    attempt_id: int = Field(ge=0, le=MAX_ID)
     token: str
     state: str = Field(pattern="^(starting|running|exited|lost)$")
     started_at: float | None = None
@@ -532,7 +533,9 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
 
     @app.get("/v1/events")
     def events(
-        since: int = 0, limit: int = Query(default=1000, ge=1, le=10_000), node: str | None = None
+        since: int = Query(default=0, ge=0, le=MAX_ID),
+        limit: int = Query(default=1000, ge=1, le=10_000),
+        node: str | None = None,
     ) -> dict[str, Any]:
         return {"events": ctl.store.events(since_id=since, limit=limit, node=node)}
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, Field
 
 from phalanx.domain import maintenance as rules
@@ -34,6 +34,9 @@ class MaintenanceIn(BaseModel):
     )
     end: float | str | None = Field(default=None, description="like start (give this or duration)")
     reason: str | None = Field(default=None, max_length=1024)
+
+
+WID = Path(ge=0, le=2**63 - 1, description="the window's id")
 
 
 def window_view(row: dict[str, Any]) -> dict[str, Any]:
@@ -96,11 +99,11 @@ def router(ctl: Any) -> APIRouter:
         return {"windows": [window_view(w) for w in ctl.store.list_windows(include_past=all)]}
 
     @r.get("/v1/maintenance/{wid}")
-    def show_maintenance(wid: int) -> dict[str, Any]:
+    def show_maintenance(wid: int = WID) -> dict[str, Any]:
         return {"window": window_view(ctl.store.get_window(wid))}
 
     @r.delete("/v1/maintenance/{wid}")
-    def remove_maintenance(wid: int, request: Request) -> dict[str, Any]:
+    def remove_maintenance(request: Request, wid: int = WID) -> dict[str, Any]:
         row = ctl.store.remove_window(wid, request.state.identity.actor)
         ctl.kick()
         return {"window": window_view(row), "returned": row["returned"]}

@@ -136,6 +136,7 @@ DURATION_FORMS = (
     "use e.g. 90s, 10min, 4h, 2d, or a Slurm time: 30 (minutes), 45:00 (MM:SS), 2:00:00, 1-12:00:00"
 )
 MAX_WINDOW_S = 366 * 86400  # a longer "window" is a typo or a decommission (drain the nodes)
+MAX_EPOCH = 253402300799.0  # 9999-12-31 23:59:59 UTC: later is no time a clock can show
 
 
 def _amount(text: str, *, default_unit: str, what: str, forms: str) -> float:
@@ -230,8 +231,11 @@ def check_window(start: float, end: float, now: float) -> None:
     """Refuse a window that is over before it could matter, or that has no length; the
     message says what to change."""
     for label, t in (("start", start), ("end", end)):
-        if not math.isfinite(t):
-            raise ValueError(f"invalid {label} time {t!r}: give a real time")
+        if not math.isfinite(t) or not 0 <= t <= MAX_EPOCH:
+            raise ValueError(
+                f"invalid {label} time {t!r}: give a real time (epoch seconds from 0 to "
+                f"{MAX_EPOCH:.0f}, or text like now+10min)"
+            )
     if end <= start:
         raise ValueError(
             f"the window must end after it starts (start {format_when(start, now)}, end "

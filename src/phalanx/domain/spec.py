@@ -31,7 +31,7 @@ class JobSpec(BaseModel):
         default=None, description="partition, or a comma list to try in order"
     )
     nodes: int = Field(default=1, ge=1, le=100_000)
-    nodes_max: int | None = Field(default=None, ge=1)
+    nodes_max: int | None = Field(default=None, ge=1, le=100_000)
     ntasks: int | None = Field(default=None, ge=1)
     ntasks_per_node: int | None = Field(default=None, ge=1)
     cpus_per_task: int = Field(default=1, ge=1, le=100_000)

@@ -85,6 +85,9 @@ class SchedSnapshot:
     maintenance: list[dict[str, Any]] = field(default_factory=list)
 
 
+MAX_ID = 2**63 - 1  # the largest id an INTEGER column holds (SQLite and PostgreSQL)
+
+
 class Store(MaintenanceWindows):
     """The store's one interface (see the module docstring)."""
 
@@ -349,6 +352,8 @@ class Store(MaintenanceWindows):
                 a, _, t = ref.partition("_")
                 if not (a.isdigit() and t.isdigit()):
                     raise InvalidSpec(f"invalid job id '{ref}': use 123 or 123_4")
+                if int(a) > MAX_ID or int(t) > MAX_ID:
+                    continue  # larger than any id a job can have: no such job
                 row = conn.execute(
                     select(s.jobs.c.id).where(
                         s.jobs.c.array_job_id == int(a), s.jobs.c.array_task_id == int(t)
@@ -360,6 +365,8 @@ class Store(MaintenanceWindows):
             if not ref.isdigit():
                 raise InvalidSpec(f"invalid job id '{ref}': use 123 or 123_4")
             jid = int(ref)
+            if jid > MAX_ID:
+                continue
             rows = conn.execute(
                 select(s.jobs.c.id).where(s.jobs.c.array_job_id == jid).order_by(s.jobs.c.id)
             ).all()
