@@ -154,8 +154,12 @@ def load(path: Path) -> KeySet:
         )
     try:
         doc = json.loads(text)
+        if not isinstance(doc, dict) or not isinstance(doc.get("keys"), list):
+            raise ValueError('it must be a JWKS document: {"keys": [{"kty": "oct", ...}, ...]}')
         keys = []
-        for item in doc["keys"]:
+        for i, item in enumerate(doc["keys"]):
+            if not isinstance(item, dict):
+                raise ValueError(f"entry {i} of 'keys' is not a key (a JSON object)")
             if item.get("kty") != "oct":
                 raise ValueError(f"key {item.get('kid')!r} is not a symmetric (oct) key")
             kid = str(item["kid"])

@@ -301,8 +301,14 @@ def load_idp_keys(path: Path) -> dict[str, Any]:
     """Public keys of the identity provider, by kid (a JWKS file, as IdPs publish)."""
     try:
         doc = json.loads(path.read_text())
+        if not isinstance(doc, dict) or not isinstance(doc.get("keys"), list):
+            raise ValueError('it must be a JWKS document: {"keys": [{"kty": "RSA", ...}, ...]}')
         out: dict[str, Any] = {}
         for i, item in enumerate(doc["keys"]):
+            if not isinstance(item, dict):
+                raise ValueError(f"entry {i} of 'keys' is not a key (a JSON object)")
+            if item.get("kty") != "RSA":
+                raise ValueError(f"key {item.get('kid') or i!r} is not an RSA key (kty RSA)")
             jwk = jwt.PyJWK(item, algorithm="RS256")
             out[str(item.get("kid") or f"key{i}")] = jwk.key
     except FileNotFoundError:
