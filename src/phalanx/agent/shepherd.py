@@ -11,9 +11,10 @@ Why stdlib only (and ``_json``/``_signal`` instead of ``json``/``signal``, no ru
 ``typing``): a fresh ``python -I -S`` runs once per task and its startup dominates the cost of
 trivial jobs; ``json``, ``signal`` and ``typing`` pull in ``re`` and ``enum`` and roughly double
 interpreter startup.  :func:`launch` imports this file as a module (cached .pyc) rather than
-running it as a script (recompiled every time), exits the helper processes with ``os._exit``,
-and starts the job with ``os.posix_spawn`` (about half the cost of ``fork`` + ``execve``).
-Measured on the 2-core dev box: ~120 trivial tasks/s launched and completed.  The file still
+running it as a script (recompiled every time) and exits the helper processes with
+``os._exit``.  The job is started with ``fork`` + ``execve`` (``posix_spawn`` would be cheaper
+but cannot change the uid or join a cgroup).  Measured on the 2-core dev box: ~120 trivial
+tasks/s launched and completed.  The file still
 works as a script: ``python -I -S shepherd.py [--daemonize] TASK_DIR``.
 
 Even so, a fresh interpreter per task costs ~8-9 ms of CPU.  The agent therefore uses a
@@ -85,13 +86,26 @@ Signals understood by the shepherd:
 * SIGHUP: process ``signal-*.json`` requests.
 * SIGUSR1 / SIGUSR2: forwarded as-is to the job's whole process group.
 
-Limitations: processes that leave the job's process group (``setsid``, ``setpgid``) escape the
-straggler cleanup; containing those needs cgroups, which is the agent's business.
+Who the job runs as (spec ``user``): the user's uid, primary gid and supplementary groups from
+the node's user database, with USER, LOGNAME and HOME set.  Output files are opened, the
+checkpoint directory created and the working directory entered with that user's rights, so
+``-o /etc/passwd`` fails ("cannot open output file /etc/passwd: Permission denied") without
+touching the file.  An unknown user, or a file or directory the user may not use, ends the
+launch with ``job_error: true`` in ``exit.json`` besides ``launch_failed``: the job's own
+problem, which the controller does not blame on the node.  A shepherd that is not root runs
+only its own user's jobs.  Without ``user`` in the spec the job runs as the shepherd does.
+
+Containment (spec ``cgroup``, a plan made by the agent with :mod:`cgroups`, and ``cpus``):
+the shepherd creates the attempt's cgroup, the child joins it before it drops root, sets its
+CPU affinity, and the OOM-kill count read is that cgroup's.  When the job has ended (and its
+process group been cleaned up), whatever is still in the cgroup, including processes that left
+the process group, is killed and the cgroup removed, before ``exit.json`` is written.
 """
 
 from __future__ import annotations
 
 import os
+import pwd  # builtin module: free to import
 import select
 import sys
 import time
@@ -104,11 +118,22 @@ if TYPE_CHECKING:
     import signal as _signal
     import subprocess
     from typing import Any, NoReturn
+
+    from phalanx.agent import cgroups as _cgroups
 else:  # ``_signal`` avoids importing ``enum`` (see module docstring).
     try:
         import _signal
     except ImportError:  # pragma: no cover - non-CPython
         import signal as _signal
+    # The sibling module: top-level ``cgroups`` when this file is imported as ``shepherd`` (the
+    # launcher, see _BOOTSTRAP) or run as a script, ``phalanx.agent.cgroups`` in the package.
+    if __package__:
+        from . import cgroups as _cgroups
+    else:
+        _here = os.path.dirname(os.path.abspath(__file__))
+        if _here not in sys.path:  # run as a script with -I: its directory is not on the path
+            sys.path.append(_here)
+        import cgroups as _cgroups
 
 __all__ = [
     "Launcher",
@@ -778,7 +803,29 @@ def _log(msg: str) -> None:
 
 
 class _LaunchError(Exception):
-    """The job could not be started; the message is meant for humans (and the job's stderr)."""
+    """The job could not be started; the message is meant for humans (and the job's stderr).
+
+    ``job_error``: the job's own request is the cause (its user is unknown here, it may not
+    open its output file or enter its directory), not the node: exit.json says
+    ``job_error: true`` and the controller ends the job FAILED instead of retrying it.
+    """
+
+    def __init__(self, message: str, *, job_error: bool = False) -> None:
+        super().__init__(message)
+        self.job_error = job_error
+
+
+# errno values that mean "this user may not": the job's fault, not the node's.
+_DENIED = (1, 13)  # EPERM, EACCES
+
+
+class _User:
+    """Who the job runs as: name, uid, primary gid, supplementary groups, home."""
+
+    def __init__(self, name: str, uid: int, gid: int, groups: list[int], home: str) -> None:
+        self.name, self.uid, self.gid, self.groups, self.home = name, uid, gid, groups, home
+        # switching identity needs root; a non-root shepherd only runs its own user's jobs
+        self.switch = os.geteuid() == 0 and uid != 0
 
 
 class _Shepherd:
@@ -804,6 +851,9 @@ class _Shepherd:
         self.oom_base: int | None = None  # the cgroup's OOM-kill count when the job started
         self.out_fd = -1
         self.err_fd = -1
+        self.user: _User | None = None  # None: run as the shepherd's own user (no "user")
+        self.cgroup: dict[str, Any] | None = None  # the attempt's cgroup plan, once set up
+        self.cpus: list[int] = []  # CPU affinity for the job (empty: inherit)
 
     def _path(self, name: str) -> str:
         return os.path.join(self.task_dir, name)
@@ -835,6 +885,10 @@ class _Shepherd:
 
             _log("internal error:\n" + traceback.format_exc())
             self._emergency_kill()
+            try:
+                self._remove_cgroup()
+            except Exception:
+                _log("cannot remove the job's cgroup:\n" + traceback.format_exc())
             result = self._result(None, error=f"shepherd internal error: {exc!r}")
         try:
             _write_json(self._path(EXIT_FILE), result)
@@ -861,7 +915,8 @@ class _Shepherd:
     def _supervise(self) -> dict[str, Any]:
         try:
             spec = self._load_spec()
-            self._open_outputs(spec)
+            self.user = self._resolve_user(spec)
+            self._as_user(self._open_outputs, spec)
             if self._fence_stale():
                 self.reason = "fenced"
                 msg = "heartbeat file is stale (node fenced); job not started"
@@ -870,12 +925,20 @@ class _Shepherd:
             self._handle_pending()
             if self.reason is not None:
                 return self._result(None, error="stopped before the job started")
-            self.oom_base = _oom_kills()
+            self._as_user(self._enter_workdir, spec)
+            self._setup_cgroup(spec)
+            self.oom_base = (
+                _cgroups.oom_kills(self.cgroup) if self.cgroup is not None else _oom_kills()
+            )
             self._spawn(spec)
         except _LaunchError as exc:
             self._write_stderr(str(exc))
             _log(f"launch failed: {exc}")
-            return self._result(None, error=str(exc), launch_failed=True)
+            self._remove_cgroup()
+            result = self._result(None, error=str(exc), launch_failed=True)
+            if exc.job_error:
+                result["job_error"] = True
+            return result
         finally:
             for fd in {self.out_fd, self.err_fd} - {-1}:
                 os.close(fd)
@@ -887,17 +950,27 @@ class _Shepherd:
         self._process_requests()
         status = self._wait_job()
         self._cleanup_stragglers()
+        oom = self._killed_by_oom(status)
+        self._remove_cgroup()
         result = self._result(status)
-        if self._killed_by_oom(status):
+        if oom:
             result["oom"] = True
         return result
 
     def _killed_by_oom(self, status: int) -> bool:
-        """True if the kernel's OOM killer ended the job: it died of a SIGKILL the shepherd did
-        not send (directly, or a shell reporting its child's as 137) and the OOM-kill counter
-        of the job's memory cgroup went up meanwhile."""
+        """True if the kernel's OOM killer ended the job.
+
+        With a cgroup of its own (only the job's processes are in it): the job failed (a
+        nonzero exit or a signal the shepherd did not send) and the OOM-kill counter of that
+        cgroup went up.  Without one, the counter is the shared cgroup's, so the job must also
+        have died of a SIGKILL (directly, or a shell reporting its child's as 137)."""
         if self.reason is not None or self.oom_base is None:
             return False
+        if self.cgroup is not None:
+            if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+                return False
+            now = _cgroups.oom_kills(self.cgroup)
+            return now is not None and now > self.oom_base
         killed = (os.WIFSIGNALED(status) and os.WTERMSIG(status) == _signal.SIGKILL) or (
             os.WIFEXITED(status) and os.WEXITSTATUS(status) == 128 + _signal.SIGKILL
         )
@@ -942,7 +1015,10 @@ class _Shepherd:
         try:
             self.out_fd = os.open(out_path, flags, 0o666)
         except OSError as exc:
-            raise _LaunchError(f"cannot open output file {out_path}: {exc.strerror}") from exc
+            raise _LaunchError(
+                f"cannot open output file {out_path}: {exc.strerror}",
+                job_error=exc.errno in _DENIED,
+            ) from exc
         err_path = spec.get("stderr")
         if isinstance(err_path, str):
             err_path = os.path.join(cwd, err_path)
@@ -952,7 +1028,10 @@ class _Shepherd:
         try:
             err_fd = os.open(err_path, flags, 0o666)
         except OSError as exc:
-            raise _LaunchError(f"cannot open output file {err_path}: {exc.strerror}") from exc
+            raise _LaunchError(
+                f"cannot open output file {err_path}: {exc.strerror}",
+                job_error=exc.errno in _DENIED,
+            ) from exc
         a, b = os.fstat(self.out_fd), os.fstat(err_fd)
         if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
             os.close(err_fd)
@@ -966,15 +1045,56 @@ class _Shepherd:
             return
         _write_quiet(fd, f"phalanx-shepherd: error: {msg}\n")
 
-    def _spawn(self, spec: dict[str, Any]) -> None:
-        """Start the job with ``posix_spawn`` as a new session (and process-group) leader.
+    def _resolve_user(self, spec: dict[str, Any]) -> _User | None:
+        """The job's user from the node's user database (None: the spec names none, run as
+        the shepherd's own user).  Unknown here: a job error (the job ends FAILED)."""
+        name = spec.get("user")
+        if name is None:
+            return None
+        node = spec.get("node") or "this node"
+        if not isinstance(name, str) or not name:
+            raise _LaunchError(f"invalid {SPEC_FILE}: user must be a name")
+        try:
+            pw = pwd.getpwnam(name)
+        except KeyError:
+            raise _LaunchError(f"user {name} is unknown on {node}", job_error=True) from None
+        euid = os.geteuid()
+        if euid != 0 and pw.pw_uid != euid:
+            try:
+                me = pwd.getpwuid(euid).pw_name
+            except KeyError:
+                me = f"uid {euid}"
+            raise _LaunchError(
+                f"the agent on {node} runs as {me}, not root, so it cannot start jobs as {name}"
+            )
+        try:
+            groups = os.getgrouplist(name, pw.pw_gid)
+        except OSError as exc:
+            raise _LaunchError(f"cannot read the groups of {name} on {node}: {exc}") from exc
+        return _User(name, pw.pw_uid, pw.pw_gid, groups, pw.pw_dir)
 
-        ``posix_spawn`` (vfork-style in glibc) costs about half of ``fork`` + ``execve`` from
-        Python and reports exec errors synchronously, so no error pipe is needed.  The job's
-        working directory is set by changing ours (nothing in the shepherd depends on its cwd).
-        SIG_IGN dispositions survive exec, so those Python set are reset to SIG_DFL.
-        """
-        argv: list[str] = spec["argv"]
+    def _as_user(self, fn: Any, *args: Any) -> None:
+        """Run ``fn(*args)`` with the job user's effective uid, gid and groups, so files are
+        opened and directories entered with that user's rights (and created owned by the
+        user).  The shepherd is single-threaded, so changing them for a moment is safe."""
+        user = self.user
+        if user is None or not user.switch:
+            fn(*args)
+            return
+        saved = os.getgroups()
+        os.setgroups(user.groups)
+        os.setegid(user.gid)
+        os.seteuid(user.uid)
+        try:
+            fn(*args)
+        finally:
+            os.seteuid(0)
+            os.setegid(0)
+            os.setgroups(saved)
+
+    def _enter_workdir(self, spec: dict[str, Any]) -> None:
+        """Create the checkpoint directory and enter the job's working directory, as the job's
+        user (the shepherd's cwd becomes the job's, nothing else depends on it)."""
         cwd = spec.get("cwd") or "/"
         ck = spec.get("checkpoint")
         if isinstance(ck, dict) and ck.get("enabled") and isinstance(ck.get("dir"), str):
@@ -985,30 +1105,112 @@ class _Shepherd:
         try:
             os.chdir(cwd)
         except OSError as exc:
-            raise _LaunchError(f"cannot change directory to {cwd}: {exc.strerror}") from exc
-        devnull = os.open(os.devnull, os.O_RDONLY)
+            raise _LaunchError(
+                f"cannot change directory to {cwd}: {exc.strerror}",
+                job_error=exc.errno in _DENIED,
+            ) from exc
+
+    def _setup_cgroup(self, spec: dict[str, Any]) -> None:
+        """Create the attempt's cgroup from the agent's plan (spec ``cgroup``).  A failure ends
+        the launch when the plan is required, else the job runs without (logged)."""
+        cpus = spec.get("cpus")
+        if isinstance(cpus, list) and all(isinstance(c, int) for c in cpus):
+            self.cpus = cpus
+        plan = spec.get("cgroup")
+        if not isinstance(plan, dict):
+            return
         try:
-            self.pid = os.posix_spawn(
-                argv[0],
-                argv,
-                spec["env"],
-                file_actions=[
-                    (os.POSIX_SPAWN_DUP2, devnull, 0),
-                    (os.POSIX_SPAWN_DUP2, self.out_fd, 1),
-                    (os.POSIX_SPAWN_DUP2, self.err_fd, 2),
-                ],
-                setsid=True,
-                setsigmask=(),
-                setsigdef=_HANDLED + _RESTORE_DEFAULT,
-            )
+            _cgroups.setup(plan)
         except OSError as exc:
-            raise _LaunchError(f"cannot execute {argv[0]}: {exc.strerror}") from exc
-        except ValueError as exc:  # e.g. NUL byte or "=" in an environment variable name
-            raise _LaunchError(f"cannot execute {argv[0]}: {exc}") from exc
-        finally:
+            self.cgroup = plan  # remove what was made
+            self._remove_cgroup()
+            if plan.get("required", True):
+                raise _LaunchError(f"cannot set up the job's cgroup: {exc}") from exc
+            _log(f"running without a cgroup: {exc}")
+            return
+        self.cgroup = plan
+
+    def _remove_cgroup(self) -> None:
+        """Kill whatever is left in the job's cgroup and remove it."""
+        plan, self.cgroup = self.cgroup, None
+        if plan is None:
+            return
+        left = _cgroups.remove(plan)
+        if left:
+            _log(f"cannot remove cgroups {', '.join(left)} (the agent retries)")
+
+    def _spawn(self, spec: dict[str, Any]) -> None:
+        """Start the job as a new session (and process-group) leader, as its user.
+
+        ``fork``, then in the child: new session, join the job's cgroup (while still root),
+        CPU affinity, groups, gid, uid, stdio, ``execve``.  An exec error travels back on a
+        close-on-exec pipe, so it is known before this returns (EOF = the exec happened).
+        The working directory is already the job's (:meth:`_enter_workdir`).  SIG_IGN
+        dispositions survive exec, so those Python set are reset to SIG_DFL; caught signals
+        are reset by exec itself.
+        """
+        argv: list[str] = spec["argv"]
+        env: dict[str, str] = dict(spec["env"])
+        user = self.user
+        if user is not None:
+            env["USER"] = env["LOGNAME"] = user.name
+            env["HOME"] = user.home
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        err_r, err_w = os.pipe()  # both close-on-exec
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            os.close(err_r)
+            os.close(err_w)
             os.close(devnull)
+            raise _LaunchError(f"cannot fork the job: {exc.strerror}") from exc
+        if pid == 0:  # the child: never returns
+            self._exec_child(argv, env, devnull, err_w)
+        os.close(err_w)
+        os.close(devnull)
+        chunks = []
+        try:
+            while chunk := os.read(err_r, 4096):
+                chunks.append(chunk)
+        finally:
+            os.close(err_r)
+        if chunks:
+            os.waitpid(pid, 0)
+            raise _LaunchError(b"".join(chunks).decode(errors="replace"))
+        self.pid = pid
         self.started_at = time.time()
         self.start_mono = time.monotonic()
+
+    def _exec_child(self, argv: list[str], env: dict[str, str], devnull: int, err_w: int) -> None:
+        what = "cannot start a new session"
+        try:
+            os.setsid()
+            if self.cgroup is not None:
+                what = "cannot join the job's cgroup"
+                _cgroups.attach(self.cgroup, os.getpid())
+            if self.cpus:
+                what = f"cannot set the CPU affinity to {self.cpus}"
+                os.sched_setaffinity(0, self.cpus)
+            user = self.user
+            if user is not None and user.switch:
+                what = f"cannot switch to user {user.name}"
+                os.setgroups(user.groups)
+                os.setresgid(user.gid, user.gid, user.gid)
+                os.setresuid(user.uid, user.uid, user.uid)
+            what = "cannot set up the job's standard streams"
+            os.dup2(devnull, 0)
+            os.dup2(self.out_fd, 1)
+            os.dup2(self.err_fd, 2)
+            for signum in _RESTORE_DEFAULT:
+                _signal.signal(signum, _signal.SIG_DFL)
+            what = f"cannot execute {argv[0]}"
+            os.execve(argv[0], argv, env)
+        except OSError as exc:
+            _write_quiet(err_w, f"{what}: {exc.strerror or exc}")
+        except BaseException as exc:  # e.g. ValueError: NUL byte or "=" in a variable name
+            _write_quiet(err_w, f"{what}: {exc}")
+        finally:
+            os._exit(127)
 
     def _wait_job(self) -> int:
         """Sleep until the job exits, a signal arrives or the next deadline; return its status."""

@@ -7,6 +7,9 @@ job (not) run again?" is the first question after a failure.
 The rules, in the order they are checked:
 
 * a cancelled attempt ends CANCELLED;
+* an attempt that could not start because of the job itself (`job_error` from the node: its
+  user is unknown there, it may not open its output file or enter its directory) ends FAILED
+  with that reason: no retry, no backoff, no hold, and no blame on the node;
 * a planned stop (`requeue: ...`: operator `drain --now`, a maintenance window, an operator
   requeue) requeues at once and never spends the job's retry budget: nothing went wrong;
 * everything else is a *failure* of one kind (`FailureKind`): `node_fail` (a node died or
@@ -408,6 +411,14 @@ def after_attempt(
     stop = stop_reason or ""
     if stop.startswith("cancel"):
         return Verdict(Action.END, JobState.CANCELLED, reason)
+    refused = next((t for t in tasks if t.detail.get("job_error")), None)
+    if refused is not None:
+        error = str(refused.detail.get("error") or f"the job could not start on {refused.node}")
+        return Verdict(
+            Action.END,
+            JobState.FAILED,
+            f"{error}; not retried: the job cannot run as submitted (not the node's fault)",
+        )
     rules = rules or policy.rules()
     failure = classify(
         result=result,

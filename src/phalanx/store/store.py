@@ -1864,6 +1864,8 @@ def _task_failed(t: dict[str, Any]) -> bool:
 def _launch_error(t: dict[str, Any]) -> str | None:
     """Why a task never started (its launch failed), or None if it did start."""
     d = t["detail"] or {}
+    if d.get("job_error"):
+        return None  # the job's own problem (unknown user, a file it may not open): not the node's
     if d.get("launch_failed"):
         return str(d.get("error") or "launch failed")
     if (
@@ -1879,6 +1881,8 @@ def _describe_exit(t: dict[str, Any]) -> str:
     d = t["detail"] or {}
     if t["state"] == TaskState.LOST.value:
         return f"was lost ({d.get('error') or 'shepherd vanished'})"
+    if d.get("job_error"):
+        return f"could not start: {d.get('error')}"
     if d.get("launch_failed"):
         return f"failed to launch: {d.get('error')}"
     if d.get("timed_out"):
@@ -1902,6 +1906,9 @@ def _outcome(
     sig = next((t["exit_signal"] for t in tasks if t["exit_signal"]), None)
     if stop.startswith("cancel"):
         return JobState.CANCELLED, stop.removeprefix("cancel: "), code, sig
+    refused = next((d for d in details if d.get("job_error")), None)
+    if refused is not None:  # e.g. "user alice is unknown on node01"
+        return JobState.FAILED, str(refused.get("error") or "the job could not start"), code, sig
     if any(d.get("timed_out") for d in details):
         return JobState.TIMEOUT, "reached its time limit", code, sig
     fenced = [t for t in tasks if (t["detail"] or {}).get("fenced")]
