@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from phalanx import __version__
-from phalanx.agent import shepherd
-from phalanx.agent.health import HealthMonitor, Status
+from phalanx.agent import cgroups, shepherd
+from phalanx.agent.health import HealthMonitor, IsolationCheck, Status
 from phalanx.agent.resources import NodeResources
 from phalanx.client import Client
 from phalanx.domain import job_reports
@@ -37,6 +37,9 @@ log = logging.getLogger("phalanx.agent")
 WATCH_INTERVAL = 0.05  # how often the watcher looks for new exit files (seconds)
 FORGOTTEN_MAX = 100_000  # forgotten attempt ids remembered (never launched again)
 HEARTBEAT_GRACE_MIN = 0.5  # seconds; see heartbeat_grace()
+CGROUP_SWEEP_INTERVAL = 5.0  # how often leftover cgroups of ended attempts are looked for (s)
+# the cluster's [isolation] settings until the first register reply (config.IsolationConfig)
+DEFAULT_ISOLATION: dict[str, Any] = {"pids_max": 4096, "require_cgroups": True}
 
 
 def heartbeat_grace(interval: float) -> float:
@@ -85,10 +88,130 @@ class Agent:
         # periodic checkpoints in force, attempt id -> {"interval_s", "signal", "batch_only"}
         self._intervals: dict[int, dict[str, Any]] = {}
         self._registered = False
+        # containment (docs/isolation.md): the cluster's settings, what this host offers,
+        # the CPUs jobs are placed on and those each running attempt has
+        self.isolation: dict[str, Any] = dict(DEFAULT_ISOLATION)
+        self.layout = cgroups.Layout("none", problem="not detected yet")
+        self._cpu_pool: list[int] = []
+        self._task_cpus: dict[str, list[int]] = {}
+        self._gpu_devices: list[tuple[int, int, int]] = []
+        self._swept_at = 0.0
 
     # ------------------------------------------------------------------ lifecycle
     def prepare(self) -> None:
         self.tasks_dir.mkdir(parents=True, exist_ok=True)
+        self._prepare_isolation()
+
+    # ------------------------------------------------------------------ isolation
+    @property
+    def isolation_file(self) -> Path:
+        return self.state_dir / "isolation.json"
+
+    def _prepare_isolation(self) -> None:
+        """Detect the cgroup backend, make this node's parent cgroups, learn the CPUs of the
+        running attempts (a restarted agent), sweep cgroups of attempts that ended, and add
+        the `isolation` health check."""
+        saved = _read_json(self.isolation_file)  # the last register reply's, across restarts
+        if saved:
+            self.isolation.update({k: saved[k] for k in DEFAULT_ISOLATION if k in saved})
+        try:
+            layout = cgroups.ensure_parents(cgroups.detect(), self.name)
+        except OSError as e:
+            layout = cgroups.Layout("none", missing=cgroups.REQUIRED, problem=f"cannot detect: {e}")
+        self.layout = layout
+        try:
+            host = sorted(os.sched_getaffinity(0))
+        except OSError:
+            host = list(range(os.cpu_count() or 1))
+        self._cpu_pool = host[: max(1, self.resources.cpus)]
+        self._gpu_devices = gpu_device_files()
+        self._task_cpus = {}
+        if self.tasks_dir.is_dir():
+            for d in self.tasks_dir.iterdir():
+                spec = _read_json(d / shepherd.SPEC_FILE)
+                if spec and not (d / shepherd.EXIT_FILE).exists():
+                    self._task_cpus[d.name] = [int(c) for c in spec.get("cpus") or []]
+        self.sweep_cgroups()
+        if layout.usable:
+            log.info("isolation: %s; CPUs for jobs: %s", layout.describe(), self._cpu_pool)
+        else:
+            log.warning(
+                "isolation: %s: jobs cannot be contained (require_cgroups=%s)",
+                layout.describe(),
+                self.isolation["require_cgroups"],
+            )
+        if self.health is not None and not any(c.name == "isolation" for c in self.health.checks):
+            self.health.add_check(
+                IsolationCheck(
+                    lambda: (self.layout.usable, self.layout.describe()),
+                    lambda: bool(self.isolation["require_cgroups"]),
+                )
+            )
+
+    def _learn_isolation(self, settings: dict[str, Any] | None) -> None:
+        """The cluster's [isolation] settings from a register reply; kept for restarts."""
+        if not settings:
+            return
+        new = {k: settings[k] for k in DEFAULT_ISOLATION if k in settings}
+        if new and {**self.isolation, **new} != self.isolation:
+            self.isolation.update(new)
+            log.info("isolation settings: %s", self.isolation)
+            try:
+                _write_json(self.isolation_file, self.isolation)
+            except OSError as e:
+                log.warning("cannot save %s: %s", self.isolation_file, e)
+
+    def _pick_cpus(self, attempt: str, count: int) -> list[int]:
+        """Host CPUs for a new attempt, away from those of running ones (cgroups.pick_cpus)."""
+        for aid in list(self._task_cpus):
+            if (self.tasks_dir / aid / shepherd.EXIT_FILE).exists() or not (
+                self.tasks_dir / aid
+            ).is_dir():
+                del self._task_cpus[aid]
+        cpus = cgroups.pick_cpus(self._cpu_pool, list(self._task_cpus.values()), count)
+        self._task_cpus[attempt] = cpus
+        return cpus
+
+    def _cgroup_plan(self, launch: dict[str, Any], cpus: list[int]) -> dict[str, Any] | None:
+        mem_mb = int(launch.get("mem_mb") or 0)
+        return cgroups.plan(
+            self.layout,
+            self.name,
+            launch["attempt_id"],
+            mem_bytes=mem_mb << 20 if mem_mb > 0 else None,
+            pids_max=int(self.isolation["pids_max"]),
+            cpus=cpus,
+            cpu_count=float(launch.get("cpus") or len(cpus) or 1),
+            gpu_deny=cgroups.gpu_denials(self._gpu_devices, list(launch.get("gpu_ids") or [])),
+            required=bool(self.isolation["require_cgroups"]),
+        )
+
+    def sweep_cgroups(self) -> list[str]:
+        """Remove the cgroups of attempts that are over (exited, lost, forgotten): normally
+        the shepherd removes its own, but it may have died, or the agent was down.  Returns
+        the attempt ids swept."""
+        self._swept_at = time.monotonic()
+        found: dict[str, list[str]] = {}
+        for d in sorted(set(cgroups.node_dirs(self.layout, self.name).values())):
+            try:
+                names = os.listdir(d)
+            except OSError:
+                continue
+            for n in names:
+                if n.isdigit() and os.path.isdir(f"{d}/{n}"):
+                    found.setdefault(n, []).append(f"{d}/{n}")
+        swept = []
+        for aid, dirs in found.items():
+            td = self.tasks_dir / aid
+            if td.is_dir() and shepherd.read_status(td)["state"] not in ("exited", "lost"):
+                continue
+            left = cgroups.remove({"dirs": dirs}, timeout=0.5)
+            swept.append(aid)
+            if left:
+                log.warning("cannot remove cgroups of attempt %s yet: %s", aid, left)
+            else:
+                log.info("removed the cgroups of ended attempt %s", aid)
+        return swept
 
     def run(self) -> None:
         """Register (retrying forever), then heartbeat until stopped.
@@ -156,6 +279,7 @@ class Agent:
             timeout=10.0,
         )
         self.timing.update(reply.get("timing") or {})
+        self._learn_isolation(reply.get("isolation"))
         self._registered = True
         self._freshen_fence_file()
         log.info(
@@ -304,11 +428,15 @@ class Agent:
         tmp = self.tasks_dir / f".{launch['attempt_id']}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
+        tmp.chmod(0o711)  # the job's user reaches its script and control/, lists nothing
+        owner = job_owner(launch.get("user"))
         cmd = launch["command"]
         if "script" in cmd:
             script = tmp / "script"
             script.write_text(cmd["script"])
             script.chmod(0o700)
+            if owner:
+                os.chown(script, *owner)
             argv = [str(d / "script"), *cmd.get("args", [])]
         else:
             argv = list(cmd["argv"])
@@ -320,8 +448,11 @@ class Agent:
             else:
                 env[key] = value
         # the checkpoint protocol's control files (docs/checkpoints.md)
-        (tmp / shepherd.CONTROL_DIR).mkdir()
+        (tmp / shepherd.CONTROL_DIR).mkdir(mode=0o700)
+        if owner:  # the job writes checkpoint.json and progress.json there
+            os.chown(tmp / shepherd.CONTROL_DIR, *owner)
         env.update(shepherd.control_environment(d))
+        cpus = self._pick_cpus(str(launch["attempt_id"]), int(launch.get("cpus") or 1))
         stdout = launch["stdout"]
         stderr = launch["stderr"]
         open_mode = launch["open_mode"]
@@ -349,8 +480,14 @@ class Agent:
                 "timeout_s": float(self.timing["fence_timeout"]),
                 "kill_grace_s": float(self.timing["fence_kill_grace"]),
             },
+            "user": launch.get("user"),
+            "cpus": cpus,
+            "cgroup": self._cgroup_plan(launch, cpus),
         }
+        # the job's environment and the attempt's token are nobody else's business
+        (tmp / "spec.json").touch(mode=0o600)
         (tmp / "spec.json").write_text(json.dumps(spec))
+        (tmp / "meta.json").touch(mode=0o600)
         (tmp / "meta.json").write_text(
             json.dumps(
                 {
@@ -397,6 +534,9 @@ class Agent:
             try:
                 if not self._registered or not self.tasks_dir.is_dir():
                     continue
+                if time.monotonic() - self._swept_at >= CGROUP_SWEEP_INTERVAL:
+                    with self._lock:
+                        self.sweep_cgroups()
                 fresh = [
                     d.name
                     for d in self.tasks_dir.iterdir()
@@ -409,6 +549,37 @@ class Agent:
                 log.debug("exit report failed (the poller will retry): %s", e.message)
             except Exception:
                 log.exception("watcher error; going on")
+
+
+def job_owner(user: str | None) -> tuple[int, int] | None:
+    """(uid, gid) to give the job's own files to, when the agent is root and the user is known
+    (an unknown user is the shepherd's to report); None: leave them as they are."""
+    if not user or os.geteuid() != 0:
+        return None
+    import pwd
+
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        return None
+    return (pw.pw_uid, pw.pw_gid) if pw.pw_uid != 0 else None
+
+
+def gpu_device_files(dev: str = "/dev") -> list[tuple[int, int, int]]:
+    """(index, major, minor) of each /dev/nvidiaN character device here."""
+    out: list[tuple[int, int, int]] = []
+    try:
+        names = os.listdir(dev)
+    except OSError:
+        return out
+    for n in names:
+        if n.startswith("nvidia") and n[6:].isdigit():
+            try:
+                st = os.stat(os.path.join(dev, n))
+            except OSError:
+                continue
+            out.append((int(n[6:]), os.major(st.st_rdev), os.minor(st.st_rdev)))
+    return sorted(out)
 
 
 def checkpoint_due(

@@ -112,6 +112,10 @@ def build_launch(
         "checkpoint": checkpoint_settings(work, checkpoint_grace=checkpoint_grace),
         "gpu_ids": list(work["gpu_ids"] or []),
         "fence_term": int(work["fence_term"]),
+        # containment on the node (docs/isolation.md): who runs it, and its share of the node
+        "user": str(work["user"]),
+        "cpus": int(work.get("cpus") or 1),
+        "mem_mb": int(work.get("mem_mb") or 0),
     }
 
 

@@ -25,6 +25,7 @@ from phalanx.agent.health.gpu import (
     nvml_from_env,
 )
 from phalanx.agent.health.infiniband import InfinibandCheck
+from phalanx.agent.health.isolation import IsolationCheck
 from phalanx.agent.health.kernel_log import (
     DEFAULT_PATTERNS,
     FileSource,
@@ -48,6 +49,7 @@ __all__ = [
     "GpuCheck",
     "HealthMonitor",
     "InfinibandCheck",
+    "IsolationCheck",
     "JournalSource",
     "KernelLogCheck",
     "KmsgSource",

@@ -120,6 +120,14 @@ class HealthMonitor:
         self._run_lock = threading.Lock()  # one run_due()/preflight() at a time
         self._running: tuple[Check, float] | None = None
 
+    def add_check(self, check: Check) -> None:
+        """Add a check (before `preflight`); its name must be new."""
+        with self._run_lock, self._lock:
+            if check.name in self._states:
+                raise ValueError(f"health checks must have unique names; repeated: {check.name}")
+            self.checks.append(check)
+            self._states[check.name] = _State()
+
     # ------------------------------------------------------------------ running
     def preflight(self) -> CheckResult:
         """Run every check once (before the node registers) and return the worst raw result.
