@@ -540,3 +540,13 @@ def test_liveness_and_readiness_for_load_balancers(client: TestClient, ctl: Cont
     r = client.get("/healthz/ready")
     assert r.status_code == 503
     assert "loop scheduler has not run recently" in r.json()["problems"]
+
+
+def test_nul_characters_are_refused_before_the_store_sees_them(client: TestClient) -> None:
+    """PostgreSQL cannot store NUL in text: such a request is a 422 saying so, on any store."""
+    r = client.post("/v1/jobs", json={"argv": ["/bin/true"], "name": "a\u0000b"}, headers=USER)
+    assert r.status_code == 422, r.text
+    assert "NUL" in r.json()["error"]["message"]
+    r = client.get("/v1/jobs", params={"name": "a\u0000b"}, headers=USER)
+    assert r.status_code == 422, r.text
+    assert client.get("/v1/jobs", headers=USER).json()["jobs"] == []

@@ -287,6 +287,14 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         assert ident is not None
         access.throttle(api_buckets, ident, limits.exempt_roles, 1, "API call")
         request.state.identity = ident
+        # no store keeps a NUL in text (PostgreSQL refuses it): say so before anything is done
+        raw = bytes(request.scope.get("raw_path") or b"") + request.scope.get("query_string", b"")
+        if (
+            b"%00" in raw
+            or "\x00" in request.url.path
+            or (request.method in ("POST", "PUT", "PATCH") and b"\\u0000" in await request.body())
+        ):
+            raise InvalidSpec("text in a request may not contain NUL characters (\\u0000)")
 
     def caller(request: Request) -> Identity:
         ident: Identity = request.state.identity
