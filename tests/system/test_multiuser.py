@@ -404,11 +404,6 @@ def test_the_job_record_names_its_submitter(site: Site, ids_job: int) -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(
-    strict=True,
-    reason="the shepherd still runs every job as root: running a job as its user (setuid, "
-    "setgid, initgroups) is being built in src/phalanx/agent/",
-)
 def test_a_job_runs_with_its_users_uid_gid_and_groups(site: Site, ids_job: int) -> None:
     job = _job(site, ids_job)
     out = site.alice.work / f"ids-{ids_job}.txt"
