@@ -66,6 +66,8 @@ class Client:
         tls: ssl.SSLContext | bool = (
             ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify
         )
+        if not any(u.startswith("https://") for u in self.urls):
+            tls = False  # loading the system's CA bundle costs 20-40 ms a CLI call, for nothing
         self._http = httpx.Client(timeout=timeout, transport=transport, verify=tls)
         self._current = 0
 
