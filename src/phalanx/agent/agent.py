@@ -104,6 +104,14 @@ class Agent:
 
     # ------------------------------------------------------------------ isolation
     @property
+    def cgroup_name(self) -> str:
+        """This agent's directory under ``phalanx/``: the node name and a hash of the state dir.
+
+        Several agents share a host in a local cluster, and several local clusters (test runs)
+        may share one too, with the same node names: each must sweep only its own cgroups."""
+        return cgroup_name(self.name, self.state_dir)
+
+    @property
     def isolation_file(self) -> Path:
         return self.state_dir / "isolation.json"
 
@@ -115,7 +123,7 @@ class Agent:
         if saved:
             self.isolation.update({k: saved[k] for k in DEFAULT_ISOLATION if k in saved})
         try:
-            layout = cgroups.ensure_parents(cgroups.detect(), self.name)
+            layout = cgroups.ensure_parents(cgroups.detect(), self.cgroup_name)
         except OSError as e:
             layout = cgroups.Layout("none", missing=cgroups.REQUIRED, problem=f"cannot detect: {e}")
         self.layout = layout
@@ -176,7 +184,7 @@ class Agent:
         mem_mb = int(launch.get("mem_mb") or 0)
         return cgroups.plan(
             self.layout,
-            self.name,
+            self.cgroup_name,
             launch["attempt_id"],
             mem_bytes=mem_mb << 20 if mem_mb > 0 else None,
             pids_max=int(self.isolation["pids_max"]),
@@ -192,7 +200,7 @@ class Agent:
         the attempt ids swept."""
         self._swept_at = time.monotonic()
         found: dict[str, list[str]] = {}
-        for d in sorted(set(cgroups.node_dirs(self.layout, self.name).values())):
+        for d in sorted(set(cgroups.node_dirs(self.layout, self.cgroup_name).values())):
             try:
                 names = os.listdir(d)
             except OSError:
@@ -549,6 +557,14 @@ class Agent:
                 log.debug("exit report failed (the poller will retry): %s", e.message)
             except Exception:
                 log.exception("watcher error; going on")
+
+
+def cgroup_name(node: str, state_dir: Path) -> str:
+    """``<node>-<8 hex digits of the state dir's path>`` (see Agent.cgroup_name)."""
+    import hashlib
+
+    digest = hashlib.sha256(os.fsencode(os.path.abspath(state_dir))).hexdigest()[:8]
+    return f"{node}-{digest}"
 
 
 def job_owner(user: str | None) -> tuple[int, int] | None:

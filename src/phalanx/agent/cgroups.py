@@ -18,8 +18,10 @@ Three layers, kept apart so the decisions can be tested over fake directory tree
 * **Execution** (:func:`setup`, :func:`attach`, :func:`oom_kills`, :func:`remove`): the few
   syscalls that carry out a plan, run by the shepherd (and by the agent for cleanups).
 
-Where the cgroups live: ``<base>/phalanx/<node>/<attempt-id>``; the node name is in the path
-because several agents of a local cluster share one host.  On v1 ``<base>`` is the agent's own
+Where the cgroups live: ``<base>/phalanx/<node>/<attempt-id>``, where the agent passes as
+``node`` its node name plus a hash of its state dir (``node01-1a2b3c4d``): several agents of a
+local cluster share one host, and so may several local clusters with the same node names, and
+each agent must sweep only its own.  On v1 ``<base>`` is the agent's own
 cgroup in each hierarchy (jobs stay inside whatever the agent itself was given).  On v2 a
 cgroup holding processes cannot hand controllers to children, so ``<base>`` is the parent of
 the agent's cgroup (or the root, when the agent runs there); see :func:`detect`.
@@ -417,11 +419,40 @@ def _mkdir(d: str) -> bool:
     return True
 
 
-def _kill(pid: int) -> None:
+def _kill(pid: int, d: str) -> None:
+    """SIGKILL ``pid`` if it is still in cgroup ``d``.
+
+    The pid was read from ``cgroup.procs`` a moment ago; if that process has exited since, the
+    pid may already belong to someone else (a fork bomb recycles pids fast).  A pidfd pins the
+    process first, the check reads its cgroups, and the signal goes to the pinned process (to
+    nobody if it has died meanwhile), so an unrelated process is never hit.
+    """
     try:
-        os.kill(pid, 9)
-    except OSError:  # gone already
+        fd = os.pidfd_open(pid)
+    except OSError:  # gone already (or no pidfds: then no kill without cgroup.kill)
         return
+    try:
+        suffix = "/phalanx/" + "/".join(d.rstrip("/").split("/")[-2:])
+        try:
+            with open(f"/proc/{pid}/cgroup", encoding="ascii", errors="replace") as f:
+                mine = any(line.rstrip("\n").endswith(suffix) for line in f)
+        except OSError:
+            return
+        if mine:
+            try:
+                _signal_pidfd(fd, 9)
+            except OSError:
+                return
+    finally:
+        os.close(fd)
+
+
+def _signal_pidfd(fd: int, signum: int) -> None:
+    try:
+        import _signal as sig
+    except ImportError:  # pragma: no cover - non-CPython
+        import signal as sig
+    sig.pidfd_send_signal(fd, signum)
 
 
 def setup(p: dict[str, Any]) -> None:
@@ -508,7 +539,7 @@ def remove(p: dict[str, Any], timeout: float = _REMOVE_TIMEOUT_S) -> list[str]:
                     pass
             if not killed:
                 for pid in pids(d):
-                    _kill(pid)
+                    _kill(pid, d)
             try:
                 os.rmdir(d)
             except FileNotFoundError:

@@ -64,9 +64,11 @@ Written by the shepherd:
   ``progress_timeout_s`` in the spec, a job whose progress file (``progress_file``, else
   ``PHX_PROGRESS_FILE``, else ``control/progress.json``) exists but has not changed for that
   long is stopped like a cancel (SIGTERM, SIGKILL after ``kill_grace_s``).
-  ``oom`` is present (true) only when the kernel's OOM killer ended the job: it died of a
-  SIGKILL the shepherd did not send (or exited 137) while the OOM-kill counter of its memory
-  cgroup went up.
+  ``oom`` is present (true) only when the kernel's OOM killer ended the job: with a cgroup of
+  its own, the job failed and that cgroup's OOM-kill counter went up; without one, it died of
+  a SIGKILL the shepherd did not send (or exited 137) while the counter of the shepherd's
+  memory cgroup went up.  ``job_error`` is present (true) with ``launch_failed`` when the job's
+  own request could not be met (see "Who the job runs as" below).
 * ``shepherd.log``: the shepherd's own diagnostics (stdout/stderr of the daemon).
 
 The job's control directory ``control/`` (checkpoint protocol, docs/checkpoints.md): the
