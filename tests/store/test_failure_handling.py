@@ -229,3 +229,20 @@ def test_starts_are_rechecked_against_the_nodes_in_the_write(store: Store) -> No
     store.resume("n2", "ops")
     assert _start_on(store, c, ["n2"], cpus=1, exclusive=True) == [c]
     assert _start_on(store, d, ["n2"], cpus=1) == []  # n2 runs an exclusive job
+
+
+def test_a_job_error_fails_the_job_and_leaves_the_node_alone(store: Store) -> None:
+    add_node(store, "n1")
+    for _ in range(3):  # more than node_launch_failures_to_drain
+        jid = submit1(store)
+        att = start(store, jid, ["n1"])
+        report = launch_failed(att, "user al is unknown on n1")
+        assert report.exit is not None
+        report.exit["job_error"] = True
+        store.apply_reports("n1", [report], None)
+        job = store.get_job(jid)
+        assert job["state"] == "FAILED", job
+        assert job["reason"].startswith("user al is unknown on n1"), job
+        assert job["restart_count"] == 0
+    node = store.get_node("n1")
+    assert not node["drain"] and node["launch_failures"] == 0, node

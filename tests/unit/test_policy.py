@@ -415,3 +415,16 @@ def test_retry_options_from_a_script_and_the_command_line() -> None:
         InvalidSpec, match=r"job\.sh line 2: --retry-on: .*unknown failure kind 'flaky'"
     ):
         parse_submission("#!/bin/bash\n#SBATCH --retry-on=flaky\n", [], "job.sh")
+
+
+def test_a_job_error_ends_the_job_failed_without_retry_or_blame() -> None:
+    from phalanx.domain.policy import TaskEnd
+
+    task = TaskEnd(
+        "n1",
+        detail={"launch_failed": True, "job_error": True, "error": "user al is unknown on n1"},
+    )
+    v = verdict(result=JobState.FAILED, tasks=[task], launch_failures=2)
+    assert (v.action, v.state) == (Action.END, JobState.FAILED)
+    assert v.reason.startswith("user al is unknown on n1; not retried")
+    assert not v.launch_failure and not v.retry and v.avoid == ()

@@ -1090,3 +1090,104 @@ def test_launcher_helper_exits_when_its_owner_dies(tasks: Tasks) -> None:
         assert (td / "out").read_text() == "done\n"
     finally:
         kill_quietly(helper if helper and not proc_dead(helper) else None)
+
+
+# -- running as the job's user (spec "user") ------------------------------------------------
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A world-writable (1777) directory outside pytest's 0700 tmp_path, removed afterwards."""
+    import shutil
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="phx-shep-", dir="/tmp"))
+    try:
+        d.chmod(0o1777)
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _nobody() -> Any:
+    import pwd
+
+    try:
+        return pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no user 'nobody' here")
+
+
+@needs_root
+def test_job_runs_as_its_user_with_its_groups_and_home(tasks: Tasks, shared_dir: Path) -> None:
+    pw = _nobody()
+    out = shared_dir / "out"
+    td = tasks.launch(
+        ["/bin/sh", "-c", 'id -u; id -g; id -G; echo "$USER $LOGNAME $HOME"; echo x > mine'],
+        user="nobody",
+        cwd=str(shared_dir),
+        stdout=str(out),
+        stderr=None,
+    )
+    result = tasks.wait_exited(td)
+    assert result["exit_code"] == 0, (result, read_text(out))
+    lines = out.read_text().splitlines()
+    assert lines[:2] == [str(pw.pw_uid), str(pw.pw_gid)]
+    assert sorted(map(int, lines[2].split())) == sorted(os.getgrouplist("nobody", pw.pw_gid))
+    assert lines[3] == f"nobody nobody {pw.pw_dir}"
+    assert out.stat().st_uid == pw.pw_uid, "the output file is opened as the user"
+    assert (shared_dir / "mine").stat().st_uid == pw.pw_uid
+
+
+def test_unknown_user_is_a_job_error(tasks: Tasks) -> None:
+    td = tasks.launch(["/bin/true"], user="phx-no-such-user", node="node07")
+    result = tasks.wait_exited(td)
+    _assert_launch_failed(result)
+    assert result["job_error"] is True
+    assert result["error"] == "user phx-no-such-user is unknown on node07"
+
+
+@needs_root
+def test_output_the_user_may_not_write_is_a_job_error_and_untouched(tasks: Tasks) -> None:
+    _nobody()
+    before = Path("/etc/passwd").read_bytes()
+    td = tasks.launch(["/bin/echo", "pwned"], user="nobody", stdout="/etc/passwd", stderr=None)
+    result = tasks.wait_exited(td)
+    _assert_launch_failed(result)
+    assert result["job_error"] is True
+    assert result["error"] == "cannot open output file /etc/passwd: Permission denied"
+    assert Path("/etc/passwd").read_bytes() == before
+
+
+@needs_root
+def test_workdir_the_user_may_not_enter_is_a_job_error(tasks: Tasks, shared_dir: Path) -> None:
+    _nobody()
+    private = tasks.root / "private"
+    private.mkdir(mode=0o700)
+    td = tasks.launch(
+        ["/bin/true"], user="nobody", cwd=str(private), stdout=str(shared_dir / "o"), stderr=None
+    )
+    result = tasks.wait_exited(td)
+    _assert_launch_failed(result)
+    assert result["job_error"] is True
+    assert result["error"] == f"cannot change directory to {private}: Permission denied"
+
+
+def test_missing_directory_stays_a_plain_launch_failure(tasks: Tasks) -> None:
+    td = tasks.launch(["/bin/true"], cwd=str(tasks.root / "gone"))
+    result = tasks.wait_exited(td)
+    _assert_launch_failed(result)
+    assert "job_error" not in result, "a missing directory may be the node's (a mount)"
+
+
+def test_cpu_affinity_from_the_spec(tasks: Tasks) -> None:
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    td = tasks.launch(
+        ["/bin/sh", "-c", "nproc; grep Cpus_allowed_list /proc/self/status"], cpus=[cpu]
+    )
+    result = tasks.wait_exited(td)
+    assert result["exit_code"] == 0
+    lines = (td / "out").read_text().splitlines()
+    assert lines[0] == "1" and lines[1].split()[-1] == str(cpu)
