@@ -313,8 +313,8 @@ def test_restarted_agent_readopts_the_job_with_its_cgroup(env: Env) -> None:
         timeout=60,
         what="the job to start",
     )
-    dirs = env.attempt_dirs(attempt)
-    assert all(os.path.isdir(d) for d in dirs)
+    dirs = [d for d in env.attempt_dirs(attempt) if os.path.isdir(d)]
+    assert len(dirs) >= 2, dirs  # memory and pids at least (v1: cpuset too)
     task = env.cluster.agent_dir(NODE) / "tasks" / str(attempt)
     main = json.loads((task / "job.json").read_text())["pid"]
     assert main in cgroups.pids(dirs[0])

@@ -380,7 +380,10 @@ def plan(
     if not v2 and "devices" in dirs:
         for line in gpu_deny:
             writes.append([f"{dirs['devices']}/devices.deny", line, False])
-    unique = sorted(set(dirs.values()))
+    # only the hierarchies the attempt is limited in (each costs a mkdir, an attach, an rmdir)
+    used = {path.rsplit("/", 1)[0] for path, _v, _o in writes}
+    used |= {dirs[c] for c in REQUIRED}
+    unique = sorted(used)
     return {
         "backend": layout.backend,
         "dirs": unique,
