@@ -272,7 +272,10 @@ def _write_tmp(path: str, obj: Any) -> str:
     data = (_dumps(obj) + "\n").encode()
     # pid and thread: two threads of one agent may write the same request file at once.
     tmp = f"{path}.tmp.{os.getpid()}.{_get_ident()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    # control/ belongs to the job's user, who could plant a symlink or hard link at this
+    # predictable name: never write through one (a root shepherd would clobber its target);
+    # the name is unique to this thread, so an existing file is such a plant, and fails
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
         view = memoryview(data)
         while view:
@@ -715,7 +718,9 @@ def write_checkpoint_request(
     control = os.path.join(os.fspath(task_dir), CONTROL_DIR)
     os.makedirs(control, exist_ok=True)
     path = os.path.join(control, CHECKPOINT_REQUEST_FILE)
-    fd = os.open(os.path.join(control, ".request.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(
+        os.path.join(control, ".request.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644
+    )
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
