@@ -135,7 +135,9 @@ def test_drain_now_checkpoints_on_request_and_resumes_without_lost_work(
     log = tmp_path / "steps.log"
     wait_for(lambda: steps_done(log) >= 30, what="the job to do 30 steps")
 
-    res = run_cli(["drain", "node01", "--reason", "disk", "--now"], url=cluster.url, root=tmp_path)
+    res = run_cli(
+        ["drain", "node01", "--reason", "disk", "--now"], url=cluster.url, root=cluster.root
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     done = cluster.wait_terminal([jid], timeout=180)[jid]
     job = cluster.client().job(jid)[0]
@@ -234,7 +236,7 @@ def test_checkpoint_interval_requests_checkpoints_and_show_displays_them(
             str(script),
         ],
         url=cluster.url,
-        root=tmp_path,
+        root=cluster.root,
         cwd=tmp_path,
     )
     assert res.returncode == 0, res.stdout + res.stderr
@@ -252,7 +254,7 @@ def test_checkpoint_interval_requests_checkpoints_and_show_displays_them(
     lines = output(tmp_path, jid)
     assert all("reason=interval" in x for x in lines if x.startswith("checkpoint ")), lines
 
-    shown = run_cli(["show", str(jid)], url=cluster.url, root=tmp_path)
+    shown = run_cli(["show", str(jid)], url=cluster.url, root=cluster.root)
     assert shown.returncode == 0, shown.stderr
     text = shown.stdout
     assert "CheckpointSignal=USR1" in text and "CheckpointInterval=2s (fixed)" in text, text

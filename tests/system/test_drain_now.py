@@ -148,7 +148,7 @@ def test_drain_now_checkpoints_requeues_and_resumes(cluster: Cluster, tmp_path: 
         lambda: (p := progress()) is not None and p[1] >= DRAIN_AFTER,
         what=f"the job to do {DRAIN_AFTER} steps",
     )
-    res = run_cli(["drain", "node01", "--reason", "x", "--now"], url=cluster.url, root=tmp_path)
+    res = run_cli(["drain", "node01", "--reason", "x", "--now"], url=cluster.url, root=cluster.root)
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"requeueing jobs: {train}" in res.stdout, res.stdout
     node = c.node("node01")

@@ -195,9 +195,9 @@ def test_spare_takes_the_failed_rank(cluster: Cluster, tmp_path: Path) -> None:
     spare = cluster.client().node("node04")
     assert spare["spare_for"] == [jid] and spare["cpus_alloc"] == 1, spare
     assert cluster.task_dirs("node04") == []
-    nodes_out = run_cli(["nodes"], url=cluster.url, root=tmp_path)
+    nodes_out = run_cli(["nodes"], url=cluster.url, root=cluster.root)
     assert f"spare for job {jid}" in nodes_out.stdout, nodes_out.stdout
-    show = run_cli(["show", str(jid)], url=cluster.url, root=tmp_path)
+    show = run_cli(["show", str(jid)], url=cluster.url, root=cluster.root)
     assert "Spares=node04" in show.stdout, show.stdout
     assert "NodeSeconds=" in show.stdout, show.stdout
 

@@ -101,7 +101,7 @@ def test_maintenance_window_end_to_end(cluster: Cluster, tmp_path: Path) -> None
             "--json",
         ],
         url=cluster.url,
-        root=tmp_path,
+        root=cluster.root,
     )
     assert res.returncode == 0, res.stdout + res.stderr
     w = json.loads(res.stdout)
@@ -192,23 +192,23 @@ def test_maintenance_window_end_to_end(cluster: Cluster, tmp_path: Path) -> None
     all_kinds = kinds(c.events(limit=10_000))
     for k in ("maint.add", "maint.signal", "maint.start", "maint.end"):
         assert k in all_kinds, k
-    listed = run_cli(["maint", "list", "--all"], url=cluster.url, root=tmp_path)
+    listed = run_cli(["maint", "list", "--all"], url=cluster.url, root=cluster.root)
     assert "done" in listed.stdout, listed.stdout
 
     # the CLI refuses a bad window with what to do, and removes a window
     bad = run_cli(
         ["maint", "add", "--nodes", "node[03-05]", "--start", "now+1h", "--duration", "1h"],
         url=cluster.url,
-        root=tmp_path,
+        root=cluster.root,
     )
     assert bad.returncode == 1 and "unknown nodes node[04-05]" in bad.stderr, bad.stderr
     res = run_cli(
         ["maint", "add", "--nodes", "node03", "--start", "now+1h", "--duration", "1h", "--json"],
         url=cluster.url,
-        root=tmp_path,
+        root=cluster.root,
     )
     later = json.loads(res.stdout)["id"]
-    res = run_cli(["maint", "remove", str(later)], url=cluster.url, root=tmp_path)
+    res = run_cli(["maint", "remove", str(later)], url=cluster.url, root=cluster.root)
     assert res.returncode == 0 and f"maintenance {later} removed" in res.stdout, res.stderr
     assert c.maintenance() == []
     go.touch()

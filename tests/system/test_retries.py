@@ -141,12 +141,12 @@ def test_array_tasks_retry_within_their_own_budgets(cluster: Cluster, tmp_path: 
     assert peak <= THROTTLE, peak
 
     # the listing shows retries used; show gives the budget and the avoided nodes
-    res = run_cli(["queue", "--all"], url=cluster.url, root=tmp_path)
+    res = run_cli(["queue", "--all"], url=cluster.url, root=cluster.root)
     assert res.returncode == 0, res.stderr
     assert "RETRIES" in res.stdout.splitlines()[0], res.stdout[:400]
     line = next(ln for ln in res.stdout.splitlines() if ln.split()[0] == f"{ids[0]}_{HOPELESS}")
     assert line.split()[5] == str(RETRIES), line
-    res = run_cli(["show", f"{ids[0]}_{HOPELESS}"], url=cluster.url, root=tmp_path)
+    res = run_cli(["show", f"{ids[0]}_{HOPELESS}"], url=cluster.url, root=cluster.root)
     assert res.returncode == 0, res.stderr
     assert f"Retries={RETRIES}/{RETRIES} RetryOn=exit:1" in res.stdout, res.stdout
 
