@@ -203,7 +203,7 @@ def test_prior_rules_without_history(prior: float, weight: float) -> None:
 def test_prior_dominates_little_history(prior: float, weight: float, frac: float) -> None:
     """Less than 1% of the prior's weight observed, no failure: within 1% of the prior."""
     mtbf, source = estimate_node_mtbf(frac * weight, 0, prior_s=prior, prior_weight_s=weight)
-    assert prior * (1 - 1e-12) <= mtbf <= prior * 1.01
+    assert prior * (1 - 1e-12) <= mtbf <= prior * 1.01 * (1 + 1e-12)  # float rounding at frac = 1%
     assert source in ("prior", "prior+history")
 
 
