@@ -29,6 +29,7 @@ import pytest
 
 from phalanx.agent import cgroups
 from phalanx.agent.agent import cgroup_name
+from phalanx.cli import render
 from system.harness import Cluster, wait_for
 
 NODE = "node01"
@@ -185,6 +186,10 @@ def test_agent_reports_its_isolation_backend(env: Env) -> None:
     checks = (n.get("health") or {}).get("checks") or {}
     assert checks.get("isolation", {}).get("status") == "ok", n.get("health")
     assert f"cgroup {env.layout.backend}" in checks["isolation"]["reason"]
+    # and `phalanx show node` says so while the check passes
+    shown = [x for x in render.node_detail(n).splitlines() if "Isolation=" in x]
+    assert shown and "jobs contained by" in shown[0], render.node_detail(n)
+    assert f"cgroup {env.layout.backend}" in shown[0]
 
 
 def test_job_runs_as_its_user_in_its_own_cgroup_on_one_cpu(env: Env) -> None:

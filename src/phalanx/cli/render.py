@@ -236,6 +236,9 @@ def node_detail(n: dict[str, Any]) -> str:
     if health:
         what = f" ({health.get('check')}: {health.get('reason')})" if health.get("check") else ""
         lines.append(f"   Health={health.get('status', 'ok')}{what}")
+        isolation = (health.get("checks") or {}).get("isolation")
+        if isolation and health.get("check") != "isolation":
+            lines.append(f"   Isolation={isolation.get('reason')}")
     if n["drain"]:
         lines.append(f"   Reason={n['drain_reason']} [{n['drain_by']}@{_ts(n['drain_time'])}]")
     if n["down"]:
