@@ -33,7 +33,6 @@ from phalanx.errors import ConfigError, Unauthenticated
 
 ISSUER = "phalanx"
 ROLES = ("admin", "operator", "user")
-KINDS = ("local", "agent", "token")
 _CACHE_SIZE = 4096
 
 
@@ -93,15 +92,6 @@ def mint_token(keys: KeySet, *, user: str, role: str, cluster: str, lifetime: fl
         raise ValueError(f"unknown role {role!r}: use one of {', '.join(ROLES)}")
     claims = {"sub": user, "role": role, "kind": "token", "aud": cluster}
     return mint(keys.signing, claims, lifetime=lifetime)
-
-
-def unverified_expiry(token: str) -> float | None:
-    """A credential's exp, read without checking it (clients use it to know when to renew)."""
-    try:
-        exp = jwt.decode(token, options={"verify_signature": False}).get("exp")
-        return float(exp) if exp is not None else None
-    except jwt.PyJWTError:
-        return None
 
 
 def _when(t: Any) -> str:

@@ -242,7 +242,7 @@ def _error(e: PhalanxError) -> JSONResponse:
 
 
 # fields of a job body that would name someone else: a job always runs as its submitter
-_IDENTITY_FIELDS = ("user", "uid", "gid", "group", "uid_name")
+_IDENTITY_FIELDS = ("user", "uid", "gid", "group")
 
 
 def verifier_for(ctl: Controller, keys: KeySet) -> Verifier:
