@@ -110,6 +110,7 @@ class Workload:
     urls: str
     out: Path
     rng: random.Random
+    token: str  # the cluster's admin credential
     every: float = SUBMIT_EVERY
     subs: list[hist.Submission] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -159,7 +160,7 @@ class Workload:
 
     def _run(self) -> None:
         timeout = httpx.Timeout(CLIENT_TIMEOUT, connect=2.0)
-        with Client(self.urls, timeout=timeout) as c:
+        with Client(self.urls, token=self.token, timeout=timeout) as c:
             i = 0
             while not self._stop.is_set():
                 t = time.monotonic()
@@ -185,6 +186,7 @@ class LeaseSampler:
     """Reads the lease table every `every` seconds (through any controller that answers)."""
 
     urls: str
+    token: str  # the cluster's admin credential
     every: float = SAMPLE_EVERY
     samples: list[hist.LeaseSample] = field(default_factory=list)
     failures: int = 0
@@ -203,7 +205,9 @@ class LeaseSampler:
         assert not self._thread.is_alive(), "the lease sampler thread is stuck"
 
     def _run(self) -> None:
-        with Client(self.urls, timeout=httpx.Timeout(CLIENT_TIMEOUT, connect=2.0)) as c:
+        with Client(
+            self.urls, token=self.token, timeout=httpx.Timeout(CLIENT_TIMEOUT, connect=2.0)
+        ) as c:
             while not self._stop.is_set():
                 try:
                     view = c.cluster()
@@ -491,8 +495,8 @@ def schedule(rng: random.Random, kinds: list[str], rounds: int) -> list[str]:
 def run_chaos(chaos: Chaos, out: Path, seed: int, rounds: int, label: str) -> None:
     cluster = chaos.cluster
     urls = ",".join(chaos.urls)
-    work = chaos.work = Workload(urls, out, random.Random(seed + 1)).start()
-    sampler = LeaseSampler(urls).start()
+    work = chaos.work = Workload(urls, out, random.Random(seed + 1), cluster.admin_token).start()
+    sampler = LeaseSampler(urls, cluster.admin_token).start()
     counts: dict[str, int] = {}
     t0 = time.monotonic()
     try:

@@ -273,7 +273,7 @@ def test_controller_cut_off_from_the_database(lab: Lab, tmp_path: Path) -> None:
     out.mkdir()
     go = tmp_path / "go"
     # the stream's client talks to the victim first: it has to fail over
-    stream = Stream(first(urls, CIDS.index(victim)), out).start()
+    stream = Stream(first(urls, CIDS.index(victim)), out, cluster.admin_token).start()
     try:
         wait_for(
             lambda: len(stream.acked) >= 10 and c.jobs(state="COMPLETED", limit=1) != [],
@@ -315,7 +315,9 @@ def test_controller_cut_off_from_the_database(lab: Lab, tmp_path: Path) -> None:
         assert api_code == 503, (api_code, api_body)
         assert api_body["error"]["code"] == "store_unavailable", api_body
         assert "database unavailable" in api_body["error"]["message"], api_body
-        with Client(other_url, timeout=httpx.Timeout(10.0, connect=2.0)) as peer:
+        with Client(
+            other_url, token=lab.cluster.admin_token, timeout=httpx.Timeout(10.0, connect=2.0)
+        ) as peer:
             # asked of the peer alone: the victim answers only after its database timeouts
             got = wait_for(
                 taken_over(peer, victim, before),
@@ -334,7 +336,11 @@ def test_controller_cut_off_from_the_database(lab: Lab, tmp_path: Path) -> None:
             what="15 submissions acknowledged after the takeover (client failover)",
         )
         # a client that lists the cut-off controller first: every request fails over
-        with Client(f"{victim_url},{other_url}", timeout=httpx.Timeout(15.0, connect=2.0)) as fo:
+        with Client(
+            f"{victim_url},{other_url}",
+            token=lab.cluster.admin_token,
+            timeout=httpx.Timeout(15.0, connect=2.0),
+        ) as fo:
             extra = [int(fo.submit(stream.spec(2000 + i))["job_id"]) for i in range(5)]
             assert fo.urls[fo._current] == other_url
         time.sleep(max(0.0, t_cut + t_took + CUT_S - time.time()))  # a cut of some length

@@ -266,7 +266,7 @@ def test_primary_killed_standby_promoted(
     out = tmp_path / "out"
     out.mkdir()
     go = tmp_path / "go"
-    stream = Stream(urls, out).start()
+    stream = Stream(urls, out, cluster.admin_token).start()
     probe: Probe | None = None
     try:
         wait_for(

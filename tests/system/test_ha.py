@@ -173,6 +173,7 @@ class Stream:
 
     urls: str
     out: Path
+    token: str  # the cluster's admin credential
     every: float = SUBMIT_EVERY
     read_timeout: float = 5.0
     acked: list[tuple[int, float]] = field(default_factory=list)  # (job id, time acknowledged)
@@ -210,7 +211,9 @@ class Stream:
         assert not self._thread.is_alive(), "the submitter thread is stuck"
 
     def _run(self) -> None:
-        with Client(self.urls, timeout=httpx.Timeout(self.read_timeout, connect=2.0)) as c:
+        with Client(
+            self.urls, token=self.token, timeout=httpx.Timeout(self.read_timeout, connect=2.0)
+        ) as c:
             while not self._stop.is_set():
                 t = time.time()
                 self.tried += 1
@@ -330,7 +333,7 @@ def test_sigkill_lease_holder(
 
     # the stream's client talks to the scheduling lease holder first, so it has to fail over
     old, _ = victim_of(wait_for(lambda: duties_held(c.cluster()), what="leases"))
-    stream = Stream(first(urls, CONTROLLERS.index(old)), out).start()
+    stream = Stream(first(urls, CONTROLLERS.index(old)), out, cluster.admin_token).start()
     try:
         # a steady state first: jobs acknowledged, some already done
         wait_for(
@@ -388,7 +391,9 @@ def test_sigstop_lease_holder_steps_down(
     out.mkdir()
 
     old, _ = victim_of(wait_for(lambda: duties_held(c.cluster()), what="leases"))
-    stream = Stream(first(urls, CONTROLLERS.index(old)), out, read_timeout=3.0).start()
+    stream = Stream(
+        first(urls, CONTROLLERS.index(old)), out, cluster.admin_token, read_timeout=3.0
+    ).start()
     extra: list[int] = []
     stopped = False
     old_d = None
@@ -418,7 +423,9 @@ def test_sigstop_lease_holder_steps_down(
         t_stop = time.time()
         os.kill(old_d.pid, signal.SIGSTOP)
         stopped = True
-        with Client(others, timeout=httpx.Timeout(10.0, connect=2.0)) as other:
+        with Client(
+            others, token=cluster.admin_token, timeout=httpx.Timeout(10.0, connect=2.0)
+        ) as other:
             got = wait_for(
                 taken_over(other, old, before),
                 timeout=40,
