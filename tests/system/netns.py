@@ -277,6 +277,15 @@ class NetnsCluster(Cluster):
     node_ns: dict[str, str] = field(default_factory=dict)  # node -> namespace (default ctl_ns)
 
     @property
+    def env(self, **extra: str) -> dict[str, str]:
+        """`ip netns exec` mounts a fresh /sys without cgroups, so agents in a namespace
+        cannot contain jobs: this cluster lets such nodes run them (docs/isolation.md)."""
+        conf = self.root / "netns.toml"
+        if not conf.exists():
+            conf.write_text("[isolation]\nrequire_cgroups = false\n")
+        extra.setdefault("PHALANX_CONFIG", str(conf))
+        return super().env(**extra)
+
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
