@@ -276,7 +276,6 @@ class NetnsCluster(Cluster):
     ctl_ns: str = ""
     node_ns: dict[str, str] = field(default_factory=dict)  # node -> namespace (default ctl_ns)
 
-    @property
     def env(self, **extra: str) -> dict[str, str]:
         """`ip netns exec` mounts a fresh /sys without cgroups, so agents in a namespace
         cannot contain jobs: this cluster lets such nodes run them (docs/isolation.md)."""
@@ -286,6 +285,7 @@ class NetnsCluster(Cluster):
         extra.setdefault("PHALANX_CONFIG", str(conf))
         return super().env(**extra)
 
+    @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
