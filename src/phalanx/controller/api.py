@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, Query, Request
@@ -247,8 +248,6 @@ _IDENTITY_FIELDS = ("user", "uid", "gid", "group")
 
 def verifier_for(ctl: Controller, keys: KeySet) -> Verifier:
     auth = ctl.config.auth
-    from pathlib import Path
-
     return Verifier(
         keys,
         cluster=ctl.config.cluster.name,
@@ -275,7 +274,11 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         request: Request,
         cred: HTTPAuthorizationCredentials | None = Depends(bearer_scheme),
     ) -> None:
-        """Every route: verify the caller, apply the route's rule, count the call."""
+        """Every route: verify the caller, apply the route's rule, count the call.
+
+        `cred` only declares the bearer scheme in the OpenAPI document; the header is parsed
+        by access.bearer, which says what is wrong with a malformed one (HTTPBearer would
+        silently drop it)."""
         route = request.scope.get("route")
         key = (request.method, getattr(route, "path", ""))
         rule = access.RULES.get(key)
