@@ -586,11 +586,15 @@ def run_cli(
     cwd: Path | None = None,
     root: Path,
     timeout: float = 120.0,
+    auth_socket: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run `phalanx ARGS` as a user would (PHALANX_URL in the environment), as root with the
-    cluster's admin token when the cluster made one (`root/admin.token`)."""
+    cluster's admin token when the cluster made one (`root/admin.token`), or with credentials
+    from `auth_socket` (a cluster of `phalanx up`, as its users get them)."""
     extra = {"PHALANX_URL": url} if url else {}
-    if (root / "admin.token").is_file():
+    if auth_socket is not None:
+        extra["PHALANX_AUTH_SOCKET"] = str(auth_socket)
+    elif (root / "admin.token").is_file():
         extra["PHALANX_TOKEN_FILE"] = str(root / "admin.token")
     return subprocess.run(
         phalanx_cmd(*args),

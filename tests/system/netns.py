@@ -247,8 +247,16 @@ class NsDaemon(Daemon):
     netns: str = ""
 
     def spawn(self) -> NsDaemon:
-        """Daemon.spawn, started through `ip netns exec` (which execs: same PID)."""
+        """Daemon.spawn, started through `ip netns exec` (which execs: same PID).
+
+        `ip netns exec` mounts a fresh /sys without cgroups, so agents in a namespace cannot
+        contain jobs: unless the test gives its own config, the cluster lets such nodes run
+        them (`[isolation] require_cgroups = false`, docs/isolation.md)."""
         self.log.parent.mkdir(parents=True, exist_ok=True)
+        if "PHALANX_CONFIG" not in self.env:
+            conf = self.log.parent / "netns.toml"
+            conf.write_text("[isolation]\nrequire_cgroups = false\n")
+            self.env = {**self.env, "PHALANX_CONFIG": str(conf)}
         cmd = ["ip", "netns", "exec", self.netns, *phalanx_cmd(*self.args)]
         with open(self.log, "ab") as out:
             out.write(f"===== {time.strftime('%H:%M:%S')} start in {self.netns}: {cmd}\n".encode())
@@ -275,15 +283,6 @@ class NetnsCluster(Cluster):
     host: str = "127.0.0.1"
     ctl_ns: str = ""
     node_ns: dict[str, str] = field(default_factory=dict)  # node -> namespace (default ctl_ns)
-
-    def env(self, **extra: str) -> dict[str, str]:
-        """`ip netns exec` mounts a fresh /sys without cgroups, so agents in a namespace
-        cannot contain jobs: this cluster lets such nodes run them (docs/isolation.md)."""
-        conf = self.root / "netns.toml"
-        if not conf.exists():
-            conf.write_text("[isolation]\nrequire_cgroups = false\n")
-        extra.setdefault("PHALANX_CONFIG", str(conf))
-        return super().env(**extra)
 
     @property
     def url(self) -> str:

@@ -98,14 +98,22 @@ def test_up_detach_then_down_leaves_nothing(cluster: Cluster, tmp_path: Path) ->
     info = json.loads(up.stdout)
     pidfiles = {p.stem: int(p.read_text()) for p in (state / "run").glob("*.pid")}
     cluster.extra_pids.update(pidfiles.values())
-    assert set(pidfiles) == {"controller-1", *(f"agent-node0{i}" for i in range(1, 5))}
+    assert set(pidfiles) == {
+        "controller-1",
+        "authd",
+        *(f"agent-node0{i}" for i in range(1, 5)),
+    }
     assert pidfiles == info["pids"]
     assert all(alive(pid) for pid in pidfiles.values())
 
     # a job that would run for a minute: `down` must stop it and its shepherd as well
     url = info["url"]
     sub = run_cli(
-        ["submit", "--time=5:00", "--wrap", "sleep 60"], url=url, cwd=tmp_path, root=cluster.root
+        ["submit", "--time=5:00", "--wrap", "sleep 60"],
+        url=url,
+        cwd=tmp_path,
+        root=cluster.root,
+        auth_socket=Path(info["auth_socket"]),
     )
     assert sub.returncode == 0, sub.stderr
     job_id = int(sub.stdout.split()[-1])

@@ -94,7 +94,7 @@ def test_job_submitted_through_a_starts_promptly_on_an_agent_polling_b(
     url_b = cluster.controller_url(b)
     wait_for(lambda: health(url_b)["wakeups"] == "listen", what=f"{b_id} to LISTEN")
     cluster.start_agent("node01", cpus=8, mem="8G", url=url_b)  # the agent knows B only
-    client_a = Client(url_a)  # submissions go through A
+    client_a = Client(url_a, token=cluster.admin_token)  # submissions go through A
     try:
         assert holders(url_a, cluster.admin_headers).get(SCHED_LEASE) == a_id, (
             "A must schedule, B must not"
