@@ -1,0 +1,3 @@
+from phalanx.slurm.main import main
+
+main()
