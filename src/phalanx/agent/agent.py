@@ -389,10 +389,12 @@ class Agent:
             d = self.tasks_dir / str(stop["attempt_id"])
             if d.is_dir():
                 log.info("stopping attempt %s: %s", stop["attempt_id"], stop.get("reason"))
+                holder = bool((_read_json(d / "spec.json") or {}).get("holder"))
                 shepherd.request_stop(
                     d,
-                    checkpoint_signal=stop.get("checkpoint_signal"),
-                    checkpoint_grace=float(stop.get("checkpoint_grace") or 0.0),
+                    # a holder has nothing to checkpoint: it stops at once
+                    checkpoint_signal=None if holder else stop.get("checkpoint_signal"),
+                    checkpoint_grace=0.0 if holder else float(stop.get("checkpoint_grace") or 0.0),
                     reason=stop.get("reason"),
                 )
         for aid in reply.get("forget", []):
@@ -464,7 +466,7 @@ class Agent:
         stdout = launch["stdout"]
         stderr = launch["stderr"]
         open_mode = launch["open_mode"]
-        if int(env.get("PHX_NNODES", "1")) > 1:
+        if launch.get("all_nodes") and int(env.get("PHX_NNODES", "1")) > 1:
             open_mode = "append"  # every node writes the same file: never truncate a peer's lines
         spec = {
             "attempt_id": launch["attempt_id"],
@@ -472,6 +474,7 @@ class Agent:
             "token": launch["token"],
             "node": self.name,
             "rank": launch["rank"],
+            "holder": bool(launch.get("holder")),
             "argv": argv,
             "env": env,
             "cwd": launch["cwd"],

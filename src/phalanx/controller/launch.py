@@ -6,15 +6,33 @@ Slurm batch script runs unchanged (SLURM-HABITS.md).
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import signal
 from typing import Any
 
 from phalanx.domain.hostlist import compress_hostlist
-from phalanx.domain.values import parse_export
+from phalanx.domain.layout import compress_counts, tasks_per_node
+from phalanx.domain.values import parse_array, parse_export
 
 BASE_MASTER_PORT = 29500
+# What SLURM_JOB_ACCOUNT / SLURM_JOB_QOS say when the job named none (Slurm's own default QOS
+# is called "normal"; accounts are a site's, so ours is "default" until accounting exists).
+DEFAULT_ACCOUNT = "default"
+DEFAULT_QOS = "normal"
+
+
+# What a non-batch node of an allocation runs: nothing but a process that holds the node's
+# share (its cgroup and self-fencing) until the store stops it.  Job signals (the checkpoint
+# signal, --signal) are for the batch script and the steps, so the holder ignores them: an
+# ignored signal stays ignored across exec.
+HOLDER_ARGV = ("/bin/sh", "-c", "trap '' HUP USR1 USR2 ALRM URG; exec sleep infinity")
+
+
+def is_holder(spec: dict[str, Any], rank: int) -> bool:
+    """Whether this node's task of the job only holds the allocation (not the batch step)."""
+    return rank > 0 and not spec.get("all_nodes")
 
 
 def expand_pattern(
@@ -87,12 +105,19 @@ def build_launch(
     stdout = path(spec.get("output") or default_output(work["array_job_id"]))
     stderr = path(spec.get("error"))
     env = job_environment(work, node=node)
-    if spec.get("script") is not None:
-        command: dict[str, Any] = {"script": spec["script"], "args": list(spec.get("argv") or [])}
+    holder = is_holder(spec, rank)
+    if holder:
+        # Slurm's batch step: the script runs once, on the first node; the other nodes hold
+        # the allocation (cgroup, fencing, TMPDIR) for the job's srun steps and run nothing else
+        command: dict[str, Any] = {"argv": list(HOLDER_ARGV)}
+        stdout = stderr = os.devnull
+    elif spec.get("script") is not None:
+        command = {"script": spec["script"], "args": list(spec.get("argv") or [])}
     elif spec.get("wrap"):
         command = {"script": "#!/bin/sh\n" + spec["wrap"] + "\n", "args": []}
     else:
         command = {"argv": list(spec.get("argv") or [])}
+    checkpoint = checkpoint_settings(work, checkpoint_grace=checkpoint_grace)
     return {
         "attempt_id": int(work["attempt_id"]),
         "token": work["token"],
@@ -105,11 +130,14 @@ def build_launch(
         "stdout": stdout,
         "stderr": stderr,
         "open_mode": spec.get("open_mode") or ("append" if int(work["seq"]) > 0 else "truncate"),
-        "time_limit_s": work["time_limit_s"],
+        # a holder ends when the batch step does (the store stops it), never by itself
+        "time_limit_s": None if holder else work["time_limit_s"],
         "kill_grace_s": kill_wait,
-        "signal": spec.get("signal_parsed"),
-        "progress_timeout_s": spec.get("progress_timeout_s"),  # hang detection (shepherd)
-        "checkpoint": checkpoint_settings(work, checkpoint_grace=checkpoint_grace),
+        "signal": None if holder else spec.get("signal_parsed"),
+        "progress_timeout_s": None if holder else spec.get("progress_timeout_s"),
+        "checkpoint": {**checkpoint, "enabled": False} if holder else checkpoint,
+        "holder": holder,
+        "all_nodes": bool(spec.get("all_nodes")),
         "gpu_ids": list(work["gpu_ids"] or []),
         "fence_term": int(work["fence_term"]),
         # containment on the node (docs/isolation.md): who runs it, and its share of the node
@@ -190,10 +218,14 @@ def job_environment(work: dict[str, Any], *, node: str) -> dict[str, str]:
     arr_task = work["array_task_id"]
     master_port = BASE_MASTER_PORT + job_id % 20000
     gpus = [str(g) for g in (work["gpu_ids"] or [])]
+    counts = job_layout(spec, len(nodes))
+    batch = not spec.get("all_nodes")
+    # the batch step is task 0 on node 0; --all-nodes runs one copy per node, ranked by node
+    procid = 0 if batch else rank
     phx = {
         "PHX_JOB_ID": str(job_id),
         "PHX_JOB_NAME": str(work["name"]),
-        "PHX_ATTEMPT": str(work["attempt_id"]),
+        "PHX_ATTEMPT": str(work["seq"]),
         "PHX_RESTART_COUNT": str(work["seq"]),
         "PHX_NODELIST": hostlist,
         "PHX_NNODES": str(len(nodes)),
@@ -210,34 +242,89 @@ def job_environment(work: dict[str, Any], *, node: str) -> dict[str, str]:
         phx["PHX_ARRAY_JOB_ID"] = str(arr_job)
         phx["PHX_ARRAY_TASK_ID"] = str(arr_task)
     phx.update(checkpoint_environment(work))
+    cpus_per_node = int(work.get("cpus_per_node") or work["cpus"])
     slurm = {
         "SLURM_JOB_ID": str(job_id),
         "SLURM_JOBID": str(job_id),
         "SLURM_JOB_NAME": str(work["name"]),
         "SLURM_JOB_USER": str(work["user"]),
+        "SLURM_JOB_ACCOUNT": str(spec.get("account") or DEFAULT_ACCOUNT),
+        "SLURM_JOB_QOS": str(spec.get("qos") or DEFAULT_QOS),
         "SLURM_JOB_NODELIST": hostlist,
         "SLURM_NODELIST": hostlist,
         "SLURM_JOB_NUM_NODES": str(len(nodes)),
         "SLURM_NNODES": str(len(nodes)),
         "SLURM_NODEID": str(rank),
-        "SLURM_PROCID": str(rank),
+        "SLURM_PROCID": str(procid),
         "SLURM_LOCALID": "0",
-        "SLURM_NTASKS": str(spec.get("ntasks") or len(nodes)),
+        "SLURM_NTASKS": str(sum(counts)),
+        "SLURM_NPROCS": str(sum(counts)),
+        "SLURM_TASKS_PER_NODE": compress_counts(counts),
+        "SLURM_JOB_CPUS_PER_NODE": compress_counts([cpus_per_node] * len(nodes)),
         "SLURM_RESTART_COUNT": str(work["seq"]),
         "SLURM_SUBMIT_DIR": str(spec.get("submit_dir") or ""),
+        "SLURM_SUBMIT_HOST": str(spec.get("submit_host") or nodes[0]),
         "SLURM_CPUS_PER_TASK": str(cpus_per_task),
         "SLURM_CPUS_ON_NODE": str(work["cpus"]),
         "SLURM_JOB_PARTITION": str(work["attempt_partition"]),
         "SLURMD_NODENAME": node,
+        "SLURM_TOPOLOGY_ADDR": node,
         "SLURM_CLUSTER_NAME": "phalanx",
+        "SLURM_GTIDS": ",".join(str(t) for t in range(procid, procid + 1)),
     }
+    if spec.get("ntasks_per_node") is not None or spec.get("ntasks") is None:
+        slurm["SLURM_NTASKS_PER_NODE"] = str(counts[0])
+    if spec.get("mem_per_cpu_mb") is not None:
+        slurm["SLURM_MEM_PER_CPU"] = str(int(spec["mem_per_cpu_mb"]))
+    elif int(work.get("mem_mb") or 0) > 0:
+        slurm["SLURM_MEM_PER_NODE"] = str(int(work["mem_mb"]))
     if arr_job is not None:
         slurm["SLURM_ARRAY_JOB_ID"] = str(arr_job)
         slurm["SLURM_ARRAY_TASK_ID"] = str(arr_task)
+        slurm.update(array_environment(spec.get("array")))
     if gpus:
         phx["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         slurm["SLURM_JOB_GPUS"] = ",".join(gpus)
         slurm["SLURM_GPUS_ON_NODE"] = str(len(gpus))
+        slurm["SLURM_GPUS_PER_NODE"] = str(len(gpus))
+        slurm["GPU_DEVICE_ORDINAL"] = ",".join(gpus)
     env.update(phx)
     env.update(slurm)
     return env
+
+
+def job_layout(spec: dict[str, Any], nnodes: int) -> list[int]:
+    """Tasks per node of the job's allocation (its --ntasks/--ntasks-per-node over the nodes
+    the attempt got; an elastic job may run on fewer than it asked for)."""
+    ntasks = spec.get("ntasks")
+    per_node = spec.get("ntasks_per_node")
+    if ntasks is not None and int(ntasks) < nnodes:
+        ntasks = None  # elastic job on more nodes than tasks: one per node
+    try:
+        return tasks_per_node(
+            nnodes,
+            ntasks=int(ntasks) if ntasks is not None else None,
+            ntasks_per_node=int(per_node) if per_node is not None else None,
+        )
+    except ValueError:
+        return [1] * nnodes
+
+
+def array_environment(array: str | None) -> dict[str, str]:
+    """SLURM_ARRAY_TASK_COUNT/MIN/MAX/STEP of the whole array (a spec that no longer parses
+    gives none: the job still runs)."""
+    if not array:
+        return {}
+    try:
+        indices, _limit = parse_array(array)
+    except ValueError:
+        return {}
+    if not indices:
+        return {}
+    steps = {b - a for a, b in itertools.pairwise(indices)}
+    return {
+        "SLURM_ARRAY_TASK_COUNT": str(len(indices)),
+        "SLURM_ARRAY_TASK_MIN": str(indices[0]),
+        "SLURM_ARRAY_TASK_MAX": str(indices[-1]),
+        "SLURM_ARRAY_TASK_STEP": str(steps.pop() if len(steps) == 1 else 1),
+    }
