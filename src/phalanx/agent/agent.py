@@ -28,6 +28,7 @@ from phalanx import __version__
 from phalanx.agent import cgroups, shepherd
 from phalanx.agent.health import HealthMonitor, IsolationCheck, Status
 from phalanx.agent.resources import NodeResources
+from phalanx.agent.steps import StepRunner
 from phalanx.client import Client
 from phalanx.domain import job_reports
 from phalanx.errors import PhalanxError
@@ -96,6 +97,14 @@ class Agent:
         self._task_cpus: dict[str, list[int]] = {}
         self._gpu_devices: list[tuple[int, int, int]] = []
         self._swept_at = 0.0
+        # job steps (srun) on this node: agent/steps.py
+        self.steps = StepRunner(
+            state_dir / "steps",
+            self.tasks_dir,
+            job_env=self.job_env,
+            fence=self._fence_settings,
+            launch=self._launch_shepherd,
+        )
 
     # ------------------------------------------------------------------ lifecycle
     def prepare(self) -> None:
@@ -299,17 +308,33 @@ class Agent:
             len(r.gpus),
         )
 
+    def _fence_settings(self) -> dict[str, Any]:
+        return {
+            "heartbeat_file": str(self.fence_file),
+            "timeout_s": float(self.timing["fence_timeout"]),
+            "kill_grace_s": float(self.timing["fence_kill_grace"]),
+        }
+
+    def _launch_shepherd(self, d: Path) -> None:
+        launcher: shepherd.Launcher | None = getattr(self, "_launcher", None)
+        if launcher is not None:
+            launcher.launch(d)
+        else:  # apply() used without run()
+            shepherd.launch(d)
+
     # ------------------------------------------------------------------ protocol
     def heartbeat(self, wait: float = 0.0) -> dict[str, Any]:
         taken_at = time.time()
         with self._lock:
             tasks = self.snapshot()
+            steps = self.steps.snapshot()
         # Heartbeats are level-triggered, so retrying one on another controller is safe; the
         # timeout is short so a hung controller does not hold the agent past its fence timeout.
         reply = self.client.post(
             f"/v1/agents/{self.name}/heartbeat",
             {
                 "tasks": tasks,
+                "steps": steps,
                 "taken_at": taken_at,
                 "wait": wait,
                 "health": self.health.summary() if self.health else None,
@@ -397,6 +422,10 @@ class Agent:
                     checkpoint_grace=0.0 if holder else float(stop.get("checkpoint_grace") or 0.0),
                     reason=stop.get("reason"),
                 )
+            # the job's steps here stop with it (a planned stop checkpoints them first)
+            self.steps.stop(int(stop["attempt_id"]), None, stop)
+        if reply.get("steps"):
+            self.steps.apply(reply["steps"])
         for aid in reply.get("forget", []):
             d = self.tasks_dir / str(aid)
             if d.is_dir():
@@ -461,6 +490,12 @@ class Agent:
         (tmp / shepherd.CONTROL_DIR).mkdir(mode=0o700)
         if owner:  # the job writes checkpoint.json and progress.json there
             os.chown(tmp / shepherd.CONTROL_DIR, *owner)
+        # a TMPDIR of the job's own on this node, for its batch step and its steps; it goes
+        # with the task directory when the attempt is over
+        (tmp / "tmp").mkdir(mode=0o700)
+        if owner:
+            os.chown(tmp / "tmp", *owner)
+        env["TMPDIR"] = str(d / "tmp")
         env.update(shepherd.control_environment(d))
         cpus = self._pick_cpus(str(launch["attempt_id"]), int(launch.get("cpus") or 1))
         stdout = launch["stdout"]
@@ -552,6 +587,11 @@ class Agent:
                     d.name
                     for d in self.tasks_dir.iterdir()
                     if d.name not in self._known_exited and (d / "exit.json").exists()
+                ]
+                fresh += [
+                    f"step:{name}"
+                    for name in self.steps.exited_dirs()
+                    if f"step:{name}" not in self._known_exited
                 ]
                 if fresh:
                     self._known_exited.update(fresh)

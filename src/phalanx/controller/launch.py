@@ -328,3 +328,153 @@ def array_environment(array: str | None) -> dict[str, str]:
         "SLURM_ARRAY_TASK_MAX": str(indices[-1]),
         "SLURM_ARRAY_TASK_STEP": str(steps.pop() if len(steps) == 1 else 1),
     }
+
+
+# Job variables that differ from node to node: a step task gets its own node's values over
+# the environment srun passed on (srun runs on the batch host).
+NODE_KEYS = (
+    "PHX_NODE_RANK",
+    "PHX_NODENAME",
+    "PHX_CPUS_ON_NODE",
+    "SLURMD_NODENAME",
+    "SLURM_TOPOLOGY_ADDR",
+    "SLURM_CPUS_ON_NODE",
+    "SLURM_JOB_GPUS",
+    "SLURM_GPUS_ON_NODE",
+    "SLURM_MEM_PER_NODE",
+)
+
+
+def expand_step_pattern(
+    pattern: str,
+    *,
+    job_id: int,
+    step_id: int,
+    task: int,
+    node_index: int,
+    node: str,
+    name: str,
+    user: str,
+    array_job_id: int | None,
+    array_task_id: int | None,
+) -> str:
+    """srun's -o/-e patterns: %t task id, %n node index in the step, %s step id, %j %N %u %x
+    %A %a %% as sbatch's."""
+
+    def repl(m: re.Match[str]) -> str:
+        width, ch = m.group(1), m.group(2)
+        nums = {"t": task, "n": node_index, "s": step_id}
+        if ch in nums:
+            return str(nums[ch]).zfill(int(width)) if width else str(nums[ch])
+        return expand_pattern(
+            m.group(0),
+            job_id=job_id,
+            array_job_id=array_job_id,
+            array_task_id=array_task_id,
+            name=name,
+            user=user,
+            node=node,
+            rank=node_index,
+        )
+
+    return re.sub(r"%(\d*)([tnsjAaxuN%])", repl, pattern)
+
+
+def build_step_launch(
+    w: dict[str, Any], *, node: str, kill_wait: float, now: float
+) -> dict[str, Any]:
+    """Turn one row of Store.node_step_work into the agent's step launch: the step's tasks on
+    this node, each with its environment, GPUs and output (srun's socket, or -o/-e files)."""
+    spec = w["step_spec"]
+    job_id = int(w["job_id"])
+    step_id = int(w["step_id"])
+    nodes: list[str] = list(w["step_nodes"])
+    counts: list[int] = [int(c) for c in w["step_tasks"]]
+    index = nodes.index(node)
+    task_ids: list[int] = list(spec["task_ids"][index])
+    gpus: list[list[int]] = list((spec.get("gpus") or {}).get(node) or [[] for _ in task_ids])
+    node_env = job_environment(w, node=node)
+    env = dict(spec.get("env") or {})
+    env.update({k: node_env[k] for k in NODE_KEYS if k in node_env})
+    for k in ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"):
+        env.pop(k, None)
+    hostlist = compress_hostlist(nodes)
+    env.update(
+        {
+            "SLURM_STEP_ID": str(step_id),
+            "SLURM_STEPID": str(step_id),
+            "SLURM_STEP_NODELIST": hostlist,
+            "SLURM_STEP_NUM_NODES": str(len(nodes)),
+            "SLURM_STEP_NUM_TASKS": str(sum(counts)),
+            "SLURM_STEP_TASKS_PER_NODE": compress_counts(counts),
+            "SLURM_NODELIST": hostlist,
+            "SLURM_NNODES": str(len(nodes)),
+            "SLURM_NTASKS": str(sum(counts)),
+            "SLURM_NPROCS": str(sum(counts)),
+            "SLURM_TASKS_PER_NODE": compress_counts(counts),
+            "SLURM_NODEID": str(index),
+            "SLURM_CPUS_PER_TASK": str(int(spec.get("cpus_per_task") or 1)),
+            "SLURM_GTIDS": ",".join(str(t) for t in task_ids),
+            "SLURM_SRUN_COMM_HOST": str(spec["io"]["host"]),
+            "SLURM_LAUNCH_NODE_IPADDR": str(spec["io"]["host"]),
+        }
+    )
+    cwd = spec.get("cwd") or "/"
+    tasks = []
+    for local, (task, task_gpus) in enumerate(zip(task_ids, gpus, strict=False)):
+        task_env = {"SLURM_PROCID": str(task), "SLURM_LOCALID": str(local)}
+        if task_gpus:
+            ids = ",".join(str(g) for g in task_gpus)
+            task_env.update(
+                {"SLURM_STEP_GPUS": ids, "CUDA_VISIBLE_DEVICES": ids, "GPU_DEVICE_ORDINAL": ids}
+            )
+        fmt: dict[str, Any] = {
+            "job_id": job_id,
+            "step_id": step_id,
+            "task": task,
+            "node_index": index,
+            "node": node,
+            "name": str(w["name"]),
+            "user": str(w["user"]),
+            "array_job_id": w["array_job_id"],
+            "array_task_id": w["array_task_id"],
+        }
+        out = spec.get("output")
+        err = spec.get("error")
+        tasks.append(
+            {
+                "task_id": task,
+                "local_id": local,
+                "env": task_env,
+                "stdout": _step_path(out, fmt, cwd),
+                "stderr": _step_path(err, fmt, cwd),
+            }
+        )
+    sig = w["spec"].get("signal_parsed")
+    expected_end = w.get("expected_end")
+    return {
+        "attempt_id": int(w["attempt_id"]),
+        "step_id": step_id,
+        "token": w["token"],
+        "job_id": job_id,
+        "node": node,
+        "argv": list(spec["argv"]),
+        "env": env,
+        "cwd": cwd,
+        "io": dict(spec["io"]),
+        "label": bool(spec.get("label")),
+        "tasks": tasks,
+        # a step ends with its job's time limit at the latest, and gets the job's --signal
+        # (not a B: one, which is the batch shell's alone)
+        "time_limit_s": max(1, int(expected_end - now)) if expected_end else None,
+        "signal": None if not sig or sig.get("batch_only") else sig,
+        "kill_grace_s": kill_wait,
+        "user": str(w["user"]),
+    }
+
+
+def _step_path(pattern: str | None, fmt: dict[str, Any], cwd: str) -> str | None:
+    if not pattern:
+        return None
+    p = expand_step_pattern(pattern, **fmt)
+    return p if os.path.isabs(p) else os.path.join(cwd, p)

@@ -50,6 +50,7 @@ from phalanx.store.sqlbits import Fence
 from phalanx.store.sqlbits import active_tasks as _active_tasks
 from phalanx.store.sqlbits import chunks as _chunks
 from phalanx.store.sqlbits import now as _now
+from phalanx.store.steps import JobSteps
 from phalanx.store.windows import MaintenanceWindows
 
 ACTIVE_ATTEMPT = (AttemptState.STARTING, AttemptState.RUNNING, AttemptState.STOPPING)
@@ -88,7 +89,7 @@ class SchedSnapshot:
 MAX_ID = 2**63 - 1  # the largest id an INTEGER column holds (SQLite and PostgreSQL)
 
 
-class Store(MaintenanceWindows):
+class Store(JobSteps, MaintenanceWindows):
     """The store's one interface (see the module docstring)."""
 
     # ------------------------------------------------------------------ leases
@@ -1240,6 +1241,7 @@ class Store(MaintenanceWindows):
             )
         )
         self._bump_gen(conn, att["nodes"])
+        self._end_steps_of_attempt(conn, attempt_id, result, now)
         if spare_tasks:
             self._release_spares(conn, attempt_id, now)
         launch_failed = [(t["node"], err) for t in all_tasks if (err := _launch_error(t))]
