@@ -51,7 +51,7 @@ class StepPlan:
 
 
 def _refuse(message: str) -> InvalidSpec:
-    return InvalidSpec(f"srun: {message}", field="step")
+    return InvalidSpec(message, field="step")
 
 
 def plan_step(req: StepRequest, alloc: Sequence[AllocNode]) -> StepPlan:

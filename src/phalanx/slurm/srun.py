@@ -28,10 +28,10 @@ import time
 from collections.abc import Sequence
 from typing import Any, BinaryIO
 
-from phalanx.client import Client, urls_from
 from phalanx.domain import hostlist
 from phalanx.errors import PhalanxError
 from phalanx.slurm.common import SlurmParser, SlurmUsageError, run_command
+from phalanx.slurm.lean import LeanClient
 
 PROG = "srun"
 ATTACH_ENV = "PHX_SRUN_ATTACH"  # host:port:cookie of the srun a job's inner srun reports to
@@ -123,7 +123,7 @@ def _main(argv: list[str]) -> int:
     if opts.exclude:
         raise SlurmUsageError("--exclude is not supported inside an allocation; use --nodelist")
     job = os.environ.get("SLURM_JOB_ID") or os.environ.get("PHX_JOB_ID")
-    with Client() as client:
+    with LeanClient() as client:
         if job:
             return _step(client, job, opts)
         return _outside(client, argv, opts)
@@ -290,7 +290,7 @@ def _body(opts: Any, host: str, cookie: str, port: int) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- inside a job
-def _step(client: Client, job: str, opts: Any) -> int:
+def _step(client: LeanClient, job: str, opts: Any) -> int:
     attach = os.environ.get(ATTACH_ENV)
     if attach:
         return _inner(client, job, opts, attach)
@@ -304,7 +304,7 @@ def _step(client: Client, job: str, opts: Any) -> int:
         io.close()
 
 
-def _inner(client: Client, job: str, opts: Any, attach: str) -> int:
+def _inner(client: LeanClient, job: str, opts: Any, attach: str) -> int:
     """The batch step of a job made by an outer srun: start the step with the outer srun's
     address, then wait for the step's end and exit with its code."""
     host, port, cookie = attach.rsplit(":", 2)
@@ -319,7 +319,7 @@ def _inner(client: Client, job: str, opts: Any, attach: str) -> int:
         time.sleep(POLL_S)
 
 
-def _supervise(client: Client, job: str, step: dict[str, Any], io: StepIO, opts: Any) -> int:
+def _supervise(client: LeanClient, job: str, step: dict[str, Any], io: StepIO, opts: Any) -> int:
     sid = int(step["step_id"])
     expected = {t for ids in step["task_ids"] for t in ids}
     nodes_of = {t: n for n, ids in zip(step["nodes"], step["task_ids"], strict=False) for t in ids}
@@ -419,30 +419,34 @@ def _describe(rec: dict[str, Any]) -> str | None:
 
 def worst_exit(records: Any) -> int:
     """srun's exit status: the highest task exit code; a task killed by signal N counts as
-    128+N, one that never started or was lost as 1."""
-    worst = 0
-    for rec in records:
-        code = rec.get("exit_code")
-        sig = rec.get("signal")
-        if sig:
-            value = 128 + int(sig)
-        elif isinstance(code, int):
-            value = code
-        else:
-            value = 1
-        worst = max(worst, value)
-    return min(worst, 255)
+    128+N, one that never started or was lost as 1.  Tasks stopped because the step was
+    cancelled (--kill-on-bad-exit) do not hide the failure that caused it."""
+    records = list(records)
+    own = [r for r in records if not (r.get("cancelled") or r.get("stop_requested"))]
+    if any(_value(r) for r in own):
+        records = own
+    return min(max((_value(r) for r in records), default=0), 255)
+
+
+def _value(rec: dict[str, Any]) -> int:
+    code = rec.get("exit_code")
+    sig = rec.get("signal")
+    if sig:
+        return 128 + int(sig)
+    if isinstance(code, int):
+        return code
+    return 1
 
 
 # ----------------------------------------------------------------------------- outside a job
-def _outside(client: Client, argv: list[str], opts: Any) -> int:
+def _outside(client: LeanClient, argv: list[str], opts: Any) -> int:
     """Make a job of one step: its batch step is srun itself, attached back to us."""
     io = StepIO(label=bool(opts.label))
     try:
         host = advertised_host(client.urls)
         env = dict(os.environ)
         env[ATTACH_ENV] = f"{host}:{io.port}:{io.cookie}"
-        env.setdefault("PHALANX_URL", ",".join(urls_from(None)))
+        env.setdefault("PHALANX_URL", ",".join(client.urls))
         spec: dict[str, Any] = {
             "name": opts.job_name or os.path.basename(opts.command[0]),
             "argv": [sys.executable, "-m", "phalanx.slurm", "srun", *argv],
@@ -481,28 +485,34 @@ def _outside(client: Client, argv: list[str], opts: Any) -> int:
                     spec["mem_per_cpu_mb"] = values.parse_memory_mb(opts.mem_per_cpu)
             except ValueError as e:
                 raise SlurmUsageError(str(e)) from None
-        res = client.submit(spec)
+        res = client.post("/v1/jobs", spec)
         jid = str(res["job_id"])
         return _follow(client, jid, io)
     finally:
         io.close()
 
 
-def _follow(client: Client, jid: str, io: StepIO) -> int:
+def _follow(client: LeanClient, jid: str, io: StepIO) -> int:
     said_queued = False
     started = time.monotonic()
-    cancelled = {"done": False}
+    last_int = {"at": 0.0}
 
-    def cancel(signum: int, _frame: object) -> None:
-        if not cancelled["done"]:
-            cancelled["done"] = True
-            with contextlib.suppress(PhalanxError):
-                client.cancel([jid], reason=f"srun got signal {signum}")
+    def forward(signum: int, _frame: object) -> None:
+        """Signals go to the job's step (its tasks), as an attached srun's do; a second ^C
+        within a second cancels the whole job."""
+        now = time.monotonic()
+        with contextlib.suppress(PhalanxError):
+            if signum == signal.SIGINT and now - last_int["at"] < 1.0:
+                client.post("/v1/jobs/cancel", {"jobs": [jid], "reason": "srun ^C ^C"})
+            else:
+                client.post(f"/v1/jobs/{jid}/steps/signal", {"signal": signum})
+        if signum == signal.SIGINT:
+            last_int["at"] = now
 
-    old = {s: signal.signal(s, cancel) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, forward) for s in FORWARDED}
     try:
         while True:
-            (job,) = client.job(jid)
+            (job,) = client.get(f"/v1/jobs/{jid}")["jobs"]
             st = job["state"]
             if st in ("PENDING", "HELD") and not said_queued and time.monotonic() - started > 1.0:
                 sys.stderr.write(f"{PROG}: job {jid} queued and waiting for resources\n")
@@ -514,6 +524,10 @@ def _follow(client: Client, jid: str, io: StepIO) -> int:
         with io.cond:
             io.cond.wait_for(lambda: io.open_streams == 0, timeout=DRAIN_S)
         if io.exits:
+            for task, rec in sorted(io.exits.items()):
+                bad = _describe(rec)
+                if bad:
+                    sys.stderr.write(f"{PROG}: error: task {task}: {bad}\n")
             return worst_exit(io.exits.values())
         sys.stderr.write(
             f"{PROG}: error: job {jid} ended {st} before its step ran: {job.get('reason') or ''}\n"
