@@ -51,6 +51,8 @@ RULES: dict[tuple[str, str], Rule] = {
     ("POST", "/v1/jobs/cancel"): Rule(USER, "cancelling jobs", owner=True),
     ("POST", "/v1/jobs/hold"): Rule(USER, "holding jobs", owner=True),
     ("POST", "/v1/jobs/release"): Rule(USER, "releasing jobs", owner=True),
+    ("POST", "/v1/jobs/requeue"): Rule(USER, "requeueing jobs", owner=True),
+    ("POST", "/v1/jobs/update"): Rule(USER, "changing jobs", owner=True),
     ("GET", "/v1/nodes"): Rule(USER, "listing nodes"),
     ("GET", "/v1/nodes/{name}"): Rule(USER, "showing a node"),
     ("POST", "/v1/nodes/{name}/drain"): Rule(OPERATOR, "draining a node"),
