@@ -188,6 +188,33 @@ def test_self_requeue_show_job_and_sacct(cluster: Cluster, tmp_path: Path) -> No
     p = slurm(cluster, "sacct", "--units=M", cwd=tmp_path)
     assert p.returncode == 1 and "--units" in p.stderr
 
+    # nodes, partitions, ping, node drain/resume, tokens
+    p = slurm(cluster, "scontrol", "ping", cwd=tmp_path)
+    host = cluster.url.removeprefix("http://")
+    assert (p.returncode, p.stdout) == (0, f"Slurmctld(primary) at {host} is UP\n"), p
+    p = slurm(cluster, "scontrol", "show", "node", "node02", cwd=tmp_path)
+    assert p.stdout.startswith("NodeName=node02 ") and "   Partitions=batch\n" in p.stdout
+    p = slurm(cluster, "scontrol", "show", "partition", cwd=tmp_path)
+    assert p.stdout.startswith("PartitionName=batch\n") and "   Nodes=node[01-02]\n" in p.stdout
+    p = slurm(cluster, "scontrol", "update", "NodeName=node02", "State=DRAIN",
+              "Reason=bad disk", cwd=tmp_path)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert c.node("node02")["drain_reason"] == "bad disk"
+    assert (
+        "State=DRAINED" in slurm(cluster, "scontrol", "show", "node", "node02", cwd=tmp_path).stdout
+    )
+    slurm(cluster, "scontrol", "update", "NodeName=node02", "State=RESUME", cwd=tmp_path)
+    assert not c.node("node02")["drain"]
+    p = slurm(cluster, "scontrol", "token", "lifespan=600", cwd=tmp_path)
+    assert p.returncode == 0 and p.stdout.startswith("SLURM_JWT=ey"), p
+    user_env = {"PHALANX_TOKEN": cluster.token("alice")}
+    p = slurm(cluster, "scontrol", "token", cwd=tmp_path, env=user_env)
+    assert p.returncode == 1 and "alice may not mint a token" in p.stderr, p
+    # alice may not requeue root's job: refused, nothing changes
+    p = slurm(cluster, "scontrol", "requeue", str(two), cwd=tmp_path, env=user_env)
+    assert p.returncode == 1 and "belongs to root" in p.stderr, p
+    assert c.job(two)[0]["state"] == "COMPLETED"
+
     # requeue a finished job: it comes back with restart count + 1 (Slurm allows it)
     p = slurm(cluster, "scontrol", "requeuehold", str(bad), cwd=tmp_path)
     assert p.returncode == 0, p.stderr
