@@ -197,6 +197,9 @@ def test_scontrol_commands_without_a_cluster(
         (["resume", "12"], "resume is not supported"),
         (["--frob", "show", "job"], "unrecognized option '--frob'"),
         (["reconfigure"], "invalid command 'reconfigure'"),
+        (["requeue", "State=SpecialExit", "12"], "only job ids are supported here, not State="),
+        (["requeue"], "no job id given"),
+        (["hold", "JobId=abc"], "Invalid job id specified for job abc"),
     ):
         assert scontrol.main(argv) == 1
         err = capsys.readouterr().err

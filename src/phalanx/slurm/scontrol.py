@@ -463,11 +463,14 @@ def body(argv: list[str]) -> int:
             return update(cli, rest)
         if cmd == "token":
             return token(cli, rest)
-        refs = _job_refs([w for w in rest if "=" not in w], cmd)
-        if any("=" in w for w in rest):
+        # `JobId=12` / `Job=12` as scontrol also takes them; other keys are refused
+        words = [w.split("=", 1)[1] if w.lower().startswith(("jobid=", "job=")) else w
+                 for w in rest]  # fmt: skip
+        if any("=" in w for w in words):
             raise SlurmUsageError(
-                f"{cmd}: only job ids are supported here, not {next(w for w in rest if '=' in w)}"
+                f"{cmd}: only job ids are supported here, not {next(w for w in words if '=' in w)}"
             )
+        refs = _job_refs(words, cmd)
         try:
             if cmd in ("requeue", "requeuehold"):
                 results = cli.requeue(refs, hold=cmd == "requeuehold")
