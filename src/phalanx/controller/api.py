@@ -143,6 +143,8 @@ def job_view(row: dict[str, Any], *, detail: bool = False) -> dict[str, Any]:
         "reserved_until": row.get("reserved_until"),
         # nodes the current/last attempt ran on (an elastic job: anywhere from MIN to MAX)
         "nodes_alloc": len(row["nodelist_run"]) if row["nodelist_run"] else None,
+        # rank 0 of the current/last attempt: where the batch script runs (Slurm's BatchHost)
+        "batch_host": row["nodelist_run"][0] if row["nodelist_run"] else None,
     }
     if detail:
         spec = row["spec"]

@@ -117,7 +117,9 @@ def nodelist_text(job: dict[str, Any], missing: str = "None assigned") -> str:
 
 
 def batch_host(job: dict[str, Any]) -> str | None:
-    """The node the batch script runs on: the first of the allocation."""
+    """The node the batch script runs on: the first (rank 0) of the allocation."""
+    if job.get("batch_host"):
+        return str(job["batch_host"])
     attempts = job.get("attempts") or []
     if attempts and attempts[-1].get("nodes"):
         return str(attempts[-1]["nodes"][0])
