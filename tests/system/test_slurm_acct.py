@@ -8,6 +8,7 @@ second attempt; `sacct -P -o` prints what the job records say, field by field.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -229,3 +230,19 @@ def test_self_requeue_show_job_and_sacct(cluster: Cluster, tmp_path: Path) -> No
     slurm(cluster, "scontrol", "release", str(bad), cwd=tmp_path)
     final = cluster.wait_terminal([bad])[bad]
     assert final["state"] == "FAILED" and final["restart_count"] == 1
+
+    # no -j: the caller's jobs active in the window (-S defaults to midnight); -s filters
+    p = slurm(cluster, "sacct", "-X", "-n", "-P", "-o", "JobID", "-S", "now-1hour", cwd=tmp_path)
+    assert p.stdout.split() == [str(rq), str(two), str(bad)], p
+    p = slurm(cluster, "sacct", "-X", "-n", "-P", "-o", "JobID,State", "-s", "F", "-S",
+              "now-1hour", cwd=tmp_path)  # fmt: skip
+    assert p.stdout == f"{bad}|FAILED\n", p
+    p = slurm(cluster, "sacct", "-X", "-n", "-P", "-o", "JobID", "-E", "2000-01-01", "-S",
+              "1999-01-01", cwd=tmp_path)  # fmt: skip
+    assert (p.returncode, p.stdout) == (0, ""), p
+    p = slurm(cluster, "sacct", "--json", "-j", str(two), cwd=tmp_path)
+    (doc,) = json.loads(p.stdout)["jobs"]
+    assert doc["job_id"] == two and doc["state"]["current"] == "COMPLETED"
+    assert doc["nodes"] == "node[01-02]" and [s["step"]["id"] for s in doc["steps"]] == [
+        f"{two}.batch"
+    ]
