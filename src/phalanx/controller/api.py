@@ -663,7 +663,11 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
             },
         }
         name = body.name or os.path.basename(body.argv[0])
-        return ctl.store.create_step(int(row["id"]), req, spec, name, ident.actor)
+        step = ctl.store.create_step(int(row["id"]), req, spec, name, ident.actor)
+        # this controller's long-polling agents start it at once (SQLite has no NOTIFY, and
+        # the work_gen poll would cost up to GEN_POLL per step)
+        ctl.waiters.notify(list(step["nodes"]))
+        return step
 
     @app.get("/v1/jobs/{ref}/steps/{step_id}")
     def show_step(ref: str, step_id: int, ident: Identity = Depends(caller)) -> dict[str, Any]:
@@ -678,6 +682,7 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
     ) -> dict[str, Any]:
         row = _own_job(ref, ident, "signal")
         done = ctl.store.signal_steps(int(row["id"]), body.signal, body.step_id, ident.actor)
+        ctl.waiters.notify(ctl.waiters.waiting_nodes())
         return {"steps": done}
 
     @app.post("/v1/jobs/{ref}/steps/cancel")
@@ -686,7 +691,9 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
     ) -> dict[str, Any]:
         row = _own_job(ref, ident, "cancel a step")
         reason = body.reason or f"cancelled by {ident.actor}"
-        return {"steps": ctl.store.cancel_steps(int(row["id"]), body.step_id, reason, ident.actor)}
+        done = ctl.store.cancel_steps(int(row["id"]), body.step_id, reason, ident.actor)
+        ctl.waiters.notify(ctl.waiters.waiting_nodes())
+        return {"steps": done}
 
     # ---------------------------------------------------------------- nodes
     @app.get("/v1/nodes")
