@@ -254,7 +254,7 @@ def test_bookkeeping_options_are_silent_and_listed_once() -> None:
     ("line", "reason"),
     [
         ("--begin=now+1hour", "delayed start is not supported"),
-        ("--mem-per-gpu=8G", "not supported; request memory with --mem"),
+        ("--ntasks-per-gpu=2", "not supported; use --ntasks-per-node"),
         ("--test-only", "would not submit"),
         ("-M other", "single cluster"),
         ("hetjob", "heterogeneous jobs"),
@@ -429,3 +429,35 @@ def test_table_has_no_duplicate_names_and_flags_take_no_value() -> None:
     for name in ("requeue", "no-requeue", "hold"):
         option = find_option(name)
         assert option is not None and option.arg is Arg.NONE
+
+
+# --- per-GPU CPUs and memory ----------------------------------------------------------------
+
+
+def test_per_gpu_options_are_applied() -> None:
+    script = (
+        "#!/bin/bash\n#SBATCH --gres=gpu:2\n#SBATCH --cpus-per-gpu=6\n#SBATCH --mem-per-gpu=40G\n"
+    )
+    parsed = parse_submission(script, [], "job.sh")
+    assert parsed.fields == {"gpus_per_node": 2, "cpus_per_gpu": 6, "mem_per_gpu_mb": 40 * 1024}
+    assert (parsed.warnings, parsed.ignored) == ([], [])
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("--cpus-per-gpu=4", "-c 2"),
+        ("--mem-per-gpu=8G", "--mem=16G"),
+        ("--mem-per-gpu=8G", "--mem-per-cpu=1G"),
+        ("--mem=16G", "--mem-per-gpu=8G"),
+    ],
+)
+def test_per_gpu_options_conflict_like_sbatch(first: str, second: str) -> None:
+    error = _refusal(f"#!/bin/bash\n#SBATCH {first}\n#SBATCH {second}\n")
+    assert error.message.startswith("job.sh line 3: ")
+    assert "cannot be combined with" in error.message
+
+
+def test_command_line_per_gpu_memory_replaces_the_scripts_mem() -> None:
+    parsed = parse_submission("#!/bin/bash\n#SBATCH --mem=16G\n", ["--mem-per-gpu=8G"], "job.sh")
+    assert parsed.fields == {"mem_per_gpu_mb": 8192}

@@ -12,7 +12,7 @@ submission with a message naming the line and the reason:
   script's ``--mem-per-cpu``, since the two are mutually exclusive);
 * unknown options are not errors, only warnings naming the line, so that a script written
   for a newer Slurm still runs; known Slurm options that would change what the job does
-  and that Phalanx cannot honour (``--begin``, ``--mem-per-gpu``, ...) are refused, because
+  and that Phalanx cannot honour (``--begin``, ``--ntasks-per-gpu``, ...) are refused, because
   running such a job anyway would silently produce a different result;
 * site bookkeeping options (``--account``, ``--mail-type``, ...) are accepted; those that
   have no effect here are listed in ``ParsedOptions.ignored`` so the CLI can say so once.
@@ -298,13 +298,21 @@ OPTIONS: tuple[Option, ...] = (
     _opt("ntasks-per-node", None, R, ("ntasks_per_node",), _int_to("ntasks_per_node"),
          "tasks per node", "N"),
     _opt("cpus-per-task", "c", R, ("cpus_per_task",), _int_to("cpus_per_task"),
-         "CPUs per task", "N"),
+         "CPUs per task", "N", conflicts=("cpus-per-gpu",)),
+    _opt("cpus-per-gpu", None, R, ("cpus_per_gpu",), _int_to("cpus_per_gpu"),
+         "CPUs per allocated GPU (CPUs per node = N x GPUs per node)", "N",
+         conflicts=("cpus-per-task",)),
     _opt("mem", None, R, ("mem_mb",), _memory_to("mem_mb", allow_zero=True),
          "memory per node (MB, or K/M/G/T suffix); 0 means all of the node's memory", "SIZE",
-         conflicts=("mem-per-cpu",)),
+         conflicts=("mem-per-cpu", "mem-per-gpu")),
     _opt("mem-per-cpu", None, R, ("mem_per_cpu_mb",),
          _memory_to("mem_per_cpu_mb", allow_zero=False),
-         "memory per allocated CPU (MB, or K/M/G/T suffix)", "SIZE", conflicts=("mem",)),
+         "memory per allocated CPU (MB, or K/M/G/T suffix)", "SIZE",
+         conflicts=("mem", "mem-per-gpu")),
+    _opt("mem-per-gpu", None, R, ("mem_per_gpu_mb",),
+         _memory_to("mem_per_gpu_mb", allow_zero=False),
+         "memory per allocated GPU (memory per node = SIZE x GPUs per node)", "SIZE",
+         conflicts=("mem", "mem-per-cpu")),
     _opt("gres", None, R, ("gpus_per_node", "gpu_type"), _gres,
          "GPUs per node, e.g. gpu:4 or gpu:a40:1", "gpu[:TYPE][:N]",
          conflicts=("gpus-per-node",)),
@@ -438,8 +446,6 @@ OPTIONS: tuple[Option, ...] = (
     # --- Slurm options Phalanx cannot honour: refused, never silently dropped ---
     _refused("begin", "delayed start is not supported; submit later or use --hold", "b"),
     _refused("test-only", "--test-only would not submit, but Phalanx would; drop it", arg=N),
-    _refused("cpus-per-gpu", "not supported; request CPUs with --cpus-per-task"),
-    _refused("mem-per-gpu", "not supported; request memory with --mem or --mem-per-cpu"),
     _refused("ntasks-per-gpu", "not supported; use --ntasks-per-node and --gpus-per-task"),
     _refused("gpus-per-socket", "not supported; use --gpus-per-node"),
     _refused("tres-per-task", "not supported; use --cpus-per-task and --gpus-per-task"),
