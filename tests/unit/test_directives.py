@@ -228,15 +228,32 @@ def test_missing_value_and_unexpected_value() -> None:
 # --- unknown, ignored, stored, refused ------------------------------------------------------
 
 
-def test_unknown_option_warns_with_line_and_is_not_an_error() -> None:
-    script = "#!/bin/bash\n#SBATCH -N 1\n#SBATCH --frobnicate\n#SBATCH --frob-level 3\n#SBATCH -Z\n"
-    parsed = parse_submission(script, [], "job.sh")
-    assert parsed.fields == {"nodes": 1}
-    assert parsed.warnings == [
-        "job.sh line 3: unknown option --frobnicate ignored",
-        "job.sh line 4: unknown option --frob-level 3 ignored",
-        "job.sh line 5: unknown option -Z ignored",
-    ]
+def test_a_misspelt_option_is_refused_with_its_line_and_the_nearest_spelling() -> None:
+    """sbatch refuses it; a warning let ``--ntask-per-node=2`` run as one task per node."""
+    error = _refusal("#!/bin/bash\n#SBATCH -N 1\n#SBATCH --ntask-per-node=2\nsrun hostname\n")
+    assert error.message == (
+        "job.sh line 3: unknown option --ntask-per-node: did you mean --ntasks-per-node?"
+    )
+    assert (error.details["line"], error.details["option"]) == (3, "--ntask-per-node")
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("--frobnicate", "job.sh line 2: unknown option --frobnicate: not an sbatch option"),
+        ("--frob-level 3", "job.sh line 2: unknown option --frob-level: not an sbatch option"),
+        ("--partiton=gpu", "job.sh line 2: unknown option --partiton: did you mean --partition?"),
+        ("-Z", "job.sh line 2: unknown option -Z: not an sbatch option"),
+        ("-HZ", "job.sh line 2: unknown option -Z (in -HZ): not an sbatch option"),
+    ],
+)
+def test_unknown_script_options_are_refused(line: str, message: str) -> None:
+    assert _refusal(f"#!/bin/bash\n#SBATCH {line}\n").message.startswith(message)
+
+
+def test_unknown_command_line_options_are_refused() -> None:
+    error = _refusal("#!/bin/bash\n", ["--time=5", "--exlusive"])
+    assert error.message == "command line: unknown option --exlusive: did you mean --exclusive?"
 
 
 def test_bookkeeping_options_are_silent_and_listed_once() -> None:

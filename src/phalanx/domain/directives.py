@@ -10,8 +10,9 @@ submission with a message naming the line and the reason:
   sbatch does, but we warn because that is almost always a mistake;
 * command-line options override the script's (``--mem`` on the command line replaces a
   script's ``--mem-per-cpu``, since the two are mutually exclusive);
-* unknown options are not errors, only warnings naming the line, so that a script written
-  for a newer Slurm still runs; known Slurm options that would change what the job does
+* unknown options are refused, as sbatch refuses them, naming the line and the nearest
+  known spelling: a typo such as ``--ntask-per-node=2`` would otherwise run a different job
+  than the one asked for; known Slurm options that would change what the job does
   and that Phalanx cannot honour (``--begin``, ``--ntasks-per-gpu``, ...) are refused, because
   running such a job anyway would silently produce a different result;
 * site bookkeeping options (``--account``, ``--mail-type``, ...) are accepted; those that
@@ -20,6 +21,7 @@ submission with a message naming the line and the reason:
 
 from __future__ import annotations
 
+import difflib
 import re
 import shlex
 from collections.abc import Callable
@@ -602,10 +604,6 @@ class _Accumulator:
         )
 
 
-def _looks_like_value(token: str) -> bool:
-    return not token.startswith("-")
-
-
 def _parse_into(acc: _Accumulator, tokens: list[str], source: str, line: int | None) -> None:
     """getopt_long-like walk over ``tokens``; see ``parse_options``."""
     i = 0
@@ -623,12 +621,9 @@ def _parse_into(acc: _Accumulator, tokens: list[str], source: str, line: int | N
             except ValueError as exc:
                 raise _error(f"{source}: {exc}", source, line, f"--{name}") from None
             if option is None:
-                shown = f"--{name}"
-                if not eq and i < len(tokens) and _looks_like_value(tokens[i]):
-                    shown += f" {tokens[i]}"  # most likely its value; do not warn about it twice
-                    i += 1
-                acc.warnings.append(f"{source}: unknown option {shown} ignored")
-                continue
+                raise _error(
+                    f"{source}: {_unknown_long(name)}", source, line, f"--{name}"
+                ) from None
             if option.arg is Arg.NONE and eq:
                 raise _error(
                     f"{source}: {option.flag}: takes no value (got {value!r})",
@@ -656,8 +651,13 @@ def _parse_into(acc: _Accumulator, tokens: list[str], source: str, line: int | N
                 j += 1
                 option = _BY_SHORT.get(letter)
                 if option is None:
-                    acc.warnings.append(f"{source}: unknown option -{letter} ignored")
-                    break  # the rest of the cluster cannot be interpreted
+                    raise _error(
+                        f"{source}: unknown option -{letter}{_in_cluster(token)}: not an sbatch "
+                        f"option; {_LIST_HINT}",
+                        source,
+                        line,
+                        f"-{letter}",
+                    )
                 if option.arg is Arg.NONE:
                     acc.take(option, None, source, line)
                     continue
@@ -678,6 +678,21 @@ def _parse_into(acc: _Accumulator, tokens: list[str], source: str, line: int | N
             _positional(acc, token, source, line)
 
 
+_LIST_HINT = "`phalanx submit --help-options` lists the options understood"
+
+
+def _unknown_long(name: str) -> str:
+    """The refusal of ``--name``, with the nearest known spelling when there is one."""
+    close = difflib.get_close_matches(name, list(_BY_LONG), n=1, cutoff=0.6)
+    if close:
+        return f"unknown option --{name}: did you mean --{close[0]}?"
+    return f"unknown option --{name}: not an sbatch option; {_LIST_HINT}"
+
+
+def _in_cluster(token: str) -> str:
+    return f" (in {token})" if len(token) > 2 else ""
+
+
 def _positional(acc: _Accumulator, token: str, source: str, line: int | None) -> None:
     if token.lower() in ("hetjob", "packjob", ":"):
         raise _error(
@@ -696,7 +711,7 @@ def parse_options(tokens: list[str], source: str) -> ParsedOptions:
     Accepts ``--opt=value``, ``--opt value``, unique prefixes of long names, ``-X value``,
     ``-Xvalue`` and clustered flags (``-Hv``), like sbatch's getopt.  ``source`` (e.g.
     ``"job.sh line 4"``) prefixes every warning and error.  Raises ``InvalidSpec`` for a bad
-    value or a refused option; unknown options only produce warnings.
+    value, a refused option or an unknown one.
     """
     acc = _Accumulator()
     m = _SOURCE_LINE_RE.search(source)
