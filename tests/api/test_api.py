@@ -10,6 +10,7 @@ import pytest
 from api_auth import KEYS, AuthedClient, as_user
 from fastapi.testclient import TestClient
 
+from phalanx.agent.resources import parse_gpu_override
 from phalanx.config import load_config
 from phalanx.controller.api import create_app
 from phalanx.controller.runtime import Controller
@@ -216,6 +217,20 @@ def test_unsatisfiable_gpus(client: TestClient, agent: Agent) -> None:
     # with a GPU node registered the same request is accepted
     Agent(client, "g1").register(cpus=8, gpus=[[0, "a100"], [1, "a100"]])
     submit(client, gpus_total=1)
+
+
+@pytest.mark.parametrize("gpus", ["a100:2", "h100:8"])
+def test_a_job_sees_the_gpus_of_an_overridden_node_as_0_to_n_minus_1(
+    client: TestClient, ctl: Controller, gpus: str
+) -> None:
+    """`phalanx up --gpus a100:2` numbered them 0 and 2: CUDA_VISIBLE_DEVICES named devices
+    that do not exist."""
+    node = Agent(client, "g1")
+    node.register(cpus=8, gpus=[list(g) for g in parse_gpu_override(gpus)])
+    count = int(gpus.split(":")[1])
+    submit(client, gpus_per_node=count)
+    env = run_to_start(ctl, node)["env"]
+    assert env["CUDA_VISIBLE_DEVICES"] == ",".join(str(i) for i in range(count))
 
 
 # --------------------------------------------------------------------------------------------
