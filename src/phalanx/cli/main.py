@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -410,17 +411,32 @@ def wait(
 def events(
     ref: str | None = typer.Argument(None, help="job id; all events when omitted"),
     url: str | None = UrlOpt,
-    limit: int = typer.Option(100, "--limit"),
+    limit: int = typer.Option(100, "--limit", min=1, help="show the latest N events"),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Show the event history of a job, or of the cluster."""
+    """Show the event history of a job, or of the cluster (the latest --limit events)."""
     with _client(url) as c:
-        evs = _run(lambda: c.job_events(ref) if ref else c.events(limit=100_000))
-    evs = evs[-limit:]
+        evs = _run(lambda: c.job_events(ref)[-limit:] if ref else _latest_events(c, limit))
     if as_json:
         _emit(evs)
     else:
-        console.print(render.events_table(evs))
+        console.print(render.events_text(evs), highlight=False, soft_wrap=True)
+
+
+EVENTS_PAGE = 10_000  # the most /v1/events returns in one reply
+
+
+def _latest_events(c: Client, limit: int) -> list[dict[str, Any]]:
+    """The cluster's latest `limit` events: the API pages forward from an event id, so read
+    pages until a short one, keeping only the tail."""
+    tail: deque[dict[str, Any]] = deque(maxlen=limit)
+    since = 0
+    while True:
+        page = c.events(since=since, limit=EVENTS_PAGE)
+        tail.extend(page)
+        if len(page) < EVENTS_PAGE:
+            return list(tail)
+        since = page[-1]["id"]
 
 
 # ---------------------------------------------------------------------- nodes & cluster

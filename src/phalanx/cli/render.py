@@ -253,20 +253,22 @@ def node_detail(n: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def events_table(evs: list[dict[str, Any]]) -> Table:
-    t = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("TIME", "KIND", "JOB", "NODE", "BY", "MESSAGE"):
-        t.add_column(col)
-    for e in evs:
-        t.add_row(
-            _ts(e["ts"]),
-            e["kind"],
-            str(e["job_id"] or ""),
-            e["node"] or "",
-            e["actor"],
-            e["message"],
-        )
-    return t
+def events_text(evs: list[dict[str, Any]]) -> str:
+    """Events as aligned lines; the message is last and never padded or cut, so one long
+    message does not widen every row (as a table would) and `grep` sees whole messages."""
+    header = ("TIME", "KIND", "JOB", "NODE", "BY")
+    rows = [
+        (_ts(e["ts"]), e["kind"], str(e["job_id"] or ""), e["node"] or "", e["actor"] or "")
+        for e in evs
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: tuple[str, ...], message: str) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + "  " + message
+
+    lines = [line(header, "MESSAGE")]
+    lines += [line(r, e["message"] or "").rstrip() for r, e in zip(rows, evs, strict=True)]
+    return "\n".join(lines)
 
 
 def cluster_summary(st: dict[str, Any]) -> str:

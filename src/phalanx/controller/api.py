@@ -36,6 +36,7 @@ from phalanx.store.store import TaskReport
 
 MAX_BATCH = 10_000
 MAX_ID = 2**63 - 1  # ids and counters go into 64-bit INTEGER columns
+MAX_EVENTS = 10_000  # events in one reply of /v1/events (page on with since=)
 
 
 class BatchIn(BaseModel):
@@ -545,9 +546,15 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
     @app.get("/v1/events")
     def events(
         since: int = Query(default=0, ge=0, le=MAX_ID),
-        limit: int = Query(default=1000, ge=1, le=10_000),
+        limit: int = Query(default=1000, ge=1, description=f"at most {MAX_EVENTS}"),
         node: str | None = None,
     ) -> dict[str, Any]:
+        if limit > MAX_EVENTS:
+            raise InvalidSpec(
+                f"limit: at most {MAX_EVENTS} events per request; ask for the next ones with "
+                "since=ID (the id of the last event you got)",
+                field="limit",
+            )
         return {"events": ctl.store.events(since_id=since, limit=limit, node=node)}
 
     # ---------------------------------------------------------------- identity

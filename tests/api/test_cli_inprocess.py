@@ -1,0 +1,92 @@
+"""`phalanx` user commands against the real API in process: typer's runner drives the CLI,
+its Client speaks HTTP to the app through the test transport (no sockets, no threads)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import pytest
+from api_auth import token_for
+from click.testing import Result
+from fastapi.testclient import TestClient
+from test_api import error_of, submit
+from typer.testing import CliRunner
+
+from phalanx.cli import main as cli
+from phalanx.client import Client
+from phalanx.controller.runtime import Controller
+
+Phx = Callable[..., Result]
+
+
+@pytest.fixture
+def phx(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> Phx:
+    """Run `phalanx ARGS` as alice (an operator) against `client`'s app."""
+    monkeypatch.setattr(
+        cli,
+        "_client",
+        lambda _url: Client(
+            "http://testserver",
+            token=token_for("alice", "operator"),
+            transport=client._transport,
+        ),
+    )
+    runner = CliRunner()
+
+    def run(*args: str, code: int = 0) -> Result:
+        result = runner.invoke(cli.app, list(args), catch_exceptions=False)
+        shown = f"phalanx {' '.join(args)} -> {result.exit_code}\n{result.output}"
+        assert result.exit_code == code, shown
+        assert "Traceback" not in result.output, shown
+        return result
+
+    return run
+
+
+def _events_for(ctl: Controller, n: int) -> None:
+    for i in range(n):
+        ctl.store.add_event("note", f"event number {i}")
+
+
+# ------------------------------------------------------------------ events
+
+
+def test_events_without_a_job_shows_the_latest(ctl: Controller, phx: Phx) -> None:
+    _events_for(ctl, 12)
+    out = phx("events", "--limit", "5").output
+    messages = re.findall(r"event number (\d+)", out)
+    assert messages == ["7", "8", "9", "10", "11"], out
+    assert "event number 11" in phx("events").output
+
+
+def test_events_of_a_job_are_not_padded_to_the_longest_message(
+    client: TestClient, ctl: Controller, phx: Phx
+) -> None:
+    (jid,) = submit(client)
+    ctl.store.add_event("note", "x" * 150, job_id=jid)
+    lines = phx("events", str(jid)).output.splitlines()
+    assert len(lines) >= 3, lines  # header, submit, the long note
+    assert lines[-1].endswith("x" * 150)
+    assert all(line == line.rstrip() for line in lines), lines
+    submitted = next(line for line in lines if "submit" in line)
+    assert len(submitted) < 120, submitted
+
+
+def test_events_limit_out_of_bounds(client: TestClient, phx: Phx) -> None:
+    err = error_of(client.get("/v1/events", params={"limit": 100_000}))
+    assert err["message"] == (
+        "limit: at most 10000 events per request; ask for the next ones with since=ID "
+        "(the id of the last event you got)"
+    )
+    out = phx("events", "--limit", "0", code=2).output
+    assert "--limit" in out
+
+
+def test_events_pages_through_a_long_history(
+    ctl: Controller, phx: Phx, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli, "EVENTS_PAGE", 4)
+    _events_for(ctl, 13)
+    out = phx("events", "--limit", "3").output
+    assert re.findall(r"event number (\d+)", out) == ["10", "11", "12"], out
