@@ -10,7 +10,7 @@ import pytest
 from api_auth import token_for
 from click.testing import Result
 from fastapi.testclient import TestClient
-from test_api import error_of, submit
+from test_api import Agent, error_of, run_to_start, submit
 from typer.testing import CliRunner
 
 from phalanx.cli import main as cli
@@ -42,6 +42,11 @@ def phx(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> Phx:
         return result
 
     return run
+
+
+@pytest.fixture
+def node(client: TestClient) -> Agent:
+    return Agent(client, "n1")
 
 
 def _events_for(ctl: Controller, n: int) -> None:
@@ -90,3 +95,39 @@ def test_events_pages_through_a_long_history(
     _events_for(ctl, 13)
     out = phx("events", "--limit", "3").output
     assert re.findall(r"event number (\d+)", out) == ["10", "11", "12"], out
+
+
+# ------------------------------------------------------------------ queue -t
+
+
+def _queued(phx: Phx, *args: str) -> set[int]:
+    out = phx("queue", *args).output.splitlines()
+    return {int(line.split()[0]) for line in out[1:] if line.strip()}
+
+
+def test_queue_state_filter_takes_slurm_names_and_codes(
+    client: TestClient, ctl: Controller, node: Agent, phx: Phx
+) -> None:
+    node.register(cpus=1)
+    (running,) = submit(client)
+    run_to_start(ctl, node)
+    (pending,) = submit(client)
+    (held,) = submit(client, hold=True)
+    assert _queued(phx) == {running, pending, held}
+    assert _queued(phx, "-t", "PD") == {pending, held}  # HELD shows as PENDING in Slurm
+    assert _queued(phx, "-t", "pending") == {pending, held}
+    assert _queued(phx, "-t", "HELD") == {held}
+    assert _queued(phx, "--state", "R,CF") == {running}
+    assert _queued(phx, "-t", "CD") == set()
+    assert _queued(phx, "-t", "all") == {running, pending, held}
+
+
+def test_queue_refuses_an_unknown_state(phx: Phx) -> None:
+    out = phx("queue", "-t", "bogus", code=1).output
+    assert out.startswith("error: unknown job state 'bogus': ")
+    assert "PD" in out and len(out.strip().splitlines()) == 1
+
+
+def test_api_refuses_an_unknown_state_filter(client: TestClient) -> None:
+    err = error_of(client.get("/v1/jobs", params={"state": "PENDING,R"}))
+    assert err["message"].startswith("state: unknown job state 'R'")

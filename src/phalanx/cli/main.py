@@ -284,13 +284,19 @@ def queue(
     url: str | None = UrlOpt,
     as_json: bool = JsonOpt,
     all_states: bool = typer.Option(False, "--all", "-a", help="include finished jobs"),
-    state: str | None = typer.Option(None, "--state", "-t", help="comma list of states"),
+    state: str | None = typer.Option(
+        None,
+        "--state",
+        "-t",
+        help="comma list of states: Slurm names or codes (PD, R, CG, CD, F, CA, TO, NF, OOM, "
+        "CF) or Phalanx's (HELD, STARTING); all",
+    ),
     user: str | None = typer.Option(None, "--user", "-u"),
     partition: str | None = typer.Option(None, "--partition", "-p"),
     name: str | None = typer.Option(None, "--name", "-n"),
 ) -> None:
     """List jobs (pending and running by default), like squeue."""
-    states = state.split(",") if state else None
+    states = _queue_states(state) if state else None
     if states is None and not all_states:
         states = ["PENDING", "HELD", "STARTING", "RUNNING", "COMPLETING"]
     with _client(url) as c:
@@ -299,6 +305,37 @@ def queue(
         _emit(jobs)
     else:
         console.print(render.jobs_table(jobs))
+
+
+def _queue_states(text: str) -> list[str]:
+    """`-t` values as squeue takes them (a Slurm name or code: PENDING and PD include HELD
+    jobs, which Slurm shows as pending) or as Phalanx names them (HELD, STARTING); an unknown
+    state is refused rather than listing nothing."""
+    from phalanx.domain.states import JobState
+    from phalanx.slurm.common import (
+        SLURM_STATE,
+        STATE_CODE,
+        SlurmUsageError,
+        parse_states,
+        phalanx_states,
+    )
+
+    out: set[str] = set()
+    for raw in text.split(","):
+        word = raw.strip().upper()
+        if not word:
+            continue
+        try:
+            out.update(phalanx_states(parse_states(word)))
+        except SlurmUsageError:
+            if word not in JobState.__members__:
+                codes = ", ".join(dict.fromkeys(STATE_CODE[x] for x in SLURM_STATE.values()))
+                _fail(
+                    f"unknown job state {raw.strip()!r}: use a state name or code ({codes}), "
+                    "HELD, STARTING or all"
+                )
+            out.add(word)
+    return sorted(out)
 
 
 @app.command()

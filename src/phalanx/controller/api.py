@@ -29,7 +29,7 @@ from phalanx.controller.runtime import Controller
 from phalanx.domain import checkpointing
 from phalanx.domain.hostlist import compress_hostlist
 from phalanx.domain.spec import JobSpec
-from phalanx.domain.states import node_display_state
+from phalanx.domain.states import JobState, node_display_state
 from phalanx.domain.values import format_duration
 from phalanx.errors import Forbidden, InvalidSpec, NotFound, PhalanxError
 from phalanx.store.store import TaskReport
@@ -400,7 +400,13 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         job: list[str] | None = Query(default=None),
         limit: int = Query(default=10_000, ge=1, le=100_000),
     ) -> dict[str, Any]:
-        states = [x.upper() for s in state or [] for x in s.split(",") if x]
+        states = [x.strip().upper() for s in state or [] for x in s.split(",") if x.strip()]
+        for x in states:
+            if x not in JobState.__members__:
+                raise InvalidSpec(
+                    f"state: unknown job state {x!r}; states are {', '.join(JobState)}",
+                    field="state",
+                )
         ids = (
             ctl.store.resolve_refs([x for j in job or [] for x in j.split(",") if x])
             if job
