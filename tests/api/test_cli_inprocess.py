@@ -131,3 +131,17 @@ def test_queue_refuses_an_unknown_state(phx: Phx) -> None:
 def test_api_refuses_an_unknown_state_filter(client: TestClient) -> None:
     err = error_of(client.get("/v1/jobs", params={"state": "PENDING,R"}))
     assert err["message"].startswith("state: unknown job state 'R'")
+
+
+# ------------------------------------------------------------------ cancel / hold / release
+
+
+def test_actions_answer_in_the_users_job_ids(client: TestClient, phx: Phx) -> None:
+    (first, second) = submit(client, array="0-1")
+    assert second != first  # the task has an internal id of its own, which must not leak
+    assert phx("hold", f"{first}_1").output == f"job {first}_1: held\n"
+    assert phx("release", f"{first}_1").output == f"job {first}_1: released\n"
+    assert phx("cancel", f"{first}_1").output == f"job {first}_1: cancelled\n"
+    assert phx("cancel", str(first)).output == (
+        f"job {first}_0: cancelled\njob {first}_1: already CANCELLED\n"
+    )

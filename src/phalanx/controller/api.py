@@ -468,10 +468,13 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         ids = ctl.store.resolve_refs(refs)
         if not ids:
             raise NotFound(f"no such job: {', '.join(refs)}", jobs=refs)
-        access.check_owner(ident, [job_view(r) for r in ctl.store.list_jobs(ids=ids)], what)
+        views = [job_view(r) for r in ctl.store.list_jobs(ids=ids)]
+        access.check_owner(ident, views, what)
         result = fn(ids, *args)
         ctl.kick()
-        return {"results": {str(k): v for k, v in result.items()}}
+        # keyed by the ids users type (123, or 123_4 for an array task), never internal ids
+        shown = {v["id"]: v["job_id"] for v in views}
+        return {"results": {shown.get(k, str(k)): v for k, v in result.items()}}
 
     @app.post("/v1/jobs/cancel")
     def cancel(body: RefsIn, ident: Identity = Depends(caller)) -> dict[str, Any]:
