@@ -145,3 +145,21 @@ def test_actions_answer_in_the_users_job_ids(client: TestClient, phx: Phx) -> No
     assert phx("cancel", str(first)).output == (
         f"job {first}_0: cancelled\njob {first}_1: already CANCELLED\n"
     )
+
+
+# ------------------------------------------------------------------ show
+
+
+def test_show_numbers_attempts_per_job(
+    client: TestClient, ctl: Controller, node: Agent, phx: Phx
+) -> None:
+    node.register(cpus=4)
+    for _ in range(3):  # other jobs' attempts take the first cluster-wide attempt ids
+        submit(client)
+    (jid,) = submit(client)
+    assert ctl.schedule_tick().startswith("started 4 jobs")
+    starts = {s["job_id"]: s for s in node.heartbeat()["start"]}
+    assert starts[jid]["attempt_id"] == 4
+    lines = [ln.strip() for ln in phx("show", str(jid)).output.splitlines()]
+    attempts = [ln for ln in lines if ln.startswith("Attempt=")]
+    assert len(attempts) == 1 and attempts[0].startswith("Attempt=0 State="), lines

@@ -95,7 +95,9 @@ def job_detail(j: dict[str, Any]) -> str:
         nodes = ",".join(a["nodes"])
         spares = [t["node"] for t in a.get("tasks") or [] if t.get("spare")]
         lines.append(
-            f"   Attempt={a['id']} Restart={a['seq']} State={a['state']} "
+            # per job, as users count them (0 = first run; the same as its restart count);
+            # a['id'] is a cluster-wide counter that means nothing to them
+            f"   Attempt={a['seq']} State={a['state']} "
             f"Result={a.get('result') or '-'} "
             f"Nodes={nodes}"
             + (f" Spares={','.join(spares)}" if spares else "")
