@@ -85,3 +85,33 @@ def test_conflicting_or_gpu_less_requests_are_refused(kw: dict[str, int], messag
 def test_cpus_per_task_still_defaults_to_one() -> None:
     r = _norm(wrap="true", ntasks_per_node=3)
     assert (r.cpus_per_node, r.mem_per_node_mb) == (3, 300)
+
+
+# --- the default job name, as Slurm gives it ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "name"),
+    [
+        (["train.sh"], "train.sh"),
+        (["jobs/train.sh", "--epochs", "3"], "train.sh"),
+        (["-J", "llama", "train.sh"], "llama"),
+        (["--wrap", "hostname"], "wrap"),
+    ],
+)
+def test_a_job_is_named_after_its_script_file(tmp_path: Any, argv: list[str], name: str) -> None:
+    (tmp_path / "jobs").mkdir()
+    for path in ("train.sh", "jobs/train.sh"):
+        (tmp_path / path).write_text("#!/bin/bash\nhostname\n")
+    body, _, _ = build_spec(argv, cwd=str(tmp_path), environ={})
+    assert (
+        normalize(JobSpec(**body), PARTS, default_mem_per_cpu_mb=1, default_requeue=True).name
+        == name
+    )
+
+
+def test_a_script_without_a_file_is_named_sbatch_as_from_stdin() -> None:
+    assert _norm(script="#!/bin/bash\ntrue\n").name == "sbatch"
+    assert (
+        _norm(script="#!/bin/bash\ntrue\n", script_path="/home/u/run.sbatch").name == "run.sbatch"
+    )

@@ -465,8 +465,14 @@ def _checkpoint_spec(
 
 
 def _default_name(spec: JobSpec) -> str:
+    """Slurm's default name: the batch script's file name (``train.sh``), ``sbatch`` for a
+    script that came without one (stdin), ``wrap`` for --wrap; a bare command its program."""
     if spec.wrap:
         return "wrap"
+    if spec.script is not None:
+        if spec.script_path:
+            return spec.script_path.rstrip("/").rsplit("/", 1)[-1] or "sbatch"
+        return "sbatch"
     if spec.argv:
         return spec.argv[0].rsplit("/", 1)[-1] or "job"
-    return "script"
+    return "sbatch"
