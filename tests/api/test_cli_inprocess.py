@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from api_auth import token_for
@@ -14,6 +15,7 @@ from test_api import Agent, error_of, run_to_start, submit
 from typer.testing import CliRunner
 
 from phalanx.cli import main as cli
+from phalanx.cli import render
 from phalanx.client import Client
 from phalanx.controller.runtime import Controller
 
@@ -163,3 +165,64 @@ def test_show_numbers_attempts_per_job(
     lines = [ln.strip() for ln in phx("show", str(jid)).output.splitlines()]
     attempts = [ln for ln in lines if ln.startswith("Attempt=")]
     assert len(attempts) == 1 and attempts[0].startswith("Attempt=0 State="), lines
+
+
+# ------------------------------------------------------------------ wait
+
+
+@pytest.fixture
+def driven(
+    client: TestClient, ctl: Controller, node: Agent, monkeypatch: pytest.MonkeyPatch
+) -> list[str]:
+    """A job that moves one step on each of `phalanx wait`'s polls: started, running, done."""
+    node.register(cpus=1)
+    steps: list[str] = []
+    start: dict[str, Any] = {}
+
+    def step(_seconds: float) -> None:
+        if not steps:
+            start.update(run_to_start(ctl, node))
+            steps.append("started")
+        elif len(steps) == 1:
+            node.heartbeat([Agent.report(start, "running")])
+            steps.append("running")
+        else:
+            node.heartbeat([Agent.report(start, "exited", exit_code=0)])
+            steps.append("exited")
+
+    monkeypatch.setattr(cli, "_pause", step)
+    return steps
+
+
+def test_wait_on_a_terminal_shows_state_changes_and_a_live_line(
+    client: TestClient, driven: list[str], phx: Phx, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli, "_is_tty", lambda: True)
+    (jid,) = submit(client)
+    out = phx("wait", str(jid)).output
+    assert driven == ["started", "running", "exited"]
+    lines = out.split("\n")
+    # each line: the live line cleared, then a state change (or the outcome, then a clear)
+    shown = [line.rsplit("\r\x1b[K", 1)[-1] for line in lines]
+    assert shown == [
+        f"job {jid}: PENDING",
+        f"job {jid}: STARTING on n1",
+        f"job {jid}: RUNNING on n1",
+        f"job {jid}: COMPLETED exit code 0",
+        "",
+    ], out
+    assert f"\r\x1b[Kwaiting: {jid} RUNNING (00:00:00 elapsed)" in out
+
+
+def test_wait_piped_prints_only_the_outcome(
+    client: TestClient, driven: list[str], phx: Phx
+) -> None:
+    (jid,) = submit(client)
+    assert phx("wait", str(jid)).output == f"job {jid}: COMPLETED exit code 0\n"
+    assert driven == ["started", "running", "exited"]
+
+
+def test_wait_live_line_counts_states_of_many_jobs() -> None:
+    jobs = [{"job_id": str(i), "state": "RUNNING" if i % 2 else "PENDING"} for i in range(5)]
+    line = render.WaitProgress.live_line(jobs, 65.4)
+    assert line == "waiting: 5 jobs: 3 PENDING, 2 RUNNING (00:01:05 elapsed)"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from collections import deque
@@ -415,19 +416,32 @@ def wait(
     ),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Wait until jobs end; exit 0 only if every one COMPLETED."""
+    """Wait until jobs end; exit 0 only if every one COMPLETED.
+
+    On a terminal it shows each state change and a live line with the states and the time
+    waited; piped or redirected, it prints only the outcome, so scripts stay quiet."""
     from phalanx.domain.states import TERMINAL
 
     terminal = {s.value for s in TERMINAL}
-    deadline = time.monotonic() + timeout if timeout > 0 else None
-    with _client(url) as c:
-        while True:
-            jobs = [j for r in refs for j in _run(lambda r=r: c.job(r))]
-            if all(j["state"] in terminal for j in jobs):
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                _fail(f"timed out after {timeout:g}s waiting for {', '.join(refs)}", 2)
-            time.sleep(0.25)
+    started = time.monotonic()
+    deadline = started + timeout if timeout > 0 else None
+    progress = render.WaitProgress() if _is_tty() and not as_json else None
+    try:
+        with _client(url) as c:
+            while True:
+                jobs = [j for r in refs for j in _run(lambda r=r: c.job(r))]
+                if all(j["state"] in terminal for j in jobs):
+                    break  # the outcome lines below say how each ended
+                if progress is not None:
+                    _show(progress.changes(jobs))
+                    _live(progress.live_line(jobs, time.monotonic() - started))
+                if deadline is not None and time.monotonic() > deadline:
+                    _live(None)
+                    _fail(f"timed out after {timeout:g}s waiting for {', '.join(refs)}", 2)
+                _pause(0.25)
+    finally:
+        if progress is not None:
+            _live(None)
     if as_json:
         _emit(
             [
@@ -442,6 +456,28 @@ def wait(
             console.print(f"job {j['job_id']}: {j['state']}{extra}{why}", highlight=False)
     if not all(j["state"] == "COMPLETED" for j in jobs):
         raise typer.Exit(1)
+
+
+def _is_tty() -> bool:
+    return sys.stdout.isatty()
+
+
+def _pause(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def _show(lines: list[str]) -> None:
+    for line in lines:
+        sys.stdout.write(f"\r\x1b[K{line}\n")
+    sys.stdout.flush()
+
+
+def _live(line: str | None) -> None:
+    """Redraw the live status line in place (None clears it); cut to the terminal's width,
+    since a wrapped line cannot be redrawn with a carriage return."""
+    width = shutil.get_terminal_size().columns - 1
+    sys.stdout.write("\r\x1b[K" + (line or "")[:width])
+    sys.stdout.flush()
 
 
 @app.command()

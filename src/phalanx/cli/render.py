@@ -295,3 +295,39 @@ def cluster_summary(st: dict[str, Any]) -> str:
     if st.get("node_mtbf"):
         lines.append(describe_cluster_mtbf(st["node_mtbf"]))
     return "\n".join(lines)
+
+
+class WaitProgress:
+    """What `phalanx wait` shows on a terminal: a line per state change, and a live line.
+
+    Pure: it remembers the states it has shown and is given the jobs and the time waited."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, str] = {}
+
+    def changes(self, jobs: list[dict[str, Any]]) -> list[str]:
+        """A line for each job whose state differs from the last one shown (or is new)."""
+        out = []
+        for j in jobs:
+            if self.seen.get(j["job_id"]) == j["state"]:
+                continue
+            self.seen[j["job_id"]] = j["state"]
+            line = f"job {j['job_id']}: {j['state']}"
+            if j["state"] in ("STARTING", "RUNNING", "COMPLETING") and j.get("nodelist"):
+                line += f" on {j['nodelist']}"
+            elif j.get("reason") and j["state"] != "COMPLETED":
+                line += f" ({j['reason']})"
+            out.append(line)
+        return out
+
+    @staticmethod
+    def live_line(jobs: list[dict[str, Any]], waited_s: float) -> str:
+        """``waiting: 12 RUNNING (00:01:05 elapsed)``; state counts for more than three jobs."""
+        if len(jobs) <= 3:
+            what = ", ".join(f"{j['job_id']} {j['state']}" for j in jobs)
+        else:
+            counts: dict[str, int] = {}
+            for j in jobs:
+                counts[j["state"]] = counts.get(j["state"], 0) + 1
+            what = f"{len(jobs)} jobs: " + ", ".join(f"{n} {st}" for st, n in counts.items())
+        return f"waiting: {what} ({format_duration(int(waited_s))} elapsed)"
