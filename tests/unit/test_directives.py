@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from phalanx.cli.submitting import build_spec
 from phalanx.domain.directives import (
     OPTIONS,
     Arg,
@@ -478,3 +481,20 @@ def test_per_gpu_options_conflict_like_sbatch(first: str, second: str) -> None:
 def test_command_line_per_gpu_memory_replaces_the_scripts_mem() -> None:
     parsed = parse_submission("#!/bin/bash\n#SBATCH --mem=16G\n", ["--mem-per-gpu=8G"], "job.sh")
     assert parsed.fields == {"mem_per_gpu_mb": 8192}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--frob", "3", "train.sh"], "command line: unknown option --frob: not an sbatch option"),
+        (["--bogus", "train.sh"], "command line: unknown option --bogus: not an sbatch option"),
+        (["-t", "5", "--ntask-per-node=2", "train.sh"], "did you mean --ntasks-per-node?"),
+    ],
+)
+def test_phalanx_submit_names_the_unknown_option_before_reading_the_script(
+    tmp_path: Path, argv: list[str], message: str
+) -> None:
+    (tmp_path / "train.sh").write_text("#!/bin/bash\ntrue\n")
+    with pytest.raises(InvalidSpec) as info:
+        build_spec(argv, cwd=str(tmp_path), environ={})
+    assert message in info.value.message

@@ -683,7 +683,7 @@ _LIST_HINT = "`phalanx submit --help-options` lists the options understood"
 
 def _unknown_long(name: str) -> str:
     """The refusal of ``--name``, with the nearest known spelling when there is one."""
-    close = difflib.get_close_matches(name, list(_BY_LONG), n=1, cutoff=0.6)
+    close = difflib.get_close_matches(name, list(_BY_LONG), n=1, cutoff=0.75)
     if close:
         return f"unknown option --{name}: did you mean --{close[0]}?"
     return f"unknown option --{name}: not an sbatch option; {_LIST_HINT}"
