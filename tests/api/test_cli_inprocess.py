@@ -226,3 +226,10 @@ def test_wait_live_line_counts_states_of_many_jobs() -> None:
     jobs = [{"job_id": str(i), "state": "RUNNING" if i % 2 else "PENDING"} for i in range(5)]
     line = render.WaitProgress.live_line(jobs, 65.4)
     assert line == "waiting: 5 jobs: 3 PENDING, 2 RUNNING (00:01:05 elapsed)"
+
+
+def test_wait_timeout_piped_prints_no_terminal_codes(client: TestClient, phx: Phx) -> None:
+    (jid,) = submit(client)  # no node: it stays pending
+    result = phx("wait", str(jid), "--timeout", "0.01", code=2)
+    assert result.stdout == ""
+    assert f"timed out after 0.01s waiting for {jid}" in result.output

@@ -436,7 +436,8 @@ def wait(
                     _show(progress.changes(jobs))
                     _live(progress.live_line(jobs, time.monotonic() - started))
                 if deadline is not None and time.monotonic() > deadline:
-                    _live(None)
+                    if progress is not None:
+                        _live(None)  # the error goes on a line of its own
                     _fail(f"timed out after {timeout:g}s waiting for {', '.join(refs)}", 2)
                 _pause(0.25)
     finally:
