@@ -459,6 +459,9 @@ class Agent:
             return
         if seq is not None:
             log.info("periodic checkpoint request %d to attempt %s", seq, attempt_id)
+            if not item.get("batch_only"):
+                # the job's srun steps get it too: they are where training runs
+                self.steps.signal_attempt(int(attempt_id), int(item["signal"]))
 
     def _launch(self, launch: dict[str, Any]) -> None:
         d = self.tasks_dir / str(launch["attempt_id"])
