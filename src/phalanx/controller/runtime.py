@@ -550,6 +550,10 @@ class Controller:
     ) -> tuple[Reply, StepReply]:
         """Apply an agent's report and compute its reply (runs in a worker thread)."""
         self.update_health(node, health)
+        # Step reports first: when a task's end ends its attempt, the steps it ends with are
+        # those the node has not already seen end (a step that completed stays COMPLETED).
+        if any(r.state != "starting" for r in step_reports or []):
+            self.store.apply_step_reports(node, step_reports or [])
         work = self.store.node_work(node)
         if needs_write(work, reports, taken_at):
             changed = state_changes(work, reports, taken_at)  # not only checkpoints/progress
@@ -566,9 +570,7 @@ class Controller:
         return reply, self._step_exchange(node, step_reports or [])
 
     def _step_exchange(self, node: str, reports: list[StepReport]) -> StepReply:
-        """The step half of a heartbeat: record step task reports, decide the step reply."""
-        if any(r.state != "starting" for r in reports):
-            self.store.apply_step_reports(node, reports)
+        """The step half of a heartbeat (its reports were recorded first), the step reply."""
         work = self.store.node_step_work(node)
         if not work and not reports:
             return StepReply()
