@@ -13,11 +13,13 @@ from phalanx.slurm import scancel, sinfo, squeue
 from phalanx.slurm.common import (
     Field,
     SlurmUsageError,
+    SubmitFlags,
     cell,
     parse_format,
     parse_long_format,
     parse_states,
     render_line,
+    script_submit_flags,
     split_submit_flags,
     wait_exit_code,
 )
@@ -224,6 +226,14 @@ def test_sbatch_flags_come_out_of_the_options_only() -> None:
     assert rest == ["-N", "2", "job.sh", "--wait"]  # the script's own argument stays
     flags, rest = split_submit_flags(["--test-only", "--", "job.sh"])
     assert flags.test_only and rest == ["--", "job.sh"]
+
+
+def test_sbatch_flags_in_the_script_header_count() -> None:
+    text = "#!/bin/bash\n#SBATCH --parsable\n#SBATCH -W -N 1\necho\n#SBATCH --test-only\n"
+    flags = script_submit_flags(text, SubmitFlags())
+    assert flags.parsable and flags.wait
+    assert not flags.test_only  # never from a script; and a late directive is not read
+    assert script_submit_flags("#!/bin/sh\n#SBATCH --wait 'x\n", SubmitFlags()) == SubmitFlags()
 
 
 def test_wait_exit_code_is_slurms() -> None:

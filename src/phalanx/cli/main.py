@@ -258,7 +258,12 @@ def submit(
     ),
 ) -> None:
     from phalanx.cli.submitting import build_spec, options_help
-    from phalanx.slurm.common import split_submit_flags, wait_exit_code, wait_for_jobs
+    from phalanx.slurm.common import (
+        script_file_flags,
+        split_submit_flags,
+        wait_exit_code,
+        wait_for_jobs,
+    )
 
     if help_options:
         console.print(options_help(), highlight=False)
@@ -266,11 +271,13 @@ def submit(
     try:
         # sbatch's own flags: --parsable (only the id), --wait/-W, --test-only
         flags, argv = split_submit_flags(list(ctx.args))
+        script_file_flags(argv, flags)  # #SBATCH --parsable / --wait count too
         spec, warnings, ignored = build_spec(argv)
     except PhalanxError as e:
         _fail(e.message)
     for w in warnings:
         _say("warning:", "yellow", w)
+    ignored = [flag for flag in ignored if flag not in ("--parsable", "--wait")]  # done here
     if ignored:
         _say("note:", "yellow", f"accepted with no effect here: {', '.join(ignored)}")
     with _client(url) as c:

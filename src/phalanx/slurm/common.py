@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
 from phalanx.client import Client
@@ -399,6 +400,20 @@ def script_submit_flags(script_text: str, flags: SubmitFlags) -> SubmitFlags:
             if name in ("parsable", "wait"):
                 setattr(flags, name, True)
     return flags
+
+
+def script_file_flags(argv: Sequence[str], flags: SubmitFlags) -> SubmitFlags:
+    """``script_submit_flags`` for the script file named in ``argv`` (options, script, args)."""
+    from phalanx.domain.directives import split_cli_args
+
+    _, rest = split_cli_args(list(argv))
+    if not rest:
+        return flags
+    try:
+        text = Path(rest[0]).read_text()
+    except (OSError, UnicodeDecodeError):
+        return flags  # build_spec says what is wrong with it
+    return script_submit_flags(text, flags)
 
 
 TERMINAL_STATES = frozenset(s.value for s in TERMINAL)

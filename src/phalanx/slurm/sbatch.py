@@ -23,6 +23,7 @@ from phalanx.slurm.common import (
     SubmitFlags,
     client,
     run_command,
+    script_file_flags,
     script_submit_flags,
     split_submit_flags,
     wait_exit_code,
@@ -62,8 +63,7 @@ def _spec(argv: list[str], flags: SubmitFlags) -> tuple[dict[str, Any], list[str
     """The job spec from options and the script file, or the script on stdin."""
     opts, script = split_cli_args(argv)
     if script or any(t == "--wrap" or t.startswith("--wrap=") for t in opts):
-        if script:
-            _script_flags_from_file(script[0], flags)
+        script_file_flags(argv, flags)
         return build_spec(argv)
     text = sys.stdin.read()
     if not text.strip():
@@ -82,14 +82,6 @@ def _spec(argv: list[str], flags: SubmitFlags) -> tuple[dict[str, Any], list[str
         spec["name"] = STDIN_NAME
     warnings = [w.replace(str(path), STDIN_NAME) for w in warnings]
     return spec, warnings, ignored
-
-
-def _script_flags_from_file(name: str, flags: SubmitFlags) -> None:
-    try:
-        text = Path(name).read_text()
-    except (OSError, UnicodeDecodeError):
-        return  # build_spec says what is wrong with it
-    script_submit_flags(text, flags)
 
 
 def submit_and_report(spec: dict[str, Any], flags: SubmitFlags, *, prog: str) -> int:
