@@ -136,6 +136,11 @@ def test_long_format_fields_take_widths_and_default_to_20() -> None:
     assert line == "12        " + "train.sh".ljust(20) + "  R"
     with pytest.raises(SlurmUsageError, match="Bogus"):
         parse_long_format("JobID,Bogus", squeue.LONG_FIELDS)
+    # a suffix after the width: Slurm's "type[:[.][size][suffix]]"
+    fields = parse_long_format("JobID:.5|,UserName:|", squeue.LONG_FIELDS)
+    assert (
+        render_line("", fields, squeue.job_values(job(), NOW)) == "   12|" + "alice".ljust(20) + "|"
+    )
 
 
 # ---------------------------------------------------------------- arrays, sorting, states

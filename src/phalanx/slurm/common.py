@@ -277,18 +277,18 @@ def parse_format(
 def parse_long_format(
     text: str, known: Mapping[str, str], default_width: int = 20, prog: str = "squeue"
 ) -> list[Field]:
-    """Parse ``-O``/``--Format``: ``name[:[.]width]`` comma list, names case-insensitive.
+    """Parse ``-O``/``--Format``: ``name[:[.][width][suffix]]`` comma list, any case.
 
     ``known`` maps lower-case field names to the key the printer uses. A field without a
     width gets ``default_width`` (Slurm's is 20), left-justified, no separator: the padding is
-    the separator.
+    the separator, unless a suffix (text after the width) is given.
     """
     fields: list[Field] = []
     for raw in text.split(","):
         item = raw.strip()
         if not item:
             continue
-        name, colon, size = item.partition(":")
+        name, _, size = item.partition(":")
         key = known.get(name.strip().lower())
         if key is None:
             raise SlurmUsageError(
@@ -297,12 +297,10 @@ def parse_long_format(
             )
         right = size.startswith(".")
         size = size[1:] if right else size
-        if colon and size and not size.isdigit():
-            raise SlurmUsageError(
-                f"Invalid job format specification: {item} (the size after ':' must be a number)"
-            )
-        width = int(size) if size else default_width
-        fields.append(Field(key, width, right))
+        digits = size[: len(size) - len(size.lstrip("0123456789"))]
+        suffix = size[len(digits) :]  # Slurm's "type[:[.][size][suffix]]"
+        width = int(digits) if digits else default_width
+        fields.append(Field(key, width, right, suffix))
     if not fields:
         raise SlurmUsageError("Invalid job format specification: empty")
     return fields

@@ -334,7 +334,9 @@ def json_jobs(jobs: list[dict[str, Any]], now: float) -> dict[str, Any]:
             {
                 "job_id": int(j.get("id") or 0),
                 "array_job_id": int(arr) if arr is not None else 0,
-                "array_task_id": j.get("array_task_id"),
+                # a folded record (pending tasks 3-9) names its tasks as Slurm's does
+                "array_task_id": None if j.get("fold") else j.get("array_task_id"),
+                "array_task_string": j.get("fold") or "",
                 "name": j.get("name"),
                 "user_name": j.get("user"),
                 "partition": v["P"],
