@@ -533,10 +533,52 @@ def test_multi_node_failure_stops_peers_then_fails(store: Store) -> None:
     ]
 
 
-def test_multi_node_all_succeed(store: Store) -> None:
+def test_batch_step_ends_the_job_and_releases_the_other_nodes(store: Store) -> None:
+    """Slurm's batch step: the script on the first node decides the job; when it ends the
+    other nodes' holders are stopped, and their being stopped is no failure."""
     add_node(store, "n1")
     add_node(store, "n2")
     jid = submit1(store, nodes=2)
+    att = start(store, jid, ["n1", "n2"])
+    store.apply_reports("n2", [running(att)], None)
+    gens = store.node_gens()
+    store.apply_reports("n1", [exited(att, 0, started_at=time.time() - 1)], None)
+    assert state(store, jid) == "COMPLETING"
+    assert store.attempts_of(jid)[0]["state"] == "STOPPING"
+    assert store.node_gens()["n2"] > gens["n2"]  # the holder's agent is woken to stop it
+    store.apply_reports(
+        "n2", [exited(att, None, signal=15, cancelled=True, stop_requested=True)], None
+    )
+    job = store.get_job(jid)
+    assert (job["state"], job["exit_code"]) == ("COMPLETED", 0)
+    # the batch step's own failure is the job's, with its code
+    jid = submit1(store, nodes=2)
+    att = start(store, jid, ["n1", "n2"])
+    store.apply_reports("n1", [exited(att, 3, started_at=time.time() - 1)], None)
+    store.apply_reports("n2", [exited(att, None, signal=15, cancelled=True)], None)
+    job = store.get_job(jid)
+    assert (job["state"], job["exit_code"]) == ("FAILED", 3)
+
+
+def test_batch_step_node_lost_under_a_holder_is_a_node_failure(store: Store) -> None:
+    add_node(store, "n1")
+    add_node(store, "n2")
+    jid = submit1(store, nodes=2)
+    att = start(store, jid, ["n1", "n2"])
+    store.apply_reports("n1", [running(att)], None)
+    store.apply_reports(
+        "n2", [TaskReport(att["id"], att["token"], "lost", exit={"error": "gone"})], None
+    )
+    assert store.attempts_of(jid)[0]["state"] == "STOPPING"  # the batch step is stopped
+    store.apply_reports("n1", [exited(att, None, signal=15, cancelled=True)], None)
+    assert store.attempts_of(jid)[0]["result"] == "NODE_FAIL"
+    assert state(store, jid) == "PENDING"  # requeued, as any node failure
+
+
+def test_multi_node_all_succeed(store: Store) -> None:
+    add_node(store, "n1")
+    add_node(store, "n2")
+    jid = submit1(store, nodes=2, all_nodes=True)  # the script on every node
     att = start(store, jid, ["n1", "n2"])
     store.apply_reports("n1", [exited(att, 0, started_at=time.time() - 1)], None)
     assert state(store, jid) == "RUNNING"  # the other task is still going

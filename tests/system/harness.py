@@ -2,7 +2,7 @@
 
 Every process a test starts is tracked by PID, logs to its own file under the test's tmp dir, and
 is killed in `Cluster.cleanup` (run from a fixture finalizer, so also when the test fails):
-daemons by their Popen handle, job shepherds from `<agent state dir>/tasks/*/shepherd.pid` (after
+daemons by their Popen handle, job shepherds from `<agent state dir>/tasks/*/shepherd.pid` (and `steps/*`) (after
 checking their start time), job process groups from `job.json`, and finally anything that still
 carries this cluster's marker in its environment (daemons started by `phalanx up`, orphans).
 
@@ -460,6 +460,12 @@ class Cluster:
         roots = [self.state_dir, *self.extra_state_dirs()]
         return sorted(d for r in roots for d in r.glob(pattern) if d.is_dir())
 
+    def step_dirs(self, node: str | None = None) -> list[Path]:
+        """Step task directories (srun): `<agent state dir>/steps/<attempt>.<step>.<task>`."""
+        pattern = f"nodes/{node}/steps/*.*.*" if node else "nodes/*/steps/*.*.*"
+        roots = [self.state_dir, *self.extra_state_dirs()]
+        return sorted(d for r in roots for d in r.glob(pattern) if d.is_dir())
+
     def extra_state_dirs(self) -> list[Path]:
         """State dirs of clusters started with `phalanx up` under this root."""
         return [p.parent for p in self.root.glob("*/run") if p.parent != self.state_dir]
@@ -522,7 +528,7 @@ class Cluster:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                     killed.append(pid)
-        for d in self.task_dirs():
+        for d in [*self.task_dirs(), *self.step_dirs()]:
             with contextlib.suppress(Exception):
                 shepherd.request_stop(d)
             info = read_json(d / "job.json")

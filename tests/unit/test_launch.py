@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
 
 from phalanx.controller.launch import (
     BASE_MASTER_PORT,
+    HOLDER_ARGV,
     build_launch,
     default_output,
     expand_pattern,
@@ -88,7 +90,8 @@ def work(**kw: Any) -> dict[str, Any]:
 
 
 def test_environment_slurm_and_phx_variables() -> None:
-    env = job_environment(work(), node="n2")
+    # --all-nodes: the script runs on every node, ranked by node (the batch step is below)
+    env = job_environment(work(spec={"all_nodes": True}), node="n2")
     expected = {
         "SLURM_JOB_ID": "9",
         "SLURM_JOBID": "9",
@@ -114,7 +117,7 @@ def test_environment_slurm_and_phx_variables() -> None:
         "PHX_NODENAME": "n2",
         "MASTER_ADDR": "n1",
         "MASTER_PORT": str(BASE_MASTER_PORT + 9),
-        "PHX_ATTEMPT": "11",
+        "PHX_ATTEMPT": "0",  # the job's own attempt number, not the cluster-wide id 11
     }
     assert {k: env.get(k) for k in expected} == expected
     assert env["SECRET"] == "s" and env["FOO"] == "1"  # export=ALL keeps the submitter's env
@@ -160,15 +163,16 @@ def test_environment_array_gpus_and_restart() -> None:
 
 
 def test_build_launch_argv() -> None:
-    L = build_launch(work(), node="n2", kill_wait=12.5)
+    L = build_launch(work(rank=0, attempt_nodes=["n2", "n3"]), node="n2", kill_wait=12.5)
     assert L["command"] == {"argv": ["python", "train.py"]}
     assert (L["attempt_id"], L["token"], L["job_id"], L["rank"], L["node"]) == (
         11,
         "tok",
         9,
-        1,
+        0,
         "n2",
     )
+    assert L["holder"] is False
     assert L["cwd"] == "/scratch/p"
     assert L["stdout"] == "/scratch/p/phalanx-9.out"  # relative to the working directory
     assert L["stderr"] is None  # stderr goes with stdout
@@ -187,12 +191,14 @@ def test_build_launch_script_wrap_and_paths() -> None:
         },
         array_job_id=5,
         array_task_id=2,
+        rank=0,
+        attempt_nodes=["n3"],
     )
     L = build_launch(w, node="n3", kill_wait=1)
     assert L["command"] == {"script": "#!/bin/bash\necho hi\n", "args": ["a1"]}
     assert L["stdout"] == "/logs/train-9.n3.out"
     assert L["stderr"] == "/scratch/p/err-0002.txt"
-    L = build_launch(work(spec={"wrap": "hostname", "argv": []}), node="n1", kill_wait=1)
+    L = build_launch(work(rank=0, spec={"wrap": "hostname", "argv": []}), node="n1", kill_wait=1)
     assert L["command"] == {"script": "#!/bin/sh\nhostname\n", "args": []}
     L = build_launch(work(spec={"workdir": None}), node="n1", kill_wait=1)
     assert L["cwd"] == "/home/alice/p"  # falls back to the submit directory
@@ -210,3 +216,106 @@ def test_build_launch_open_mode() -> None:
         build_launch(work(seq=0, spec={"open_mode": "append"}), node="n1", kill_wait=1)["open_mode"]
         == "append"
     )
+
+
+def test_batch_step_runs_once_on_the_first_node_others_hold() -> None:
+    """Slurm's batch step: rank 0 runs the script; the other nodes run only a holder that
+    writes no output, has no limit or signal of its own and ignores job signals."""
+    spec = {"script": "#!/bin/sh\necho hi\n", "signal": "USR1@60", "progress_timeout_s": 30}
+    spec["signal_parsed"] = {"signum": 10, "before_s": 60, "batch_only": False}
+    first = build_launch(work(rank=0, spec=spec), node="n1", kill_wait=1)
+    other = build_launch(work(rank=2, spec=spec), node="n3", kill_wait=1)
+    assert first["command"]["script"].startswith("#!/bin/sh") and not first["holder"]
+    assert first["time_limit_s"] == 600 and first["signal"]
+    assert other["holder"] and other["command"] == {"argv": list(HOLDER_ARGV)}
+    assert other["stdout"] == other["stderr"] == os.devnull
+    assert other["time_limit_s"] is None and other["signal"] is None
+    assert other["progress_timeout_s"] is None and other["checkpoint"]["enabled"] is False
+    # --all-nodes keeps the script on every node
+    spec_all = {**spec, "all_nodes": True}
+    every = build_launch(work(rank=2, spec=spec_all), node="n3", kill_wait=1)
+    assert not every["holder"] and every["command"]["script"].startswith("#!/bin/sh")
+    assert every["all_nodes"] is True
+
+
+def test_holder_ignores_job_signals_and_stops_on_term() -> None:
+    """The holder really is a process that survives USR1/USR2/HUP and ends on SIGTERM."""
+    import signal as sig
+    import subprocess
+    import time
+
+    p = subprocess.Popen(list(HOLDER_ARGV), start_new_session=True)
+    try:
+        for s in (sig.SIGUSR1, sig.SIGUSR2, sig.SIGHUP):
+            deadline = time.monotonic() + 5
+            # the shell must have set its traps (and exec'd sleep) before the signal counts
+            while time.monotonic() < deadline:
+                try:
+                    with open(f"/proc/{p.pid}/comm") as f:
+                        if f.read().strip() == "sleep":
+                            break
+                except OSError:
+                    break
+            os.killpg(p.pid, s)
+        assert p.poll() is None or p.wait(timeout=0.5) is None
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        os.killpg(p.pid, sig.SIGTERM)
+    assert p.wait(timeout=10) == -sig.SIGTERM
+
+
+def test_batch_step_environment_has_the_allocation() -> None:
+    """SLURM_NTASKS is nodes x tasks per node, the batch step is task 0 on node 0, and the
+    allocation's other figures are set (world-size arithmetic in scripts must not give 0)."""
+    spec = {
+        "ntasks_per_node": 2,
+        "cpus_per_task": 3,
+        "mem_mb": 4096,
+        "account": "proj",
+        "qos": "high",
+        "submit_host": "login1",
+        "array": "1-7:2",
+    }
+    w = work(
+        rank=0,
+        spec=spec,
+        cpus=6,
+        mem_mb=4096,
+        gpu_ids=[0, 1],
+        cpus_per_node=6,
+        array_job_id=40,
+        array_task_id=3,
+        attempt_nodes=["n1", "n2", "n3"],
+    )
+    env = job_environment(w, node="n1")
+    expected = {
+        "SLURM_NTASKS": "6",
+        "SLURM_NPROCS": "6",
+        "SLURM_NTASKS_PER_NODE": "2",
+        "SLURM_TASKS_PER_NODE": "2(x3)",
+        "SLURM_JOB_CPUS_PER_NODE": "6(x3)",
+        "SLURM_CPUS_ON_NODE": "6",
+        "SLURM_PROCID": "0",
+        "SLURM_NODEID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_GPUS_ON_NODE": "2",
+        "SLURM_GPUS_PER_NODE": "2",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "SLURM_MEM_PER_NODE": "4096",
+        "SLURM_JOB_ACCOUNT": "proj",
+        "SLURM_JOB_QOS": "high",
+        "SLURM_SUBMIT_HOST": "login1",
+        "SLURM_ARRAY_TASK_COUNT": "4",
+        "SLURM_ARRAY_TASK_MIN": "1",
+        "SLURM_ARRAY_TASK_MAX": "7",
+        "SLURM_ARRAY_TASK_STEP": "2",
+    }
+    assert {k: env.get(k) for k in expected} == expected
+    assert int(env["SLURM_NNODES"]) * int(env["SLURM_GPUS_PER_NODE"]) == 6
+    # defaults when the job named no account/QOS; --mem-per-cpu gives SLURM_MEM_PER_CPU
+    env = job_environment(work(rank=0, spec={"mem_per_cpu_mb": 500, "ntasks": 5}), node="n1")
+    assert env["SLURM_JOB_ACCOUNT"] == "default" and env["SLURM_JOB_QOS"] == "normal"
+    assert env["SLURM_MEM_PER_CPU"] == "500" and "SLURM_MEM_PER_NODE" not in env
+    assert env["SLURM_NTASKS"] == "5" and env["SLURM_TASKS_PER_NODE"] == "2(x2),1"
+    assert "SLURM_NTASKS_PER_NODE" not in env  # -n alone: no fixed count per node

@@ -28,6 +28,7 @@ from phalanx import __version__
 from phalanx.agent import cgroups, shepherd
 from phalanx.agent.health import HealthMonitor, IsolationCheck, Status
 from phalanx.agent.resources import NodeResources
+from phalanx.agent.steps import StepRunner
 from phalanx.client import Client
 from phalanx.domain import job_reports
 from phalanx.errors import PhalanxError
@@ -96,6 +97,14 @@ class Agent:
         self._task_cpus: dict[str, list[int]] = {}
         self._gpu_devices: list[tuple[int, int, int]] = []
         self._swept_at = 0.0
+        # job steps (srun) on this node: agent/steps.py
+        self.steps = StepRunner(
+            state_dir / "steps",
+            self.tasks_dir,
+            job_env=self.job_env,
+            fence=self._fence_settings,
+            launch=self._launch_shepherd,
+        )
 
     # ------------------------------------------------------------------ lifecycle
     def prepare(self) -> None:
@@ -299,17 +308,33 @@ class Agent:
             len(r.gpus),
         )
 
+    def _fence_settings(self) -> dict[str, Any]:
+        return {
+            "heartbeat_file": str(self.fence_file),
+            "timeout_s": float(self.timing["fence_timeout"]),
+            "kill_grace_s": float(self.timing["fence_kill_grace"]),
+        }
+
+    def _launch_shepherd(self, d: Path) -> None:
+        launcher: shepherd.Launcher | None = getattr(self, "_launcher", None)
+        if launcher is not None:
+            launcher.launch(d)
+        else:  # apply() used without run()
+            shepherd.launch(d)
+
     # ------------------------------------------------------------------ protocol
     def heartbeat(self, wait: float = 0.0) -> dict[str, Any]:
         taken_at = time.time()
         with self._lock:
             tasks = self.snapshot()
+            steps = self.steps.snapshot()
         # Heartbeats are level-triggered, so retrying one on another controller is safe; the
         # timeout is short so a hung controller does not hold the agent past its fence timeout.
         reply = self.client.post(
             f"/v1/agents/{self.name}/heartbeat",
             {
                 "tasks": tasks,
+                "steps": steps,
                 "taken_at": taken_at,
                 "wait": wait,
                 "health": self.health.summary() if self.health else None,
@@ -391,12 +416,18 @@ class Agent:
             d = self.tasks_dir / str(stop["attempt_id"])
             if d.is_dir():
                 log.info("stopping attempt %s: %s", stop["attempt_id"], stop.get("reason"))
+                holder = bool((_read_json(d / "spec.json") or {}).get("holder"))
                 shepherd.request_stop(
                     d,
-                    checkpoint_signal=stop.get("checkpoint_signal"),
-                    checkpoint_grace=float(stop.get("checkpoint_grace") or 0.0),
+                    # a holder has nothing to checkpoint: it stops at once
+                    checkpoint_signal=None if holder else stop.get("checkpoint_signal"),
+                    checkpoint_grace=0.0 if holder else float(stop.get("checkpoint_grace") or 0.0),
                     reason=stop.get("reason"),
                 )
+            # the job's steps here stop with it (a planned stop checkpoints them first)
+            self.steps.stop(int(stop["attempt_id"]), None, stop)
+        if reply.get("steps"):
+            self.steps.apply(reply["steps"])
         for aid in reply.get("forget", []):
             d = self.tasks_dir / str(aid)
             if d.is_dir():
@@ -464,14 +495,12 @@ class Agent:
         return sent or (d / shepherd.EXIT_FILE).exists()
 
     def _signal_steps(self, attempt_id: int, signum: int) -> None:
-        """Signal every job step (srun) of this attempt on this node.
-
-        A hook, deliberately a no-op for now: job steps are being built separately, and that
-        work replaces this body with the delivery to the attempt's step processes. Until then a
-        job has no steps, so ``scancel --signal`` without ``--batch``/``--full`` signals nothing,
-        exactly as Slurm does for a job without steps.
-        """
-        return None
+        """Signal every job step (srun) of this attempt running on this node: each step task's
+        process group, through its shepherd (agent/steps.py). A job without steps gets nothing,
+        exactly as Slurm's ``scancel --signal`` without ``--batch``/``--full``."""
+        sent = self.steps.signal_attempt(attempt_id, signum)
+        if sent:
+            log.info("signal %d to %d step task(s) of attempt %s", signum, sent, attempt_id)
 
     def _launch(self, launch: dict[str, Any]) -> None:
         d = self.tasks_dir / str(launch["attempt_id"])
@@ -503,12 +532,18 @@ class Agent:
         (tmp / shepherd.CONTROL_DIR).mkdir(mode=0o700)
         if owner:  # the job writes checkpoint.json and progress.json there
             os.chown(tmp / shepherd.CONTROL_DIR, *owner)
+        # a TMPDIR of the job's own on this node, for its batch step and its steps; it goes
+        # with the task directory when the attempt is over
+        (tmp / "tmp").mkdir(mode=0o700)
+        if owner:
+            os.chown(tmp / "tmp", *owner)
+        env["TMPDIR"] = str(d / "tmp")
         env.update(shepherd.control_environment(d))
         cpus = self._pick_cpus(str(launch["attempt_id"]), int(launch.get("cpus") or 1))
         stdout = launch["stdout"]
         stderr = launch["stderr"]
         open_mode = launch["open_mode"]
-        if int(env.get("PHX_NNODES", "1")) > 1:
+        if launch.get("all_nodes") and int(env.get("PHX_NNODES", "1")) > 1:
             open_mode = "append"  # every node writes the same file: never truncate a peer's lines
         spec = {
             "attempt_id": launch["attempt_id"],
@@ -516,6 +551,7 @@ class Agent:
             "token": launch["token"],
             "node": self.name,
             "rank": launch["rank"],
+            "holder": bool(launch.get("holder")),
             "argv": argv,
             "env": env,
             "cwd": launch["cwd"],
@@ -593,6 +629,11 @@ class Agent:
                     d.name
                     for d in self.tasks_dir.iterdir()
                     if d.name not in self._known_exited and (d / "exit.json").exists()
+                ]
+                fresh += [
+                    f"step:{name}"
+                    for name in self.steps.exited_dirs()
+                    if f"step:{name}" not in self._known_exited
                 ]
                 if fresh:
                     self._known_exited.update(fresh)

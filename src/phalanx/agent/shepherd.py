@@ -902,6 +902,9 @@ class _Shepherd:
         except Exception as exc:
             _log(f"cannot write {EXIT_FILE}: {exc!r}")
             return 1
+        io = self.spec.get("io") if isinstance(self.spec, dict) else None
+        if isinstance(io, dict):
+            _tell_exit(io, result)
         return 0
 
     def _install_signals(self) -> None:
@@ -1015,6 +1018,14 @@ class _Shepherd:
 
         Two separate truncating descriptions of one file would overwrite each other's output.
         """
+        io = spec.get("io")
+        if isinstance(io, dict) and io.get("stdout"):
+            # a step task whose output streams to its srun (files given with srun -o/-e win)
+            self.out_fd = _connect_stream(io, "out")
+            self.err_fd = _connect_stream(io, "err") if io.get("stderr") else self.out_fd
+            if not io.get("stderr"):
+                return self._open_one_output(spec)
+            return
         flags = os.O_WRONLY | os.O_CREAT
         flags |= os.O_APPEND if spec.get("open_mode") == "append" else os.O_TRUNC
         cwd = spec.get("cwd") or "/"
@@ -1044,6 +1055,23 @@ class _Shepherd:
             os.close(err_fd)
             err_fd = self.out_fd
         self.err_fd = err_fd
+
+    def _open_one_output(self, spec: dict[str, Any]) -> None:
+        """A step task with its stdout streamed and its stderr to a file (srun -e FILE)."""
+        err_path = spec.get("stderr")
+        if not isinstance(err_path, str):
+            self.err_fd = self.out_fd
+            return
+        flags = os.O_WRONLY | os.O_CREAT
+        flags |= os.O_APPEND if spec.get("open_mode") == "append" else os.O_TRUNC
+        err_path = os.path.join(spec.get("cwd") or "/", err_path)
+        try:
+            self.err_fd = os.open(err_path, flags, 0o666)
+        except OSError as exc:
+            raise _LaunchError(
+                f"cannot open output file {err_path}: {exc.strerror}",
+                job_error=exc.errno in _DENIED,
+            ) from exc
 
     def _write_stderr(self, msg: str) -> None:
         """Put launch errors where the user looks first: the job's own error file (Slurm does)."""
@@ -1126,6 +1154,11 @@ class _Shepherd:
         plan = spec.get("cgroup")
         if not isinstance(plan, dict):
             return
+        if plan.get("join_only"):
+            # a step task joins its job's cgroup on this node, which the job's own shepherd
+            # made and removes: nothing to create, and never removed from here
+            self.cgroup = plan
+            return
         try:
             _cgroups.setup(plan)
         except OSError as exc:
@@ -1140,7 +1173,7 @@ class _Shepherd:
     def _remove_cgroup(self) -> None:
         """Kill whatever is left in the job's cgroup and remove it."""
         plan, self.cgroup = self.cgroup, None
-        if plan is None:
+        if plan is None or plan.get("join_only"):
             return
         left = _cgroups.remove(plan)
         if left:
@@ -1632,6 +1665,46 @@ class _Shepherd:
             "checkpoint_signal_sent_at": self.checkpoint_sent_at,
             **({"hung": self.hung} if self.hung else {}),
         }
+
+
+def _connect_stream(io: dict[str, Any], what: str) -> int:
+    """A connection to the step's srun carrying one stream of one task, as a plain fd.
+
+    The first line names the step's cookie (so nobody else can inject output), the task and
+    the stream (``out``, ``err`` or ``exit``); the task then writes straight into the socket.
+    ``_socket`` rather than ``socket``: the latter imports ``enum`` (startup cost, see top).
+    """
+    import _socket
+
+    try:
+        sock = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+        sock.settimeout(10.0)
+        sock.connect((str(io["host"]), int(io["port"])))
+        sock.settimeout(None)
+        sock.sendall(f"{io['cookie']} {int(io['task'])} {what}\n".encode())
+        return int(sock.detach())
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        raise _LaunchError(
+            f"cannot reach srun at {io.get('host')}:{io.get('port')}: {exc}"
+        ) from exc
+
+
+def _tell_exit(io: dict[str, Any], result: dict[str, Any]) -> None:
+    """Send the task's exit record to its srun (best effort: srun may be gone; the agent
+    reports the same record to the controllers)."""
+    try:
+        fd = _connect_stream(io, "exit")
+    except _LaunchError as exc:
+        _log(str(exc))
+        return
+    try:
+        data = _dumps(result).encode() + b"\n"
+        while data:
+            data = data[os.write(fd, data) :]
+    except OSError as exc:
+        _log(f"cannot send the exit record to srun: {exc}")
+    finally:
+        os.close(fd)
 
 
 def _oom_kills() -> int | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ def build_spec(
     if "time_limit_s" in fields and fields["time_limit_s"] is None:
         spec["time_limit_s"] = 0  # --time=UNLIMITED (absent would mean the partition default)
     spec["submit_dir"] = cwd
+    spec.setdefault("submit_host", socket.gethostname())
     if script_text is not None:
         spec["script"] = script_text
         spec["script_path"] = script_path

@@ -7,31 +7,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from phalanx import __version__
 from phalanx.auth.keys import KeySet
 from phalanx.auth.tokens import Identity, Verifier, mint_token
 from phalanx.controller import access, maint_api
-from phalanx.controller.launch import default_output, expand_pattern
+from phalanx.controller.launch import default_output, expand_pattern, job_layout
 from phalanx.controller.runtime import Controller
 from phalanx.domain import checkpointing
 from phalanx.domain.hostlist import compress_hostlist
 from phalanx.domain.spec import JobSpec
 from phalanx.domain.states import node_display_state
+from phalanx.domain.steps import StepRequest
 from phalanx.domain.values import format_duration
 from phalanx.errors import Forbidden, InvalidSpec, NotFound, PhalanxError
+from phalanx.store.steps import StepReport
 from phalanx.store.store import TaskReport
 
 MAX_BATCH = 10_000
@@ -93,8 +96,52 @@ class ReportIn(BaseModel):
     signals_done: int | None = Field(default=None, ge=0, le=MAX_ID)  # highest seq delivered
 
 
+class StepIn(BaseModel):
+    """`srun` inside a job: what to run, how to lay it out, where its srun listens."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    argv: list[str] = Field(min_length=1, max_length=4096)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str = Field(default="/", max_length=4096)
+    name: str | None = Field(default=None, max_length=256)
+    nodes: int | None = Field(default=None, ge=1, le=100_000)
+    ntasks: int | None = Field(default=None, ge=1, le=1_000_000)
+    ntasks_per_node: int | None = Field(default=None, ge=1, le=100_000)
+    cpus_per_task: int = Field(default=1, ge=1, le=100_000)
+    gpus_per_task: int | None = Field(default=None, ge=0, le=1024)
+    gpus_per_node: int | None = Field(default=None, ge=0, le=1024)
+    nodelist: list[str] = Field(default_factory=list, max_length=100_000)
+    output: str | None = Field(default=None, max_length=4096)
+    error: str | None = Field(default=None, max_length=4096)
+    label: bool = False
+    host: str = Field(max_length=256, description="where srun listens for its tasks' streams")
+    port: int = Field(ge=1, le=65535)
+    cookie: str = Field(min_length=16, max_length=128)
+
+
+class StepSignalIn(BaseModel):
+    step_id: int | None = Field(default=None, ge=0, le=2**31, description="all steps if absent")
+    signal: int = Field(ge=1, le=64)
+
+
+class StepCancelIn(BaseModel):
+    step_id: int | None = Field(default=None, ge=0, le=2**31, description="all steps if absent")
+    reason: str | None = Field(default=None, max_length=1024)
+
+
+class StepReportIn(BaseModel):
+    attempt_id: int = Field(ge=0, le=2**62)
+    step_id: int = Field(ge=0, le=2**31)
+    token: str = Field(max_length=64)
+    state: Literal["starting", "running", "exited", "lost"]
+    started_at: float | None = None
+    exits: list[dict[str, Any]] = Field(default_factory=list, max_length=4096)
+
+
 class HeartbeatIn(BaseModel):
     tasks: list[ReportIn] = Field(default_factory=list)
+    steps: list[StepReportIn] = Field(default_factory=list)
     taken_at: float | None = None
     wait: float = Field(default=0.0, ge=0, le=60)
     health: dict[str, Any] | None = None
@@ -466,6 +513,7 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
             view["attempts"] = ctl.store.attempts_of(jid)
             view.update(allocation_view(view["attempts"], time.time()))
             view["retry"] = ctl.store.policy.job_rules(row["spec"]).as_dict()
+            view["steps"] = ctl.store.steps_of(jid)
             view["progress"] = next(
                 (a["progress"] for a in reversed(view["attempts"]) if a.get("progress")), None
             )
@@ -521,6 +569,70 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
             out.extend(ctl.store.events(job_id=jid))
         out.sort(key=lambda e: e["id"])
         return {"events": out}
+
+    # ---------------------------------------------------------------- steps (srun)
+    def _own_job(ref: str, ident: Identity, what: str) -> dict[str, Any]:
+        ids = _one(ref)
+        if len(ids) != 1:
+            raise InvalidSpec(f"{ref} names {len(ids)} jobs: steps belong to one job")
+        row = ctl.store.get_job(ids[0])
+        access.check_owner(ident, [job_view(row)], what)
+        return row
+
+    @app.post("/v1/jobs/{ref}/steps", status_code=201)
+    def create_step(ref: str, body: StepIn, ident: Identity = Depends(caller)) -> dict[str, Any]:
+        row = _own_job(ref, ident, "srun")
+        req = StepRequest(
+            nodes=body.nodes,
+            ntasks=body.ntasks,
+            ntasks_per_node=body.ntasks_per_node,
+            cpus_per_task=body.cpus_per_task,
+            gpus_per_task=body.gpus_per_task,
+            gpus_per_node=body.gpus_per_node,
+            nodelist=tuple(body.nodelist),
+            job_ntasks_per_node=tuple(job_layout(row["spec"], len(row["nodelist_run"] or [None]))),
+        )
+        spec = {
+            "argv": body.argv,
+            "env": body.env,
+            "cwd": body.cwd,
+            "cpus_per_task": body.cpus_per_task,
+            "output": body.output,
+            "error": body.error,
+            "label": body.label,
+            "io": {
+                "host": body.host,
+                "port": body.port,
+                "cookie": body.cookie,
+                "stdout": body.output is None,
+                "stderr": body.error is None,
+            },
+        }
+        name = body.name or os.path.basename(body.argv[0])
+        return ctl.store.create_step(int(row["id"]), req, spec, name, ident.actor)
+
+    @app.get("/v1/jobs/{ref}/steps/{step_id}")
+    def show_step(ref: str, step_id: int, ident: Identity = Depends(caller)) -> dict[str, Any]:
+        row = _own_job(ref, ident, "show a step")
+        if not 0 <= step_id < 2**31:
+            raise InvalidSpec(f"invalid step id {step_id}")
+        return ctl.store.get_step(int(row["id"]), step_id)
+
+    @app.post("/v1/jobs/{ref}/steps/signal")
+    def signal_steps(
+        ref: str, body: StepSignalIn, ident: Identity = Depends(caller)
+    ) -> dict[str, Any]:
+        row = _own_job(ref, ident, "signal")
+        done = ctl.store.signal_steps(int(row["id"]), body.signal, body.step_id, ident.actor)
+        return {"steps": done}
+
+    @app.post("/v1/jobs/{ref}/steps/cancel")
+    def cancel_steps(
+        ref: str, body: StepCancelIn, ident: Identity = Depends(caller)
+    ) -> dict[str, Any]:
+        row = _own_job(ref, ident, "cancel a step")
+        reason = body.reason or f"cancelled by {ident.actor}"
+        return {"steps": ctl.store.cancel_steps(int(row["id"]), body.step_id, reason, ident.actor)}
 
     # ---------------------------------------------------------------- nodes
     @app.get("/v1/nodes")
@@ -624,19 +736,27 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
     async def heartbeat(node: str, body: HeartbeatIn) -> dict[str, Any]:
         ctl.seen(node)
         reports = [TaskReport(**r.model_dump()) for r in body.tasks]
+        step_reports = [StepReport(**r.model_dump()) for r in body.steps]
         deadline = time.monotonic() + min(body.wait, ctl.timing.heartbeat_interval)
         read_at = time.monotonic()  # a wakeup after this may not be in the reply: wait less
-        reply = await run_in_threadpool(ctl.exchange, node, reports, body.taken_at, body.health)
-        while reply.empty and time.monotonic() < deadline:
+        args = (node, reports, body.taken_at, body.health, step_reports)
+        reply, steps = await run_in_threadpool(ctl.exchange, *args)
+        while reply.empty and steps.empty and time.monotonic() < deadline:
             woke = await ctl.waiters.wait(node, deadline - time.monotonic(), since=read_at)
             if not woke:
                 break
             read_at = time.monotonic()
-            reply = await run_in_threadpool(ctl.exchange, node, reports, body.taken_at, body.health)
+            reply, steps = await run_in_threadpool(ctl.exchange, *args)
         return {
             "start": await run_in_threadpool(ctl.launch_specs, reply, node),
             "stop": reply.stop,
             "forget": reply.forget,
+            "steps": {
+                "start": ctl.step_launch_specs(steps, node),
+                "stop": steps.stop,
+                "signal": steps.signal,
+                "forget": steps.forget,
+            },
             **({"checkpoint": reply.checkpoint} if reply.checkpoint is not None else {}),
             **({"signal": reply.signals} if reply.signals else {}),
             "controller": ctl.cid,

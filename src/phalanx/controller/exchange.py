@@ -14,6 +14,7 @@ from typing import Any
 from phalanx.controller.launch import checkpoint_settings
 from phalanx.domain import job_reports
 from phalanx.domain.states import AttemptState, TaskState
+from phalanx.store.steps import StepReport
 from phalanx.store.store import TaskReport
 
 _ALIVE = ("starting", "running")
@@ -212,4 +213,67 @@ def decide(
             )
         elif r.state in ("exited", "lost") and (stale or r.attempt_id in ended):
             reply.forget.append(r.attempt_id)
+    return reply
+
+
+@dataclass
+class StepReply:
+    """The step half of a heartbeat reply (same rules as for tasks: level-triggered)."""
+
+    start: list[dict[str, Any]] = field(default_factory=list)  # step work rows to launch here
+    stop: list[dict[str, Any]] = field(default_factory=list)  # {"attempt_id","step_id",...}
+    signal: list[dict[str, Any]] = field(default_factory=list)  # {"attempt_id","step_id","signals"}
+    forget: list[list[int]] = field(default_factory=list)  # [attempt_id, step_id]
+
+    @property
+    def empty(self) -> bool:
+        return not (self.start or self.stop or self.signal)
+
+
+def decide_steps(
+    work: list[dict[str, Any]],
+    reports: list[StepReport],
+    ended: set[tuple[int, int]],
+    checkpoint_grace: float = 30.0,
+) -> StepReply:
+    """What the agent must do about job steps. `work`: Store.node_step_work rows of the
+    node; `ended`: reported (attempt, step) pairs the store has recorded as over there.
+
+    A step's tasks stop when the step is cancelled or ended, or when its attempt stops (with
+    the attempt's checkpoint signal first, for planned stops: a training step checkpoints).
+    Signals are the step's whole request list; the agent delivers each sequence number once.
+    """
+    reply = StepReply()
+    by_key = {(w["attempt_id"], w["step_id"]): w for w in work}
+    reported = {(r.attempt_id, r.step_id): r for r in reports}
+    for key, w in by_key.items():
+        r = reported.get(key)
+        alive = r is not None and r.state in _ALIVE
+        attempt_live = w["attempt_state"] in (
+            AttemptState.STARTING.value,
+            AttemptState.RUNNING.value,
+        )
+        step_live = w["step_state"] == "RUNNING" and not w["step_stop_reason"]
+        if attempt_live and step_live:
+            if r is None and w["node_state"] == TaskState.STARTING.value:
+                reply.start.append(w)
+            elif alive and w["signals"]:
+                reply.signal.append(
+                    {"attempt_id": key[0], "step_id": key[1], "signals": list(w["signals"])}
+                )
+        elif alive:
+            if not attempt_live and w["attempt_state"] == AttemptState.STOPPING.value:
+                item = stop_item(w, checkpoint_grace)  # the attempt's own stop, for its steps
+            else:
+                item = {"reason": w["step_stop_reason"] or "step ended"}
+            reply.stop.append({**item, "attempt_id": key[0], "step_id": key[1]})
+    for key, r in reported.items():
+        row = by_key.get(key)
+        stale = row is None or row["token"] != r.token
+        if stale and r.state in _ALIVE:
+            reply.stop.append(
+                {"attempt_id": key[0], "step_id": key[1], "reason": "step is no longer current"}
+            )
+        elif r.state in ("exited", "lost") and (stale or key in ended):
+            reply.forget.append([key[0], key[1]])
     return reply

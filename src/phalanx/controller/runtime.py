@@ -20,13 +20,15 @@ from prometheus_client import Counter, Histogram
 from phalanx.config import Config
 from phalanx.controller.exchange import (
     Reply,
+    StepReply,
     checkpoint_items,
     decide,
+    decide_steps,
     needs_write,
     signal_items,
     state_changes,
 )
-from phalanx.controller.launch import build_launch
+from phalanx.controller.launch import build_launch, build_step_launch
 from phalanx.controller.leases import LeaseKeeper
 from phalanx.controller.maintenance import MaintenanceDuty
 from phalanx.domain import checkpointing, scheduling, values
@@ -36,6 +38,7 @@ from phalanx.domain.spec import JobSpec, normalize
 from phalanx.domain.states import JobState
 from phalanx.errors import Fenced, PhalanxError, StoreUnavailable, Unsatisfiable
 from phalanx.store.notify import WorkListener
+from phalanx.store.steps import StepReport
 from phalanx.store.store import Fence, Store, TaskReport
 
 log = logging.getLogger("phalanx.controller")
@@ -526,7 +529,8 @@ class Controller:
         reports: list[TaskReport],
         taken_at: float | None,
         health: dict[str, Any] | None = None,
-    ) -> Reply:
+        step_reports: list[StepReport] | None = None,
+    ) -> tuple[Reply, StepReply]:
         """Apply an agent's report and compute its reply (runs in a worker thread)."""
         self.update_health(node, health)
         work = self.store.node_work(node)
@@ -543,7 +547,26 @@ class Controller:
         reply.signals = signal_items(work, reports)
         self.maintenance.adjust_stops(reply.stop)  # stopped at the window's start
         reply.checkpoint = checkpoint_items(work, lambda w: self.checkpoint_interval(w).seconds)
-        return reply
+        return reply, self._step_exchange(node, step_reports or [])
+
+    def _step_exchange(self, node: str, reports: list[StepReport]) -> StepReply:
+        """The step half of a heartbeat: record step task reports, decide the step reply."""
+        if any(r.state != "starting" for r in reports):
+            self.store.apply_step_reports(node, reports)
+        work = self.store.node_step_work(node)
+        if not work and not reports:
+            return StepReply()
+        ended = self.store.finished_steps(
+            [(r.attempt_id, r.step_id, node) for r in reports if r.state in ("exited", "lost")]
+        )
+        return decide_steps(work, reports, ended, checkpoint_grace=self.timing.checkpoint_grace)
+
+    def step_launch_specs(self, reply: StepReply, node: str) -> list[dict[str, Any]]:
+        now = time.time()
+        return [
+            build_step_launch(w, node=node, kill_wait=self.timing.kill_wait, now=now)
+            for w in reply.start
+        ]
 
     def checkpoint_interval(self, job_row: dict[str, Any]) -> IntervalDecision:
         """The periodic checkpoint interval in force for a job, with its inputs.

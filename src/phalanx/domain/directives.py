@@ -352,6 +352,9 @@ OPTIONS: tuple[Option, ...] = (
     _opt("hold", "H", N, ("hold",), _const(hold=True), "submit the job held"),
     _opt("priority", None, R, ("priority",), _priority, "job priority", "N"),
     # --- Phalanx extensions (stored; acted on by the fault-tolerance layer) ---
+    _opt("all-nodes", None, N, ("all_nodes",), _const(all_nodes=True),
+         "run the batch script on every node of the allocation (node rank in "
+         "SLURM_NODEID), not once on the first node"),
     _opt("spares", None, R, ("spares",), _int_to("spares", 0),
          "extra nodes to keep allocated as hot spares", "N"),
     _opt("progress-timeout", None, R, ("progress_timeout_s",),

@@ -61,6 +61,7 @@ class JobSpec(BaseModel):
     exclude: list[str] = Field(default_factory=list)
     workdir: str | None = None
     submit_dir: str | None = None
+    submit_host: str | None = Field(default=None, max_length=256, description="SLURM_SUBMIT_HOST")
     export: str | None = "ALL"
     env: dict[str, str] = Field(default_factory=dict)
     hold: bool = False
@@ -77,6 +78,11 @@ class JobSpec(BaseModel):
     mail_user: str | None = None
     mail_type: str | None = None
     spares: int | None = Field(default=None, ge=0)
+    all_nodes: bool = Field(
+        default=False,
+        description="run the batch script on every node (rank in SLURM_NODEID); default: once, "
+        "on the first node of the allocation, as Slurm's batch step",
+    )
     progress_timeout_s: int | None = Field(default=None, ge=1)
     retries: int | None = Field(
         default=None, ge=0, le=10_000, description="failure retries; absent = the cluster's"

@@ -17,11 +17,13 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from phalanx.client import Client
 from phalanx.domain.states import TERMINAL
 from phalanx.errors import PhalanxError
+
+if TYPE_CHECKING:
+    from phalanx.client import Client
 
 # Phalanx state -> Slurm state name (what squeue %T and sacct State print).
 SLURM_STATE = {
@@ -106,7 +108,10 @@ def run_command(prog: str, body: Any, argv: Sequence[str]) -> int:
 
 
 def client() -> Client:
-    """The same client as `phalanx`: $PHALANX_URL, and the local credential socket or a token."""
+    """The same client as `phalanx`: $PHALANX_URL, and the local credential socket or a token.
+    (Imported here: httpx costs srun, which does not need it, 100+ ms a step.)"""
+    from phalanx.client import Client
+
     return Client()
 
 

@@ -217,3 +217,42 @@ maintenance = Table(
     sqlite_autoincrement=True,
 )
 Index("ix_maintenance_state", maintenance.c.state)
+
+# Job steps (`srun` inside an allocation): numbered per attempt (0, 1, ...), shown as JOBID.N.
+# state: RUNNING (asked to start or started), then COMPLETED / FAILED / CANCELLED / NODE_FAIL /
+# TIMEOUT / OUT_OF_MEMORY. `spec` is what the nodes need to start its tasks (argv, env, layout,
+# where its srun listens, with the step's cookie); `signals`: requests for its tasks, in order.
+steps = Table(
+    "steps",
+    metadata,
+    Column("attempt_id", IdType, ForeignKey("attempts.id"), primary_key=True),
+    Column("step_id", Integer, primary_key=True, autoincrement=False),
+    Column("job_id", IdType, ForeignKey("jobs.id"), nullable=False),
+    Column("name", String(256), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("nodes", JSON, nullable=False),  # names, in node order
+    Column("tasks", JSON, nullable=False),  # tasks per node, same order
+    Column("spec", JSON, nullable=False),
+    Column("signals", JSON, nullable=False),  # [{"seq": n, "signum": s}]
+    Column("stop_reason", Text, nullable=True),
+    Column("created_at", Float, nullable=False),
+    Column("start_time", Float, nullable=True),
+    Column("end_time", Float, nullable=True),
+    Column("exit_code", Integer, nullable=True),
+    Column("exit_signal", Integer, nullable=True),
+)
+Index("ix_steps_job", steps.c.job_id)
+
+# One row per node of a step: what that node's agent reported about its tasks there.
+step_nodes = Table(
+    "step_nodes",
+    metadata,
+    Column("attempt_id", IdType, primary_key=True),
+    Column("step_id", Integer, primary_key=True, autoincrement=False),
+    Column("node", String(128), primary_key=True),
+    Column("state", String(16), nullable=False),  # STARTING RUNNING EXITED LOST
+    Column("started_at", Float, nullable=True),
+    Column("ended_at", Float, nullable=True),
+    Column("exits", JSON, nullable=True),  # per task: the shepherd's exit record
+)
+Index("ix_step_nodes_node_state", step_nodes.c.node, step_nodes.c.state)

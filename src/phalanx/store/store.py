@@ -50,6 +50,7 @@ from phalanx.store.sqlbits import Fence
 from phalanx.store.sqlbits import active_tasks as _active_tasks
 from phalanx.store.sqlbits import chunks as _chunks
 from phalanx.store.sqlbits import now as _now
+from phalanx.store.steps import JobSteps
 from phalanx.store.windows import MaintenanceWindows
 
 ACTIVE_ATTEMPT = (AttemptState.STARTING, AttemptState.RUNNING, AttemptState.STOPPING)
@@ -91,7 +92,7 @@ class SchedSnapshot:
 MAX_ID = 2**63 - 1  # the largest id an INTEGER column holds (SQLite and PostgreSQL)
 
 
-class Store(MaintenanceWindows):
+class Store(JobSteps, MaintenanceWindows):
     """The store's one interface (see the module docstring)."""
 
     # ------------------------------------------------------------------ leases
@@ -1248,7 +1249,26 @@ class Store(MaintenanceWindows):
         ]
         if not finished:
             return
+        batch = len(tasks) > 1 and not self._runs_on_all_nodes(conn, att["job_id"])
         if len(finished) < len(tasks):
+            if (
+                batch
+                and any(t["rank"] == 0 for t in finished)
+                and not any(_task_failed(t) for t in finished)
+                and att["state"] != AttemptState.STOPPING.value
+            ):
+                # the batch step ended: the job is over, the other nodes only held it
+                conn.execute(
+                    update(s.attempts)
+                    .where(s.attempts.c.id == attempt_id)
+                    .values(state=AttemptState.STOPPING.value)
+                )
+                if job["state"] in (JobState.STARTING.value, JobState.RUNNING.value):
+                    self._set_job_state(
+                        conn, job, JobState.COMPLETING, "batch script ended; releasing its nodes"
+                    )
+                self._bump_gen(conn, att["nodes"])
+                return
             bad = [t for t in finished if _task_failed(t)]
             if bad and att["state"] != AttemptState.STOPPING.value:
                 t = bad[0]
@@ -1262,7 +1282,11 @@ class Store(MaintenanceWindows):
                     self._set_job_state(conn, job, JobState.COMPLETING, why)
                 self._bump_gen(conn, att["nodes"])
             return
-        # every task is done: decide the job's outcome
+        # every task is done: decide the job's outcome (in batch mode from the batch step and
+        # whatever went wrong on the other nodes, not from their holders being stopped)
+        all_tasks = tasks
+        if batch:
+            tasks = [t for t in tasks if t["rank"] == 0 or not _stopped_holder(t)]
         result, reason, code, sig = _outcome(att, tasks)
         conn.execute(
             update(s.attempts)
@@ -1278,9 +1302,10 @@ class Store(MaintenanceWindows):
             )
         )
         self._bump_gen(conn, att["nodes"])
+        self._end_steps_of_attempt(conn, attempt_id, result, now)
         if spare_tasks:
             self._release_spares(conn, attempt_id, now)
-        launch_failed = [(t["node"], err) for t in tasks if (err := _launch_error(t))]
+        launch_failed = [(t["node"], err) for t in all_tasks if (err := _launch_error(t))]
         if launch_failed:
             self._count_node_launch_failures(conn, launch_failed)
         if job["attempt_id"] != attempt_id or JobState(job["state"]).terminal:
@@ -1288,7 +1313,7 @@ class Store(MaintenanceWindows):
         if (
             result is JobState.NODE_FAIL
             and not launch_failed
-            and self._fast_restart(conn, job, att, tasks, spare_tasks, reason, now)
+            and self._fast_restart(conn, job, att, all_tasks, spare_tasks, reason, now)
         ):
             return
         verdict = after_attempt(
@@ -1334,6 +1359,11 @@ class Store(MaintenanceWindows):
             extra=extra,
             event_kind="job.requeue" if verdict.action is Action.REQUEUE else "job.held",
         )
+
+    def _runs_on_all_nodes(self, conn: Connection, job_id: int) -> bool:
+        """The job asked for its script on every node (--all-nodes), not Slurm's batch step."""
+        spec = conn.execute(select(s.jobs.c.spec).where(s.jobs.c.id == job_id)).scalar_one()
+        return bool((spec or {}).get("all_nodes"))
 
     def _release_spares(self, conn: Connection, attempt_id: int, now: float) -> None:
         """The attempt ended: its spare tasks (which never ran anything) end with it."""
@@ -1907,6 +1937,17 @@ def _task_end(t: dict[str, Any]) -> TaskEnd:
         lost=t["state"] == TaskState.LOST.value,
         detail=t["detail"] or {},
     )
+
+
+def _stopped_holder(t: dict[str, Any]) -> bool:
+    """A non-batch node's task that ended because it was asked to (the batch step ended, or the
+    job was stopped): not an outcome of its own.  Lost, fenced or failed launches still are."""
+    if t["state"] == TaskState.LOST.value:
+        return False
+    d = t["detail"] or {}
+    if d.get("fenced") or d.get("launch_failed") or d.get("job_error") or d.get("oom"):
+        return False
+    return bool(d.get("stop_requested") or d.get("cancelled") or d.get("never_started"))
 
 
 def _task_failed(t: dict[str, Any]) -> bool:

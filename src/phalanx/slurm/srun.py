@@ -1,0 +1,539 @@
+"""``srun``: run a job step (inside an allocation), or a job of one step (outside one).
+
+Inside a job (``SLURM_JOB_ID`` set), srun listens on a TCP port, asks the controllers for a
+step in the job (``POST /v1/jobs/ID/steps``) and gets from every task a connection for its
+stdout, one for its stderr and one for its exit record, each opened by the task's shepherd
+with the step's cookie.  Output is copied through as it comes (``-l`` puts ``TASK: `` before
+every line); srun exits with the worst task exit code once every task has reported, and
+forwards SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 to the step's tasks.  With ``--kill-on-bad-exit``
+a task that fails stops the step.  Should a node die, the controllers end the step and srun,
+which also watches the step's record, stops waiting for the tasks that were there.
+
+Outside a job, srun submits a job whose batch step is ``srun`` itself with the same options,
+told (``PHX_SRUN_ATTACH``) to send the step's streams back to this srun: the terminal sees the
+tasks' output as Slurm's srun shows it.  ``--pty`` (an interactive shell) is not supported yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, BinaryIO
+
+from phalanx.domain import hostlist
+from phalanx.errors import PhalanxError
+from phalanx.slurm.common import SlurmParser, SlurmUsageError, run_command
+from phalanx.slurm.lean import LeanClient
+
+PROG = "srun"
+ATTACH_ENV = "PHX_SRUN_ATTACH"  # host:port:cookie of the srun a job's inner srun reports to
+POLL_S = 0.5  # how often srun checks the step's record while it waits for its tasks
+DRAIN_S = 2.0  # after the last exit record, how long to wait for output still in flight
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+# options Slurm has that change what would run, which we cannot honour: refused by name
+UNSUPPORTED = ("--pty", "--multi-prog", "--het-group", "--container", "--bcast")
+
+
+def parser() -> SlurmParser:
+    p = SlurmParser(PROG, add_help=True)
+    a = p.add_argument
+    a("-N", "--nodes", type=_nodes)
+    a("-n", "--ntasks", type=_positive)
+    a("--ntasks-per-node", type=_positive)
+    a("-c", "--cpus-per-task", type=_positive, default=None)
+    a("--gpus-per-task", type=_gpus)
+    a("--gpus-per-node", type=_gpus)
+    a("--gres", type=_gres)
+    a("-w", "--nodelist")
+    a("-x", "--exclude")
+    a("-l", "--label", action="store_true")
+    a("-K", "--kill-on-bad-exit", nargs="?", const="1", default=None)
+    a("-o", "--output")
+    a("-e", "--error")
+    a("-J", "--job-name")
+    a("-D", "--chdir")
+    a("--export", default="ALL")
+    # placement and binding hints: accepted, the allocation's cgroup and CPU set apply
+    for name in ("--cpu-bind", "--gpu-bind", "--distribution", "-m", "--mpi", "--hint"):
+        a(name, dest=name.lstrip("-").replace("-", "_") + "_hint")
+    for flag in ("-u", "--unbuffered", "--exact", "--overlap", "--exclusive", "-Q", "--quiet"):
+        a(flag, action="store_true", dest="flag_" + flag.lstrip("-").replace("-", "_"))
+    a("-v", "--verbose", action="count", default=0)
+    # used when srun makes its own job (outside an allocation)
+    a("-p", "--partition")
+    a("-t", "--time")
+    a("--mem")
+    a("--mem-per-cpu")
+    a("-A", "--account")
+    a("-q", "--qos")
+    a("-C", "--constraint")
+    a("command", nargs="...")
+    return p
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise SlurmUsageError(f"invalid number {text!r}: give a whole number of at least 1")
+    return int(text)
+
+
+def _nodes(text: str) -> int:
+    low = text.split("-")[0]
+    return _positive(low)
+
+
+def _gpus(text: str) -> int:
+    count = text.rsplit(":", 1)[-1]
+    if not count.isdigit():
+        raise SlurmUsageError(f"invalid GPU count {text!r}: use N or TYPE:N")
+    return int(count)
+
+
+def _gres(text: str) -> int:
+    parts = text.split(":")
+    if parts[0] != "gpu":
+        raise SlurmUsageError(f"unsupported --gres={text}: only gpu[:TYPE]:N is known")
+    return int(parts[-1]) if len(parts) > 1 and parts[-1].isdigit() else 1
+
+
+def main(argv: Sequence[str]) -> int:
+    return run_command(PROG, _main, argv)
+
+
+def _main(argv: list[str]) -> int:
+    for arg in argv:
+        if arg.split("=", 1)[0] in UNSUPPORTED:
+            raise SlurmUsageError(
+                f"option {arg.split('=', 1)[0]} is not supported by Phalanx's srun "
+                "(run a batch job, or srun a command without it)"
+            )
+        if not arg.startswith("-"):
+            break
+    opts = parser().parse_args(argv)
+    if not opts.command:
+        raise SlurmUsageError("no command given: srun [OPTIONS] COMMAND [ARGS...]")
+    if opts.exclude:
+        raise SlurmUsageError("--exclude is not supported inside an allocation; use --nodelist")
+    job = os.environ.get("SLURM_JOB_ID") or os.environ.get("PHX_JOB_ID")
+    with LeanClient() as client:
+        if job:
+            return _step(client, job, opts)
+        return _outside(client, argv, opts)
+
+
+# ----------------------------------------------------------------------------- step I/O
+class StepIO:
+    """The listening end of a step: task streams in, exit records collected."""
+
+    def __init__(self, *, label: bool, host: str | None = None) -> None:
+        self.cookie = secrets.token_hex(16)
+        self.label = label
+        self.server = socket.create_server(("", 0), backlog=1024)
+        self.port = int(self.server.getsockname()[1])
+        self.host = host or ""
+        self.exits: dict[int, dict[str, Any]] = {}
+        self.open_streams = 0
+        self.cond = threading.Condition()
+        self.out_lock = threading.Lock()
+        self._closing = False
+        self._thread = threading.Thread(target=self._accept, name="srun-accept", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._closing = True
+        with contextlib.suppress(OSError):
+            self.server.close()
+
+    def _accept(self) -> None:
+        while not self._closing:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(30.0)
+            try:
+                head = _read_line(conn)
+            except OSError:
+                return
+            parts = head.split()
+            if len(parts) != 3 or not secrets.compare_digest(parts[0], self.cookie):
+                return  # not one of ours: say nothing
+            task, what = int(parts[1]), parts[2]
+            conn.settimeout(None)
+            if what == "exit":
+                data = b""
+                with contextlib.suppress(OSError):
+                    while chunk := conn.recv(65536):
+                        data += chunk
+                try:
+                    record = json.loads(data.decode() or "{}")
+                except ValueError:
+                    record = {"error": "unreadable exit record"}
+                with self.cond:
+                    self.exits[task] = record
+                    self.cond.notify_all()
+                return
+            sink = sys.stderr.buffer if what == "err" else sys.stdout.buffer
+            with self.cond:
+                self.open_streams += 1
+            try:
+                self._copy(conn, sink, task)
+            finally:
+                with self.cond:
+                    self.open_streams -= 1
+                    self.cond.notify_all()
+
+    def _copy(self, conn: socket.socket, sink: BinaryIO, task: int) -> None:
+        prefix = f"{task}: ".encode()
+        partial = b""
+        while True:
+            try:
+                chunk = conn.recv(65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                if partial:
+                    self._write(sink, (prefix + partial + b"\n") if self.label else partial)
+                return
+            if not self.label:
+                self._write(sink, chunk)
+                continue
+            lines = (partial + chunk).split(b"\n")
+            partial = lines.pop()
+            if lines:
+                self._write(sink, b"".join(prefix + line + b"\n" for line in lines))
+
+    def _write(self, sink: BinaryIO, data: bytes) -> None:
+        with self.out_lock:
+            try:
+                sink.write(data)
+                sink.flush()
+            except (BrokenPipeError, ValueError):
+                pass
+
+
+def _read_line(conn: socket.socket, limit: int = 512) -> str:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(1)
+        if not chunk or len(data) > limit:
+            raise OSError("short header")
+        data += chunk
+    return data.decode(errors="replace").strip()
+
+
+def advertised_host(urls: list[str]) -> str:
+    """The address tasks on other nodes reach this srun at: $PHX_SRUN_HOST, else the local
+    address this host uses to reach the first controller (no packet is sent)."""
+    given = os.environ.get("PHX_SRUN_HOST")
+    if given:
+        return given
+    from urllib.parse import urlsplit
+
+    url = urlsplit(urls[0])
+    host = url.hostname or "127.0.0.1"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, url.port or 80))
+            return str(s.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+
+
+def _body(opts: Any, host: str, cookie: str, port: int) -> dict[str, Any]:
+    env = dict(os.environ)
+    export = (opts.export or "ALL").split(",")
+    if export[0].upper() == "NONE":
+        keep = {"PATH", "HOME", "USER", "LOGNAME", "LANG", "TERM", "SHELL"}
+        env = {k: v for k, v in env.items() if k in keep or k.startswith(("SLURM_", "PHX_"))}
+        export = export[1:]
+    elif export[0].upper() == "ALL":
+        export = export[1:]
+    for item in export:
+        name, eq, value = item.partition("=")
+        if eq:
+            env[name] = value
+    env.pop(ATTACH_ENV, None)
+    gpus_per_node = opts.gpus_per_node if opts.gpus_per_node is not None else opts.gres
+    body: dict[str, Any] = {
+        "argv": list(opts.command),
+        "env": env,
+        "cwd": opts.chdir or os.getcwd(),
+        "name": opts.job_name,
+        "nodes": opts.nodes,
+        "ntasks": opts.ntasks,
+        "ntasks_per_node": opts.ntasks_per_node,
+        "cpus_per_task": opts.cpus_per_task or 1,
+        "gpus_per_task": opts.gpus_per_task,
+        "gpus_per_node": gpus_per_node,
+        "nodelist": hostlist.expand_hostlist(opts.nodelist) if opts.nodelist else [],
+        "output": opts.output,
+        "error": opts.error,
+        "label": bool(opts.label),
+        "host": host,
+        "port": port,
+        "cookie": cookie,
+    }
+    return body
+
+
+# ----------------------------------------------------------------------------- inside a job
+def _step(client: LeanClient, job: str, opts: Any) -> int:
+    attach = os.environ.get(ATTACH_ENV)
+    if attach:
+        return _inner(client, job, opts, attach)
+    io = StepIO(label=bool(opts.label))
+    try:
+        host = advertised_host(client.urls)
+        body = _body(opts, host, io.cookie, io.port)
+        step = client.post(f"/v1/jobs/{job}/steps", body)
+        return _supervise(client, job, step, io, opts)
+    finally:
+        io.close()
+
+
+def _inner(client: LeanClient, job: str, opts: Any, attach: str) -> int:
+    """The batch step of a job made by an outer srun: start the step with the outer srun's
+    address, then wait for the step's end and exit with its code."""
+    host, port, cookie = attach.rsplit(":", 2)
+    body = _body(opts, host, cookie, int(port))
+    step = client.post(f"/v1/jobs/{job}/steps", body)
+    sid = int(step["step_id"])
+    while True:
+        st = client.get(f"/v1/jobs/{job}/steps/{sid}")
+        if st["state"] != "RUNNING":
+            code = st.get("exit_code")
+            return int(code) if isinstance(code, int) and 0 <= code < 256 else 1
+        time.sleep(POLL_S)
+
+
+def _supervise(client: LeanClient, job: str, step: dict[str, Any], io: StepIO, opts: Any) -> int:
+    sid = int(step["step_id"])
+    expected = {t for ids in step["task_ids"] for t in ids}
+    nodes_of = {t: n for n, ids in zip(step["nodes"], step["task_ids"], strict=False) for t in ids}
+    kill_on_bad = opts.kill_on_bad_exit not in (None, "0")
+    state = {"last_int": 0.0, "killed": False}
+
+    def forward(signum: int, _frame: object) -> None:
+        now = time.monotonic()
+        try:
+            if signum == signal.SIGINT and now - state["last_int"] < 1.0:
+                client.post(f"/v1/jobs/{job}/steps/cancel", {"step_id": sid, "reason": "srun ^C"})
+            else:
+                client.post(f"/v1/jobs/{job}/steps/signal", {"step_id": sid, "signal": signum})
+        except PhalanxError as e:
+            sys.stderr.write(f"{PROG}: error: cannot forward signal {signum}: {e.message}\n")
+        if signum == signal.SIGINT:
+            state["last_int"] = now
+
+    old = {s: signal.signal(s, forward) for s in FORWARDED}
+    try:
+        reported: set[int] = set()
+        next_poll = time.monotonic() + POLL_S
+        ended_at: float | None = None
+        while True:
+            with io.cond:
+                io.cond.wait_for(
+                    lambda: set(io.exits) - reported or set(io.exits) >= expected, timeout=POLL_S
+                )
+                fresh = {t: io.exits[t] for t in set(io.exits) - reported}
+            for task, rec in sorted(fresh.items()):
+                reported.add(task)
+                bad = _describe(rec)
+                if bad:
+                    sys.stderr.write(
+                        f"{PROG}: error: {nodes_of.get(task, '?')}: task {task}: {bad}\n"
+                    )
+                    if kill_on_bad and not state["killed"]:
+                        state["killed"] = True
+                        sys.stderr.write(f"{PROG}: error: terminating step {job}.{sid}\n")
+                        with contextlib.suppress(PhalanxError):
+                            client.post(
+                                f"/v1/jobs/{job}/steps/cancel",
+                                {
+                                    "step_id": sid,
+                                    "reason": f"task {task} failed (--kill-on-bad-exit)",
+                                },
+                            )
+            if reported >= expected:
+                break
+            if time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + POLL_S
+                try:
+                    st = client.get(f"/v1/jobs/{job}/steps/{sid}")
+                except PhalanxError:
+                    continue
+                if st["state"] != "RUNNING":
+                    ended_at = ended_at or time.monotonic()
+                    if time.monotonic() - ended_at > DRAIN_S:
+                        missing = sorted(expected - reported)
+                        sys.stderr.write(
+                            f"{PROG}: error: step {job}.{sid} ended {st['state']}; no exit from "
+                            f"task(s) {','.join(map(str, missing))}\n"
+                        )
+                        for t in missing:
+                            io.exits.setdefault(t, {"exit_code": None, "lost": True})
+                        break
+        deadline = time.monotonic() + DRAIN_S
+        with io.cond:
+            io.cond.wait_for(
+                lambda: io.open_streams == 0, timeout=max(0.0, deadline - time.monotonic())
+            )
+        return worst_exit(io.exits.values())
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _describe(rec: dict[str, Any]) -> str | None:
+    if rec.get("launch_failed") or (
+        rec.get("error") and rec.get("exit_code") is None and not rec.get("signal")
+    ):
+        return f"could not start: {rec.get('error')}"
+    if rec.get("lost"):
+        return "lost (its node failed)"
+    sig = rec.get("signal")
+    if sig:
+        try:
+            name = signal.Signals(int(sig)).name
+        except ValueError:
+            name = str(sig)
+        return f"Killed by signal {name}" if name != "SIGKILL" else "Killed"
+    code = rec.get("exit_code")
+    if isinstance(code, int) and code != 0:
+        return f"Exited with exit code {code}"
+    return None
+
+
+def worst_exit(records: Any) -> int:
+    """srun's exit status: the highest task exit code; a task killed by signal N counts as
+    128+N, one that never started or was lost as 1.  Tasks stopped because the step was
+    cancelled (--kill-on-bad-exit) do not hide the failure that caused it."""
+    records = list(records)
+    own = [r for r in records if not (r.get("cancelled") or r.get("stop_requested"))]
+    if any(_value(r) for r in own):
+        records = own
+    return min(max((_value(r) for r in records), default=0), 255)
+
+
+def _value(rec: dict[str, Any]) -> int:
+    code = rec.get("exit_code")
+    sig = rec.get("signal")
+    if sig:
+        return 128 + int(sig)
+    if isinstance(code, int):
+        return code
+    return 1
+
+
+# ----------------------------------------------------------------------------- outside a job
+def _outside(client: LeanClient, argv: list[str], opts: Any) -> int:
+    """Make a job of one step: its batch step is srun itself, attached back to us."""
+    io = StepIO(label=bool(opts.label))
+    try:
+        host = advertised_host(client.urls)
+        env = dict(os.environ)
+        env[ATTACH_ENV] = f"{host}:{io.port}:{io.cookie}"
+        env.setdefault("PHALANX_URL", ",".join(client.urls))
+        spec: dict[str, Any] = {
+            "name": opts.job_name or os.path.basename(opts.command[0]),
+            "argv": [sys.executable, "-m", "phalanx.slurm", "srun", *argv],
+            "env": env,
+            "submit_dir": os.getcwd(),
+            "workdir": opts.chdir or os.getcwd(),
+            "output": os.devnull,
+            "nodes": opts.nodes or 1,
+            "cpus_per_task": opts.cpus_per_task or 1,
+        }
+        for key, value in (
+            ("ntasks", opts.ntasks),
+            ("ntasks_per_node", opts.ntasks_per_node),
+            ("partition", opts.partition),
+            ("account", opts.account),
+            ("qos", opts.qos),
+            ("constraint", opts.constraint),
+        ):
+            if value is not None:
+                spec[key] = value
+        if opts.gpus_per_task is not None:
+            spec["gpus_per_task"] = opts.gpus_per_task
+        elif opts.gpus_per_node is not None or opts.gres is not None:
+            spec["gpus_per_node"] = (
+                opts.gpus_per_node if opts.gpus_per_node is not None else opts.gres
+            )
+        if opts.time or opts.mem or opts.mem_per_cpu:
+            from phalanx.domain import values
+
+            try:
+                if opts.time:
+                    spec["time_limit_s"] = values.parse_duration(opts.time) or 0
+                if opts.mem:
+                    spec["mem_mb"] = values.parse_memory_mb(opts.mem)
+                if opts.mem_per_cpu:
+                    spec["mem_per_cpu_mb"] = values.parse_memory_mb(opts.mem_per_cpu)
+            except ValueError as e:
+                raise SlurmUsageError(str(e)) from None
+        res = client.post("/v1/jobs", spec)
+        jid = str(res["job_id"])
+        return _follow(client, jid, io)
+    finally:
+        io.close()
+
+
+def _follow(client: LeanClient, jid: str, io: StepIO) -> int:
+    said_queued = False
+    started = time.monotonic()
+    last_int = {"at": 0.0}
+
+    def forward(signum: int, _frame: object) -> None:
+        """Signals go to the job's step (its tasks), as an attached srun's do; a second ^C
+        within a second cancels the whole job."""
+        now = time.monotonic()
+        with contextlib.suppress(PhalanxError):
+            if signum == signal.SIGINT and now - last_int["at"] < 1.0:
+                client.post("/v1/jobs/cancel", {"jobs": [jid], "reason": "srun ^C ^C"})
+            else:
+                client.post(f"/v1/jobs/{jid}/steps/signal", {"signal": signum})
+        if signum == signal.SIGINT:
+            last_int["at"] = now
+
+    old = {s: signal.signal(s, forward) for s in FORWARDED}
+    try:
+        while True:
+            (job,) = client.get(f"/v1/jobs/{jid}")["jobs"]
+            st = job["state"]
+            if st in ("PENDING", "HELD") and not said_queued and time.monotonic() - started > 1.0:
+                sys.stderr.write(f"{PROG}: job {jid} queued and waiting for resources\n")
+                said_queued = True
+            if st in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+                break
+            with io.cond:
+                io.cond.wait(timeout=POLL_S)
+        with io.cond:
+            io.cond.wait_for(lambda: io.open_streams == 0, timeout=DRAIN_S)
+        if io.exits:
+            for task, rec in sorted(io.exits.items()):
+                bad = _describe(rec)
+                if bad:
+                    sys.stderr.write(f"{PROG}: error: task {task}: {bad}\n")
+            return worst_exit(io.exits.values())
+        sys.stderr.write(
+            f"{PROG}: error: job {jid} ended {st} before its step ran: {job.get('reason') or ''}\n"
+        )
+        code = job.get("exit_code")
+        return int(code) if isinstance(code, int) and 0 < code < 256 else 1
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

@@ -1,0 +1,467 @@
+"""Job steps in the store: created by `srun` inside a running job, run by the agents of the
+allocation's nodes, recorded per node, ended with the job's attempt at the latest.
+
+Steps belong to an attempt: a requeued job starts numbering its steps at 0 again, as a new
+Slurm allocation does.  The agent protocol for steps is level-triggered like the one for
+tasks (controller/exchange.py): the store holds which step tasks should run on each node and
+the signals asked of them; the agents report what runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, func, insert, select, update
+
+from phalanx.domain.states import AttemptState, JobState
+from phalanx.domain.steps import AllocNode, StepRequest, plan_step, step_outcome
+from phalanx.errors import InvalidSpec, InvalidTransition, NotFound
+from phalanx.store import schema as s
+from phalanx.store.base import StoreBase
+from phalanx.store.sqlbits import now as _now
+
+RUNNING = "RUNNING"
+_LIVE_NODE = ("STARTING", "RUNNING")
+MAX_SIGNALS = 64  # a step keeps its latest signal requests only (agents dedupe by seq)
+
+
+@dataclass
+class StepReport:
+    """What an agent says about one step's tasks on its node."""
+
+    attempt_id: int
+    step_id: int
+    token: str
+    state: str  # "starting" | "running" | "exited" | "lost"
+    started_at: float | None = None
+    exits: list[dict[str, Any]] = field(default_factory=list)  # per task, when exited
+
+
+class JobSteps(StoreBase):
+    """Steps of running jobs (`srun`): create, hand to nodes, record, signal, end."""
+
+    def create_step(
+        self, job_id: int, req: StepRequest, spec: dict[str, Any], name: str, actor: str
+    ) -> dict[str, Any]:
+        """Start a step in the job's running allocation; refuses (InvalidSpec) what the
+        allocation cannot hold, and a job that is not running."""
+        now = _now()
+        with self.db.begin() as conn:
+            job = (
+                conn.execute(
+                    select(s.jobs.c.id, s.jobs.c.state, s.jobs.c.attempt_id).where(
+                        s.jobs.c.id == job_id
+                    )
+                )
+                .mappings()
+                .first()
+            )
+            if job is None:
+                raise NotFound(f"job {job_id} not found", job_id=job_id)
+            att = None
+            if job["attempt_id"] is not None:
+                att = (
+                    conn.execute(select(s.attempts).where(s.attempts.c.id == job["attempt_id"]))
+                    .mappings()
+                    .first()
+                )
+            # STARTING too: the batch step may run srun before its node's report of it arrives
+            if (
+                job["state"] not in (JobState.STARTING.value, JobState.RUNNING.value)
+                or att is None
+                or att["state"] not in (AttemptState.STARTING.value, AttemptState.RUNNING.value)
+            ):
+                raise InvalidTransition(
+                    f"job {job_id} is {job['state']}: srun starts steps only in a running job",
+                    job_id=job_id,
+                )
+            alloc = [
+                AllocNode(str(t.node), int(t.cpus), tuple(int(g) for g in (t.gpu_ids or [])))
+                for t in conn.execute(
+                    select(s.tasks.c.node, s.tasks.c.cpus, s.tasks.c.gpu_ids)
+                    .where(s.tasks.c.attempt_id == att["id"], s.tasks.c.spare.is_(False))
+                    .order_by(s.tasks.c.rank)
+                )
+            ]
+            plan = plan_step(req, alloc)
+            step_id = int(
+                conn.execute(
+                    select(func.coalesce(func.max(s.steps.c.step_id) + 1, 0)).where(
+                        s.steps.c.attempt_id == att["id"]
+                    )
+                ).scalar_one()
+            )
+            full_spec = {**spec, "task_ids": plan.task_ids, "gpus": plan.gpus}
+            conn.execute(
+                insert(s.steps).values(
+                    attempt_id=att["id"],
+                    step_id=step_id,
+                    job_id=job_id,
+                    name=name[:256],
+                    state=RUNNING,
+                    nodes=plan.nodes,
+                    tasks=plan.tasks,
+                    spec=full_spec,
+                    signals=[],
+                    created_at=now,
+                )
+            )
+            conn.execute(
+                insert(s.step_nodes),
+                [
+                    {"attempt_id": att["id"], "step_id": step_id, "node": n, "state": "STARTING"}
+                    for n in plan.nodes
+                ],
+            )
+            self._event(
+                conn,
+                "step.start",
+                f"step {job_id}.{step_id} ({name}): {sum(plan.tasks)} tasks on "
+                f"{','.join(plan.nodes)}",
+                job_id=job_id,
+                actor=actor,
+                data={"step_id": step_id, "nodes": plan.nodes, "tasks": plan.tasks},
+            )
+            self._bump_gen(conn, plan.nodes)
+        return {
+            "job_id": job_id,
+            "step_id": step_id,
+            "attempt_id": int(att["id"]),
+            "nodes": plan.nodes,
+            "tasks": plan.tasks,
+            "task_ids": plan.task_ids,
+        }
+
+    def node_step_work(self, node: str) -> list[dict[str, Any]]:
+        """Every step of a live attempt with tasks on this node not yet recorded as ended."""
+        q = (
+            select(
+                s.step_nodes.c.attempt_id,
+                s.step_nodes.c.step_id,
+                s.step_nodes.c.state.label("node_state"),
+                s.steps.c.state.label("step_state"),
+                s.steps.c.stop_reason.label("step_stop_reason"),
+                s.steps.c.nodes.label("step_nodes"),
+                s.steps.c.tasks.label("step_tasks"),
+                s.steps.c.spec.label("step_spec"),
+                s.steps.c.signals,
+                s.attempts.c.token,
+                s.attempts.c.seq,
+                s.attempts.c.state.label("attempt_state"),
+                s.attempts.c.stop_reason,
+                s.attempts.c.nodes.label("attempt_nodes"),
+                s.attempts.c.partition.label("attempt_partition"),
+                s.attempts.c.fence_term,
+                s.attempts.c.expected_end,
+                s.tasks.c.rank,
+                s.tasks.c.cpus,
+                s.tasks.c.mem_mb,
+                s.tasks.c.gpu_ids,
+                s.jobs.c.id.label("job_id"),
+                s.jobs.c.name,
+                s.jobs.c.user,
+                s.jobs.c.array_job_id,
+                s.jobs.c.array_task_id,
+                s.jobs.c.time_limit_s,
+                s.jobs.c.cpus_per_node,
+                s.jobs.c.spec,
+            )
+            .join(
+                s.steps,
+                (s.steps.c.attempt_id == s.step_nodes.c.attempt_id)
+                & (s.steps.c.step_id == s.step_nodes.c.step_id),
+            )
+            .join(s.attempts, s.attempts.c.id == s.step_nodes.c.attempt_id)
+            .join(
+                s.tasks,
+                (s.tasks.c.attempt_id == s.step_nodes.c.attempt_id)
+                & (s.tasks.c.node == s.step_nodes.c.node),
+            )
+            .join(s.jobs, s.jobs.c.id == s.steps.c.job_id)
+            .where(s.step_nodes.c.node == node, s.step_nodes.c.state.in_(_LIVE_NODE))
+        )
+        with self.db.begin(write=False) as c:
+            return [dict(r) for r in c.execute(q).mappings()]
+
+    def apply_step_reports(self, node: str, reports: Sequence[StepReport]) -> bool:
+        """Record what an agent says about its step tasks; end steps whose every node is done.
+        Returns whether anything changed."""
+        if not reports:
+            return False
+        now = _now()
+        changed = False
+        with self.db.begin() as conn:
+            for rep in reports:
+                row = (
+                    conn.execute(
+                        select(s.step_nodes, s.attempts.c.token)
+                        .join(s.attempts, s.attempts.c.id == s.step_nodes.c.attempt_id)
+                        .where(
+                            s.step_nodes.c.attempt_id == rep.attempt_id,
+                            s.step_nodes.c.step_id == rep.step_id,
+                            s.step_nodes.c.node == node,
+                        )
+                    )
+                    .mappings()
+                    .first()
+                )
+                if row is None or row["token"] != rep.token or row["state"] not in _LIVE_NODE:
+                    continue
+                where = (
+                    (s.step_nodes.c.attempt_id == rep.attempt_id)
+                    & (s.step_nodes.c.step_id == rep.step_id)
+                    & (s.step_nodes.c.node == node)
+                )
+                if rep.state == "running" and row["state"] == "STARTING":
+                    started = rep.started_at or now
+                    conn.execute(
+                        update(s.step_nodes)
+                        .where(where)
+                        .values(state="RUNNING", started_at=started)
+                    )
+                    conn.execute(
+                        update(s.steps)
+                        .where(
+                            s.steps.c.attempt_id == rep.attempt_id,
+                            s.steps.c.step_id == rep.step_id,
+                            s.steps.c.start_time.is_(None),
+                        )
+                        .values(start_time=started)
+                    )
+                    changed = True
+                elif rep.state in ("exited", "lost"):
+                    conn.execute(
+                        update(s.step_nodes)
+                        .where(where)
+                        .values(
+                            state="EXITED" if rep.state == "exited" else "LOST",
+                            started_at=row["started_at"] or rep.started_at,
+                            ended_at=now,
+                            exits=list(rep.exits),
+                        )
+                    )
+                    self._maybe_end_step(conn, rep.attempt_id, rep.step_id, now)
+                    changed = True
+        return changed
+
+    def _maybe_end_step(self, conn: Connection, attempt_id: int, step_id: int, now: float) -> None:
+        rows = (
+            conn.execute(
+                select(s.step_nodes).where(
+                    s.step_nodes.c.attempt_id == attempt_id, s.step_nodes.c.step_id == step_id
+                )
+            )
+            .mappings()
+            .all()
+        )
+        if any(r["state"] in _LIVE_NODE for r in rows):
+            return
+        step = (
+            conn.execute(
+                select(s.steps).where(
+                    s.steps.c.attempt_id == attempt_id, s.steps.c.step_id == step_id
+                )
+            )
+            .mappings()
+            .one()
+        )
+        if step["state"] != RUNNING:
+            return
+        exits = [ex for r in rows for ex in (r["exits"] or [])]
+        state, code, sig = step_outcome(
+            exits, lost=any(r["state"] == "LOST" for r in rows), stop_reason=step["stop_reason"]
+        )
+        started = [r["started_at"] for r in rows if r["started_at"] is not None]
+        conn.execute(
+            update(s.steps)
+            .where(s.steps.c.attempt_id == attempt_id, s.steps.c.step_id == step_id)
+            .values(
+                state=state,
+                end_time=now,
+                exit_code=code,
+                exit_signal=sig,
+                start_time=step["start_time"] or (min(started) if started else None),
+            )
+        )
+        self._event(
+            conn,
+            "step.end",
+            f"step {step['job_id']}.{step_id} {state}"
+            + (f" exit code {code}" if code is not None else "")
+            + (f" signal {sig}" if sig else ""),
+            job_id=int(step["job_id"]),
+            data={"step_id": step_id, "state": state, "exit_code": code, "signal": sig},
+        )
+
+    def _end_steps_of_attempt(
+        self, conn: Connection, attempt_id: int, result: JobState, now: float
+    ) -> None:
+        """The attempt ended: steps still running end with it (a node failure is theirs too;
+        steps left when the batch step ends are cancelled, as Slurm's), and nodes that never
+        reported their step tasks' end are marked lost so nothing waits for them."""
+        state = (
+            result.value
+            if result in (JobState.NODE_FAIL, JobState.TIMEOUT, JobState.OUT_OF_MEMORY)
+            else "CANCELLED"
+        )
+        running = conn.execute(
+            select(s.steps.c.step_id, s.steps.c.nodes).where(
+                s.steps.c.attempt_id == attempt_id, s.steps.c.state == RUNNING
+            )
+        ).all()
+        if not running:
+            return
+        conn.execute(
+            update(s.steps)
+            .where(s.steps.c.attempt_id == attempt_id, s.steps.c.state == RUNNING)
+            .values(state=state, end_time=now)
+        )
+        conn.execute(
+            update(s.step_nodes)
+            .where(s.step_nodes.c.attempt_id == attempt_id, s.step_nodes.c.state.in_(_LIVE_NODE))
+            .values(state="LOST", ended_at=now)
+        )
+        self._bump_gen(conn, sorted({n for r in running for n in r.nodes}))
+
+    def signal_steps(self, job_id: int, signum: int, step_id: int | None, actor: str) -> list[int]:
+        """Ask the running steps of the job (or one of them) for a signal; returns their ids.
+        Level-triggered: the agents deliver each request once, by its sequence number."""
+        with self.db.begin() as conn:
+            rows = self._running_steps(conn, job_id, step_id)
+            for r in rows:
+                signals = list(r["signals"] or [])
+                seq = (signals[-1]["seq"] + 1) if signals else 1
+                signals = [*signals, {"seq": seq, "signum": int(signum)}][-MAX_SIGNALS:]
+                conn.execute(
+                    update(s.steps)
+                    .where(
+                        s.steps.c.attempt_id == r["attempt_id"],
+                        s.steps.c.step_id == r["step_id"],
+                    )
+                    .values(signals=signals)
+                )
+                self._bump_gen(conn, list(r["nodes"]))
+            if rows:
+                self._event(
+                    conn,
+                    "step.signal",
+                    f"signal {signum} to step(s) "
+                    + ",".join(f"{job_id}.{r['step_id']}" for r in rows),
+                    job_id=job_id,
+                    actor=actor,
+                )
+        return [int(r["step_id"]) for r in rows]
+
+    def cancel_steps(self, job_id: int, step_id: int | None, reason: str, actor: str) -> list[int]:
+        """Stop the job's running steps (or one of them): their tasks get SIGTERM, then
+        SIGKILL after the kill grace; the job goes on."""
+        with self.db.begin() as conn:
+            rows = self._running_steps(conn, job_id, step_id)
+            for r in rows:
+                conn.execute(
+                    update(s.steps)
+                    .where(
+                        s.steps.c.attempt_id == r["attempt_id"],
+                        s.steps.c.step_id == r["step_id"],
+                        s.steps.c.stop_reason.is_(None),
+                    )
+                    .values(stop_reason=f"cancel: {reason}")
+                )
+                self._bump_gen(conn, list(r["nodes"]))
+            if rows:
+                self._event(
+                    conn,
+                    "step.cancel",
+                    "cancelling step(s) "
+                    + ",".join(f"{job_id}.{r['step_id']}" for r in rows)
+                    + f": {reason}",
+                    job_id=job_id,
+                    actor=actor,
+                )
+        return [int(r["step_id"]) for r in rows]
+
+    def _running_steps(
+        self, conn: Connection, job_id: int, step_id: int | None
+    ) -> list[dict[str, Any]]:
+        att = conn.execute(select(s.jobs.c.attempt_id).where(s.jobs.c.id == job_id)).scalar()
+        if att is None:
+            return []
+        q = select(s.steps).where(s.steps.c.attempt_id == att, s.steps.c.state == RUNNING)
+        if step_id is not None:
+            q = q.where(s.steps.c.step_id == step_id)
+        return [dict(r) for r in conn.execute(q).mappings()]
+
+    def get_step(self, job_id: int, step_id: int) -> dict[str, Any]:
+        """The job's current attempt's step `step_id` (NotFound if there is none)."""
+        with self.db.begin(write=False) as conn:
+            att = conn.execute(select(s.jobs.c.attempt_id).where(s.jobs.c.id == job_id)).scalar()
+            row = (
+                conn.execute(
+                    select(s.steps).where(s.steps.c.attempt_id == att, s.steps.c.step_id == step_id)
+                )
+                .mappings()
+                .first()
+            )
+        if row is None:
+            raise NotFound(f"job {job_id} has no step {step_id}", job_id=job_id)
+        return step_view(dict(row))
+
+    def steps_of(self, job_id: int) -> list[dict[str, Any]]:
+        """Every recorded step of the job, its attempts in order (accounting, `phalanx show`)."""
+        with self.db.begin(write=False) as conn:
+            rows = conn.execute(
+                select(s.steps, s.attempts.c.seq)
+                .join(s.attempts, s.attempts.c.id == s.steps.c.attempt_id)
+                .where(s.steps.c.job_id == job_id)
+                .order_by(s.steps.c.attempt_id, s.steps.c.step_id)
+            ).mappings()
+            return [step_view(dict(r)) for r in rows]
+
+    def finished_steps(self, keys: Sequence[tuple[int, int, str]]) -> set[tuple[int, int]]:
+        """Which (attempt, step) of these (attempt, step, node) the store has recorded as
+        ended on that node, or never heard of: the agent may forget them."""
+        out: set[tuple[int, int]] = set()
+        if not keys:
+            return out
+        with self.db.begin(write=False) as conn:
+            for aid, sid, node in keys:
+                st = conn.execute(
+                    select(s.step_nodes.c.state).where(
+                        s.step_nodes.c.attempt_id == aid,
+                        s.step_nodes.c.step_id == sid,
+                        s.step_nodes.c.node == node,
+                    )
+                ).scalar()
+                if st is None or st not in _LIVE_NODE:
+                    out.add((aid, sid))
+        return out
+
+
+def step_view(row: dict[str, Any]) -> dict[str, Any]:
+    """A step as the API shows it (no environment: that is the job's private data)."""
+    return {
+        "step_id": int(row["step_id"]),
+        "attempt_seq": row.get("seq"),
+        "name": row["name"],
+        "state": row["state"],
+        "nodes": list(row["nodes"]),
+        "tasks": list(row["tasks"]),
+        "ntasks": sum(row["tasks"]),
+        "start_time": row["start_time"],
+        "end_time": row["end_time"],
+        "exit_code": row["exit_code"],
+        "exit_signal": row["exit_signal"],
+        "stop_reason": row["stop_reason"],
+    }
+
+
+def check_step_ref(text: str) -> tuple[str, int | None]:
+    """``12.3`` -> ("12", 3); ``12`` -> ("12", None); used by the step routes and commands."""
+    job, sep, step = text.partition(".")
+    if not sep:
+        return job, None
+    if not step.isdigit():
+        raise InvalidSpec(f"invalid step id {text!r}: use JOBID.STEP, e.g. 12.0")
+    return job, int(step)
