@@ -234,3 +234,42 @@ def test_squeue_scancel_sinfo(cluster: Cluster, tmp_path: Path) -> None:
 
 def lines_header() -> str:
     return "             JOBID PARTITION     NAME     USER ST       TIME  NODES NODELIST(REASON)"
+
+
+BIN = str(Path(sys.executable).parent)  # where srun is installed
+
+
+@pytest.mark.timeout(300)
+def test_scancel_signal_goes_to_the_steps_not_the_batch_shell(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Without --batch/--full, Slurm's scancel --signal reaches every task of the job's steps
+    (here on two nodes) and not the batch shell."""
+    cluster.start(nodes=2, cpus=2)
+    script = f"""#!/bin/bash
+#SBATCH -N 2
+#SBATCH -o steps-%j.out
+export PATH={BIN}:$PATH
+trap 'echo batch >> batch-$SLURM_JOB_ID.txt' USR1
+srun -N 2 bash -c 'trap "echo step $SLURM_PROCID >> step-$SLURM_JOB_ID-$SLURM_PROCID.txt" USR1
+  echo ok > ready-$SLURM_JOB_ID-$SLURM_PROCID
+  while [ ! -e go-$SLURM_JOB_ID ]; do sleep 0.1; done'
+echo "srun=$?"
+"""
+    (tmp_path / "steps.sh").write_text(script)
+    jid = _submitted(slurm(cluster, tmp_path, "sbatch", "steps.sh"))
+    for rank in (0, 1):
+        wait_for((tmp_path / f"ready-{jid}-{rank}").exists, what=f"step task {rank}")
+    p = slurm(cluster, tmp_path, "scancel", "--signal=USR1", str(jid))
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    for rank in (0, 1):
+        f = tmp_path / f"step-{jid}-{rank}.txt"
+        wait_for(f.exists, what=f"the trap of step task {rank}")
+    (tmp_path / f"go-{jid}").touch()
+    job = cluster.wait_terminal([jid])[jid]
+    out = (tmp_path / f"steps-{jid}.out").read_text()
+    assert job["state"] == "COMPLETED" and "srun=0" in out, out
+    for rank in (0, 1):
+        assert (tmp_path / f"step-{jid}-{rank}.txt").read_text() == f"step {rank}\n"
+    # the batch shell was not signalled: its trap would have run once srun returned
+    assert not (tmp_path / f"batch-{jid}.txt").exists()
