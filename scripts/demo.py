@@ -77,8 +77,9 @@ def write_scripts() -> None:
             #SBATCH --nodes=2
             #SBATCH --cpus-per-task=2
             #SBATCH --output=train-%j.out
-            echo "rank $SLURM_NODEID of $SLURM_NNODES on $SLURMD_NODENAME, master $MASTER_ADDR:$MASTER_PORT, nodes $SLURM_JOB_NODELIST"
-            sleep 2
+            echo "batch step on $SLURMD_NODENAME: $SLURM_NNODES nodes ($SLURM_JOB_NODELIST), $SLURM_NTASKS tasks"
+            srun bash -c 'echo "rank $SLURM_PROCID of $SLURM_NTASKS on $SLURMD_NODENAME, master $MASTER_ADDR:$MASTER_PORT"'
+            sleep 1
             """,
         "report.sh": """\
             #!/bin/bash
@@ -104,6 +105,8 @@ def main() -> int:
     os.environ["PHALANX_URL"] = url
     # commands below get their credential from the local cluster's credential service
     os.environ["PHALANX_AUTH_SOCKET"] = str(STATE.absolute() / "auth.sock")
+    # srun, sbatch, ... (installed with the package) on the jobs' PATH, as on a cluster's nodes
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     write_scripts()
     run(
         "up",

@@ -204,6 +204,18 @@ class Client:
     def release(self, refs: Sequence[str | int]) -> dict[str, str]:
         return self.post("/v1/jobs/release", {"jobs": [str(r) for r in refs]})["results"]
 
+    def requeue(self, refs: Sequence[str | int], *, hold: bool = False) -> dict[str, str]:
+        """Requeue jobs (scontrol requeue; `hold`: requeuehold). Per job: "requeued",
+        "requeued and held", "held", or why not."""
+        return self.post("/v1/jobs/requeue", {"jobs": [str(r) for r in refs], "hold": hold})[
+            "results"
+        ]
+
+    def update_jobs(self, refs: Sequence[str | int], **changes: Any) -> dict[str, str]:
+        """Change pending jobs: time_limit (text), nodes, partition, dependency (text)."""
+        body = {"jobs": [str(r) for r in refs], **changes}
+        return self.post("/v1/jobs/update", body)["results"]
+
     def job_events(self, ref: str | int) -> list[dict[str, Any]]:
         return self.get(f"/v1/jobs/{ref}/events")["events"]
 

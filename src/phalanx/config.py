@@ -394,6 +394,43 @@ class LimitsConfig(BaseModel):
         return roles
 
 
+class AccountingConfig(BaseModel):
+    """How long finished jobs stay in the store for `sacct` and `phalanx show` (docs/slurm.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    keep_finished: str = Field(
+        "30-00:00:00",
+        description="finished jobs are kept this long after their end, then purged with their "
+        "attempts, tasks and events (Slurm time forms; UNLIMITED keeps them for ever)",
+    )
+    purge_batch: int = Field(
+        1000, ge=1, le=100_000, description="jobs deleted per transaction when purging"
+    )
+
+    @field_validator("keep_finished")
+    @classmethod
+    def _keep(cls, text: str) -> str:
+        from phalanx.domain import values
+
+        try:
+            seconds = values.parse_duration(text)
+        except ValueError as e:
+            raise ValueError(f"keep_finished: {e}") from None
+        if seconds is not None and seconds < 60:
+            raise ValueError(
+                f"keep_finished: {text!r} is under a minute; finished jobs must stay long "
+                "enough for `sacct` and `phalanx wait` to see them (e.g. '30-00:00:00')"
+            )
+        return text
+
+    def keep_seconds(self) -> int | None:
+        """Seconds a finished job is kept (None: for ever)."""
+        from phalanx.domain import values
+
+        return values.parse_duration(self.keep_finished)
+
+
 class IsolationConfig(BaseModel):
     """What contains a job on its node (docs/isolation.md); sent to agents when they register."""
 
@@ -418,6 +455,7 @@ class Config(BaseModel):
     auth: AuthConfig = Field(default_factory=lambda: AuthConfig())
     limits: LimitsConfig = Field(default_factory=lambda: LimitsConfig())
     isolation: IsolationConfig = Field(default_factory=lambda: IsolationConfig())
+    accounting: AccountingConfig = Field(default_factory=lambda: AccountingConfig())
 
     def failure_policy(self) -> FailurePolicy:
         return FailurePolicy(

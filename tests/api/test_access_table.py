@@ -160,6 +160,8 @@ BODIES: dict[tuple[str, str], tuple[str, Any]] = {
         {"jobs": ["{job}"], "signal": 10, "target": "batch"},
     ),
     ("POST", "/v1/jobs/release"): ("/v1/jobs/release", {"jobs": ["{job}"]}),
+    ("POST", "/v1/jobs/requeue"): ("/v1/jobs/requeue", {"jobs": ["{job}"], "hold": True}),
+    ("POST", "/v1/jobs/update"): ("/v1/jobs/update", {"jobs": ["{job}"], "time_limit": "0:30"}),
     ("GET", "/v1/nodes"): ("/v1/nodes", None),
     ("GET", "/v1/nodes/{name}"): ("/v1/nodes/n1", None),
     ("POST", "/v1/nodes/{name}/drain"): ("/v1/nodes/n1/drain", {"reason": "disk"}),
@@ -188,6 +190,8 @@ OWNER_REFUSALS = {
     (("POST", "/v1/jobs/hold"), "bob"),
     (("POST", "/v1/jobs/signal"), "bob"),
     (("POST", "/v1/jobs/release"), "bob"),
+    (("POST", "/v1/jobs/requeue"), "bob"),
+    (("POST", "/v1/jobs/update"), "bob"),
 }
 SUCCESS = {"POST": {200, 201}, "GET": {200}, "DELETE": {200}}
 PUBLIC_OK = {200, 503}  # health may say "not ready" (no loops run here), never "who are you"
@@ -247,6 +251,8 @@ OWNED = {
     "POST /v1/jobs/hold",
     "POST /v1/jobs/release",
     "POST /v1/jobs/signal",
+    "POST /v1/jobs/requeue",
+    "POST /v1/jobs/update",
 }
 
 
@@ -328,7 +334,7 @@ def test_refusals_say_why(client: TestClient) -> None:
 # ------------------------------------------------------------------ ownership
 
 
-@pytest.mark.parametrize("action", ["cancel", "hold", "release"])
+@pytest.mark.parametrize("action", ["cancel", "hold", "release", "requeue", "update"])
 def test_bob_cannot_act_on_alices_job(cluster: Any, action: str) -> None:
     c, ctl = cluster()
     jid = submit(c, ALICE)
@@ -337,8 +343,9 @@ def test_bob_cannot_act_on_alices_job(cluster: Any, action: str) -> None:
         assert c.post("/v1/jobs/hold", json={"jobs": [str(jid), str(mine)]}).status_code == 200
     before = {j: job_state(ctl, j) for j in (jid, mine)}
     events_before = len(ctl.store.events())
+    extra = {"requeue": {"hold": True}, "update": {"nodes": 2}}.get(action, {})
     for refs in ([str(jid)], [str(mine), str(jid)]):  # one of his own does not let it through
-        r = c.post(f"/v1/jobs/{action}", json={"jobs": refs}, headers=BOB)
+        r = c.post(f"/v1/jobs/{action}", json={"jobs": refs, **extra}, headers=BOB)
         assert r.status_code == 403, r.text
         err = r.json()["error"]
         assert err["message"].startswith(
@@ -348,9 +355,9 @@ def test_bob_cannot_act_on_alices_job(cluster: Any, action: str) -> None:
     assert {j: job_state(ctl, j) for j in (jid, mine)} == before
     assert len(ctl.store.events()) == events_before
     # alice may, and so may an operator
-    r = c.post(f"/v1/jobs/{action}", json={"jobs": [str(jid)]}, headers=ALICE)
+    r = c.post(f"/v1/jobs/{action}", json={"jobs": [str(jid)], **extra}, headers=ALICE)
     assert r.status_code == 200, r.text
-    r = c.post(f"/v1/jobs/{action}", json={"jobs": [str(mine)]}, headers=OPS)
+    r = c.post(f"/v1/jobs/{action}", json={"jobs": [str(mine)], **extra}, headers=OPS)
     assert r.status_code == 200, r.text
 
 

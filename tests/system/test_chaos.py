@@ -74,12 +74,12 @@ TICK = 0.2  # seconds between a job's ticks
 
 JOB = """#!/bin/bash
 f={runs}/$PHX_JOB_ID.log
-echo "start $PHX_ATTEMPT $PHX_NODENAME $EPOCHREALTIME" >> "$f"
+echo "start $PHX_ATTEMPT_ID $PHX_NODENAME $EPOCHREALTIME" >> "$f"
 for ((i = 0; i < {ticks}; i++)); do
     sleep {tick}
-    echo "tick $PHX_ATTEMPT $EPOCHREALTIME" >> "$f"
+    echo "tick $PHX_ATTEMPT_ID $EPOCHREALTIME" >> "$f"
 done
-echo "end $PHX_ATTEMPT $EPOCHREALTIME" >> "$f"
+echo "end $PHX_ATTEMPT_ID $EPOCHREALTIME" >> "$f"
 """
 
 

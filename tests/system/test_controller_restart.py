@@ -37,7 +37,7 @@ def test_controller_sigkill_and_restart(cluster: Cluster, tmp_path: Path) -> Non
             {
                 "script": (
                     "#!/bin/bash\n"
-                    'echo "start $SLURM_JOB_ID $PHX_ATTEMPT"\n'
+                    'echo "start $SLURM_JOB_ID $PHX_ATTEMPT_ID"\n'
                     f"sleep {seconds}\n"
                     'echo "end $SLURM_JOB_ID"\n'
                     f"exit {code}\n"

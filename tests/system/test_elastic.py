@@ -125,6 +125,7 @@ def test_elastic_job_continues_on_the_survivors(cluster: Cluster, tmp_path: Path
         nodes_max=8,
         requeue=True,
         mem_mb=100,
+        all_nodes=True,  # every rank runs the script (torchrun without srun)
     )
     job = cluster.wait_state(jid, "RUNNING")
     first = wait_for(lambda: _all_ranks(record, 0, 8), what="8 ranks of attempt 0")
@@ -184,6 +185,7 @@ def test_spare_takes_the_failed_rank(cluster: Cluster, tmp_path: Path) -> None:
         spares=1,
         requeue=True,
         mem_mb=100,
+        all_nodes=True,  # every rank runs the script (torchrun without srun)
     )
     cluster.wait_state(jid, "RUNNING")
     first = wait_for(lambda: _all_ranks(record, 0, 3), what="3 ranks of attempt 0")

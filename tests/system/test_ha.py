@@ -189,8 +189,8 @@ class Stream:
         return {
             "script": (
                 "#!/bin/sh\n"
-                'echo "$PHX_JOB_ID $PHX_ATTEMPT"\n'
-                f'echo "$PHX_JOB_ID $PHX_ATTEMPT" >> {self.runs}\n'
+                'echo "$PHX_JOB_ID $PHX_ATTEMPT_ID"\n'
+                f'echo "$PHX_JOB_ID $PHX_ATTEMPT_ID" >> {self.runs}\n'
                 f"sleep {sleep if sleep is not None else 0.5 + (i % 5) / 10:g}\n"
             ),
             "name": f"ha{i}",

@@ -263,7 +263,7 @@ def test_fork_bomb_is_held_while_a_neighbour_completes(env: Env) -> None:
     bomb = submit(
         env,
         USER_A,
-        'echo "$PHX_ATTEMPT"\nb() { b | b & }\nb\nexec sleep 600\n',
+        'echo "$PHX_ATTEMPT_ID"\nb() { b | b & }\nb\nexec sleep 600\n',
         shell="/bin/bash",
         cpus_per_task=1,
         time_limit_s=600,
@@ -311,7 +311,7 @@ def test_restarted_agent_readopts_the_job_with_its_cgroup(env: Env) -> None:
     jid = submit(
         env,
         USER_A,
-        f'echo "$PHX_ATTEMPT"\nwhile [ ! -e {go} ]; do sleep 0.2; done\necho done\n',
+        f'echo "$PHX_ATTEMPT_ID"\nwhile [ ! -e {go} ]; do sleep 0.2; done\necho done\n',
     )
     attempt = wait_for(
         lambda: (t := _first_line(env, jid)) and t.isdigit() and t,

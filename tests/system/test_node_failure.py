@@ -68,7 +68,7 @@ def _task_of_attempt(cluster: Cluster, node: str, attempt_id: int) -> Path:
 TICKER = """#!{python}
 import os, time
 path = {ticks!r}
-attempt = os.environ["PHX_ATTEMPT"]
+attempt = os.environ["PHX_ATTEMPT_ID"]
 while True:
     with open(path, "a") as f:
         f.write(f"tick {{attempt}} {{time.time():.6f}}\\n")

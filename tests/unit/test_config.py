@@ -147,3 +147,20 @@ nodes = "g[0-9]*"
         load_config(write(tmp_path, '[[cluster.partitions]]\nname = "a"\nmax_time = "forever"\n'))
     with pytest.raises(ConfigError, match="name"):
         load_config(write(tmp_path, '[[cluster.partitions]]\nname = "bad name!"\n'))
+
+
+def test_accounting_retention(tmp_path: Path) -> None:
+    assert load_config().accounting.keep_seconds() == 30 * 86400  # the default: 30 days
+    p = write(tmp_path, '[accounting]\nkeep_finished = "7-00:00:00"\npurge_batch = 200\n')
+    cfg = load_config(p)
+    assert cfg.accounting.keep_seconds() == 7 * 86400 and cfg.accounting.purge_batch == 200
+    assert (
+        load_config(
+            write(tmp_path, '[accounting]\nkeep_finished = "UNLIMITED"\n')
+        ).accounting.keep_seconds()
+        is None
+    )
+    for bad, words in (("30 days", "invalid time"), ("0:30", "under a minute")):
+        with pytest.raises(ConfigError) as err:
+            load_config(write(tmp_path, f'[accounting]\nkeep_finished = "{bad}"\n'))
+        assert "keep_finished" in err.value.message and words in err.value.message

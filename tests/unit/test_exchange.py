@@ -125,3 +125,17 @@ def test_reply_empty() -> None:
     assert Reply().empty
     assert Reply(forget=[1]).empty  # forgetting alone does not end a long-poll
     assert not Reply(stop=[{"attempt_id": 1}]).empty
+
+
+def test_a_users_own_requeue_gets_no_checkpoint_signal() -> None:
+    """scontrol requeue (often the job itself, from its USR1 trap) just stops the job; other
+    planned requeues (drain --now, maintenance) first send the checkpoint signal."""
+    from phalanx.controller.exchange import stop_item
+    from phalanx.domain.policy import user_requeue_reason
+
+    for hold in (False, True):
+        w = work(1, "RUNNING", "STOPPING", stop_reason=user_requeue_reason("alice", hold=hold))
+        assert "checkpoint_signal" not in stop_item(w, 30.0)
+    w = work(1, "RUNNING", "STOPPING", stop_reason="requeue: node n1 drained by ops: disk")
+    w.update(spec={}, job_id=7)
+    assert stop_item(w, 30.0)["checkpoint_signal"] == 10  # SIGUSR1

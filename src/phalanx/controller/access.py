@@ -56,6 +56,8 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/v1/jobs/{ref}/steps/{step_id}"): Rule(USER, "showing a job step", owner=True),
     ("POST", "/v1/jobs/{ref}/steps/signal"): Rule(USER, "signalling job steps", owner=True),
     ("POST", "/v1/jobs/{ref}/steps/cancel"): Rule(USER, "cancelling job steps", owner=True),
+    ("POST", "/v1/jobs/requeue"): Rule(USER, "requeueing jobs", owner=True),
+    ("POST", "/v1/jobs/update"): Rule(USER, "changing jobs", owner=True),
     ("GET", "/v1/nodes"): Rule(USER, "listing nodes"),
     ("GET", "/v1/nodes/{name}"): Rule(USER, "showing a node"),
     ("POST", "/v1/nodes/{name}/drain"): Rule(OPERATOR, "draining a node"),

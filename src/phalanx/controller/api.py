@@ -32,7 +32,7 @@ from phalanx.domain.hostlist import compress_hostlist
 from phalanx.domain.spec import JobSpec
 from phalanx.domain.states import node_display_state
 from phalanx.domain.steps import StepRequest
-from phalanx.domain.values import format_duration
+from phalanx.domain.values import format_duration, parse_dependency, parse_duration
 from phalanx.errors import Forbidden, InvalidSpec, NotFound, PhalanxError
 from phalanx.store.steps import StepReport
 from phalanx.store.store import TaskReport
@@ -59,6 +59,23 @@ class SignalIn(BaseModel):
         description="steps: the job's steps (scancel --signal); batch: the batch shell only "
         "(--batch); full: the batch shell, its children and all steps (--full)",
     )
+
+
+class RequeueIn(BaseModel):
+    jobs: list[str] = Field(min_length=1, max_length=MAX_BATCH)
+    hold: bool = Field(default=False, description="the requeued jobs wait HELD (requeuehold)")
+
+
+class UpdateIn(BaseModel):
+    """Changes to pending jobs (scontrol update JobId=...); fields left out stay as they are."""
+
+    model_config = {"extra": "forbid"}
+
+    jobs: list[str] = Field(min_length=1, max_length=MAX_BATCH)
+    time_limit: str | None = Field(default=None, max_length=64, description="Slurm time form")
+    nodes: int | None = Field(default=None, ge=1, le=1_000_000)
+    partition: str | None = Field(default=None, min_length=1, max_length=64)
+    dependency: str | None = Field(default=None, max_length=4096, description="'' clears it")
 
 
 class TokenIn(BaseModel):
@@ -185,6 +202,8 @@ def job_view(row: dict[str, Any], *, detail: bool = False) -> dict[str, Any]:
         "reserved_until": row.get("reserved_until"),
         # nodes the current/last attempt ran on (an elastic job: anywhere from MIN to MAX)
         "nodes_alloc": len(row["nodelist_run"]) if row["nodelist_run"] else None,
+        # rank 0 of the current/last attempt: where the batch script runs (Slurm's BatchHost)
+        "batch_host": row["nodelist_run"][0] if row["nodelist_run"] else None,
     }
     if detail:
         spec = row["spec"]
@@ -466,6 +485,16 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         node: str | None = None,
         job: list[str] | None = Query(default=None),
         limit: int = Query(default=10_000, ge=1, le=100_000),
+        active_after: float | None = Query(
+            default=None, description="only jobs not ended before this time (epoch seconds)"
+        ),
+        submitted_before: float | None = Query(
+            default=None, description="only jobs submitted by this time (epoch seconds)"
+        ),
+        detail: bool = Query(
+            default=False, description="each job's detail (command, workdir, account...)"
+        ),
+        ident: Identity = Depends(caller),
     ) -> dict[str, Any]:
         states = [x.upper() for s in state or [] for x in s.split(",") if x]
         ids = (
@@ -481,8 +510,19 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
             ids=ids,
             node=node,
             limit=limit,
+            active_after=active_after,
+            submitted_before=submitted_before,
+            with_spec=detail,
         )
-        return {"jobs": [job_view(r) for r in rows]}
+        if not detail:
+            return {"jobs": [job_view(r) for r in rows]}
+        views = []
+        steps = ctl.store.steps_of_jobs([int(r["id"]) for r in rows])
+        for r in rows:
+            view = job_view(r, detail=True)
+            view["steps"] = steps.get(int(r["id"]), [])  # sacct's JOBID.N rows
+            views.append(access.redact(view) if private(ident, r) else view)
+        return {"jobs": views}
 
     def _one(ref: str) -> list[int]:
         ids = ctl.store.resolve_refs([ref])
@@ -526,12 +566,14 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
             out.append(view)
         return {"jobs": out}
 
-    def _bulk(refs: list[str], ident: Identity, what: str, fn: Any, *args: Any) -> dict[str, Any]:
+    def _bulk(
+        refs: list[str], ident: Identity, what: str, fn: Any, *args: Any, **kw: Any
+    ) -> dict[str, Any]:
         ids = ctl.store.resolve_refs(refs)
         if not ids:
             raise NotFound(f"no such job: {', '.join(refs)}", jobs=refs)
         access.check_owner(ident, [job_view(r) for r in ctl.store.list_jobs(ids=ids)], what)
-        result = fn(ids, *args)
+        result = fn(ids, *args, **kw)
         ctl.kick()
         return {"results": {str(k): v for k, v in result.items()}}
 
@@ -554,6 +596,45 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
     @app.post("/v1/jobs/release")
     def release(body: RefsIn, ident: Identity = Depends(caller)) -> dict[str, Any]:
         return _bulk(body.jobs, ident, "release", ctl.store.release, ident.actor)
+
+    @app.post("/v1/jobs/requeue")
+    def requeue(body: RequeueIn, ident: Identity = Depends(caller)) -> dict[str, Any]:
+        """scontrol requeue/requeuehold: running jobs stop and come back (restart count + 1),
+        finished ones go back to the queue; a job may requeue itself with its own identity."""
+        return _bulk(body.jobs, ident, "requeue", ctl.store.requeue, ident.actor, hold=body.hold)
+
+    @app.post("/v1/jobs/update")
+    def update_jobs(body: UpdateIn, ident: Identity = Depends(caller)) -> dict[str, Any]:
+        """scontrol update JobId=...: change pending jobs (time limit, nodes, partition,
+        dependency). Users may only lower a time limit; operators may raise it."""
+        changes: dict[str, Any] = {}
+        if body.time_limit is not None:
+            try:
+                changes["time_limit_s"] = parse_duration(body.time_limit)
+            except ValueError as e:
+                raise InvalidSpec(f"time_limit: {e}", field="time_limit") from None
+        if body.nodes is not None:
+            changes["nodes"] = body.nodes
+        if body.partition is not None:
+            changes["partition"] = body.partition
+        if body.dependency is not None:
+            try:
+                changes["dependency"] = (
+                    parse_dependency(body.dependency) if body.dependency.strip() else []
+                )
+            except ValueError as e:
+                raise InvalidSpec(f"dependency: {e}", field="dependency") from None
+        if not changes:
+            raise InvalidSpec("nothing to change: give time_limit, nodes, partition or dependency")
+        return _bulk(
+            body.jobs,
+            ident,
+            "update",
+            ctl.store.update_pending,
+            changes,
+            ident.actor,
+            may_raise=access.may_see_all(ident),
+        )
 
     @app.get("/v1/jobs/{ref}/events")
     def job_events(ref: str, ident: Identity = Depends(caller)) -> dict[str, Any]:

@@ -225,7 +225,8 @@ def job_environment(work: dict[str, Any], *, node: str) -> dict[str, str]:
     phx = {
         "PHX_JOB_ID": str(job_id),
         "PHX_JOB_NAME": str(work["name"]),
-        "PHX_ATTEMPT": str(work["seq"]),
+        "PHX_ATTEMPT": str(work["seq"]),  # the job's own: 0, 1, 2, ... (= restart count)
+        "PHX_ATTEMPT_ID": str(work["attempt_id"]),  # unique in the cluster (logs, tooling)
         "PHX_RESTART_COUNT": str(work["seq"]),
         "PHX_NODELIST": hostlist,
         "PHX_NNODES": str(len(nodes)),

@@ -53,6 +53,7 @@ CACHE_TTL = 2.0  # seconds submit-time checks may use a cached view of partition
 CHECKPOINT_INPUT_TTL = 10.0  # seconds a job's measured checkpoint cost is reused
 FAILURE_HISTORY_TTL = 60.0  # seconds the cluster's failure history (node MTBF) is reused
 CLUSTER_LEASE = "cluster"
+PURGE_EVERY = 60.0  # seconds between two accounting-retention purges of the cluster duty
 # Seconds between polls of nodes.work_gen for long-polling agents whose work another controller
 # changed: fast while no LISTEN/NOTIFY wakes us (SQLite, database outage), a slow safety net
 # while the PostgreSQL listener is healthy (store/notify.py).
@@ -150,6 +151,7 @@ class Controller:
         # (monotonic time, (node-seconds, failures)) of the cluster's failure history
         self._ckpt_cost_cache: dict[int, tuple[float, float | None]] = {}
         self._failure_history: tuple[float, tuple[float, int]] | None = None
+        self._last_purge: float | None = None  # monotonic time of the last retention purge
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -370,7 +372,7 @@ class Controller:
         """Failure detector, reaper and maintenance windows; only the holder of the `cluster`
         lease acts."""
         try:
-            said = [self._cluster_duty(), self.maintenance.tick()]
+            said = [self._cluster_duty(), self.maintenance.tick(), self.purge_tick()]
             return ", ".join(x for x in said if x not in ("idle", "")) or "idle"
         except StoreUnavailable:
             # Heartbeats could not be recorded while the store was away: judge no node until
@@ -378,6 +380,28 @@ class Controller:
             if self._cluster_since is not None:
                 self._cluster_since = time.monotonic()
             raise
+
+    def purge_tick(self, *, now: float | None = None, force: bool = False) -> str:
+        """Accounting retention: delete jobs that ended longer than `accounting.keep_finished`
+        ago (with their attempts, tasks and events), in batches, at most once a minute and only
+        by the `cluster` lease holder. A tick deletes at most 20 batches, so a first purge of a
+        big history spreads over several minutes instead of holding the store."""
+        keep = self.config.accounting.keep_seconds()
+        if keep is None or self.leases.fence(CLUSTER_LEASE) is None:
+            return ""
+        mono = time.monotonic()
+        if not force and self._last_purge is not None and mono - self._last_purge < PURGE_EVERY:
+            return ""
+        self._last_purge = mono
+        cutoff = (time.time() if now is None else now) - keep
+        batch = self.config.accounting.purge_batch
+        total = 0
+        for _ in range(20):
+            n = self.store.purge_finished(cutoff, batch=batch)
+            total += n
+            if n < batch or self.leases.fence(CLUSTER_LEASE) is None:
+                break
+        return f"purged {total} finished jobs" if total else ""
 
     def _judging_fence(self) -> Fence | None:
         """The cluster lease's fence if this controller may judge nodes right now.

@@ -387,6 +387,29 @@ def _first_failed(tasks: Sequence[TaskEnd]) -> TaskEnd | None:
     return next(iter(own or failed), None)
 
 
+# Stop reasons of a requeue asked for by a user (`scontrol requeue`/`requeuehold`, often the
+# job itself from a signal trap). Both start with "requeue", so they are planned stops (never a
+# failure, never a retry spent); a user's requeue also gets no checkpoint signal first (Slurm
+# just terminates the job: the job asked for this and has saved what it needed).
+USER_REQUEUE = "requeue: requested by "
+USER_REQUEUE_HOLD = "requeue and hold: requested by "
+
+
+def user_requeue_reason(actor: str, *, hold: bool) -> str:
+    """The stop reason recorded when `actor` requeues a running job."""
+    return f"{USER_REQUEUE_HOLD if hold else USER_REQUEUE}{actor}"
+
+
+def is_user_requeue(stop_reason: str | None) -> bool:
+    """A stop a user asked for (scontrol requeue): no checkpoint signal before it."""
+    return (stop_reason or "").startswith((USER_REQUEUE, USER_REQUEUE_HOLD))
+
+
+def requeue_holds(stop_reason: str | None) -> bool:
+    """The requeued job waits HELD for a release (scontrol requeuehold)."""
+    return (stop_reason or "").startswith(USER_REQUEUE_HOLD)
+
+
 def after_attempt(
     *,
     result: JobState,
@@ -430,7 +453,8 @@ def after_attempt(
     )
     if failure is None:
         if stop.startswith("requeue"):
-            return Verdict(Action.REQUEUE, JobState.PENDING, stop)
+            held = JobState.HELD if requeue_holds(stop) else JobState.PENDING
+            return Verdict(Action.REQUEUE, held, stop)
         return Verdict(Action.END, result, reason)
     kind = failure.kind
     avoid = () if kind in _NOT_THE_NODE else failure.nodes

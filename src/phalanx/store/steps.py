@@ -419,6 +419,23 @@ class JobSteps(StoreBase):
             ).mappings()
             return [step_view(dict(r)) for r in rows]
 
+    def steps_of_jobs(self, job_ids: Sequence[int]) -> dict[int, list[dict[str, Any]]]:
+        """`steps_of` for many jobs in one query (sacct lists)."""
+        out: dict[int, list[dict[str, Any]]] = {}
+        if not job_ids:
+            return out
+        with self.db.begin(write=False) as conn:
+            for i in range(0, len(job_ids), 500):
+                rows = conn.execute(
+                    select(s.steps, s.attempts.c.seq)
+                    .join(s.attempts, s.attempts.c.id == s.steps.c.attempt_id)
+                    .where(s.steps.c.job_id.in_(list(job_ids[i : i + 500])))
+                    .order_by(s.steps.c.attempt_id, s.steps.c.step_id)
+                ).mappings()
+                for r in rows:
+                    out.setdefault(int(r["job_id"]), []).append(step_view(dict(r)))
+        return out
+
     def finished_steps(self, keys: Sequence[tuple[int, int, str]]) -> set[tuple[int, int]]:
         """Which (attempt, step) of these (attempt, step, node) the store has recorded as
         ended on that node, or never heard of: the agent may forget them."""

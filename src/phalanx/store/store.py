@@ -25,7 +25,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, func, insert, select, text, update
+from sqlalchemy import (
+    Connection,
+    Table,
+    and_,
+    bindparam,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    update,
+)
 
 from phalanx.domain import checkpointing, job_reports
 from phalanx.domain.elastic import restart_layout
@@ -36,9 +48,12 @@ from phalanx.domain.policy import (
     TaskEnd,
     after_attempt,
     describe_hang,
+    is_user_requeue,
+    user_requeue_reason,
 )
 from phalanx.domain.spec import PartitionInfo, ResolvedJob
 from phalanx.domain.states import (
+    TERMINAL,
     AttemptState,
     JobState,
     TaskState,
@@ -54,6 +69,33 @@ from phalanx.store.steps import JobSteps
 from phalanx.store.windows import MaintenanceWindows
 
 ACTIVE_ATTEMPT = (AttemptState.STARTING, AttemptState.RUNNING, AttemptState.STOPPING)
+
+
+def _by_job(table: Table) -> Any:
+    """Rows of a table with a `job_id` column that belong to these jobs."""
+    return lambda ids: table.c.job_id.in_(ids)
+
+
+# What `purge_finished` deletes with a job, children before parents: (table, rows of these
+# job ids). A new table of per-job rows (job steps: `(s.steps, _by_job(s.steps))`, before
+# `attempts` if it refers to them) is one more line here.
+JOB_ROWS: tuple[tuple[Table, Any], ...] = (
+    (
+        s.step_nodes,
+        lambda ids: s.step_nodes.c.attempt_id.in_(
+            select(s.attempts.c.id).where(s.attempts.c.job_id.in_(ids))
+        ),
+    ),
+    (s.steps, _by_job(s.steps)),
+    (
+        s.tasks,
+        lambda ids: s.tasks.c.attempt_id.in_(
+            select(s.attempts.c.id).where(s.attempts.c.job_id.in_(ids))
+        ),
+    ),
+    (s.attempts, _by_job(s.attempts)),
+    (s.events, _by_job(s.events)),
+)
 
 
 @dataclass
@@ -402,8 +444,19 @@ class Store(JobSteps, MaintenanceWindows):
         ids: Sequence[int] | None = None,
         node: str | None = None,
         limit: int = 10_000,
+        active_after: float | None = None,
+        submitted_before: float | None = None,
+        with_spec: bool = False,
     ) -> list[dict[str, Any]]:
-        q = select(*_JOB_SUMMARY).order_by(s.jobs.c.id)
+        """Jobs by filters. `active_after`/`submitted_before` select the jobs that existed in a
+        time window (sacct -S/-E): not ended before its start, submitted before its end.
+        `with_spec` adds each job's spec (command, workdir, account: sacct's detail)."""
+        cols = [*_JOB_SUMMARY, s.jobs.c.spec] if with_spec else _JOB_SUMMARY
+        q = select(*cols).order_by(s.jobs.c.id)
+        if active_after is not None:
+            q = q.where(or_(s.jobs.c.end_time.is_(None), s.jobs.c.end_time >= active_after))
+        if submitted_before is not None:
+            q = q.where(s.jobs.c.submit_time <= submitted_before)
         if states:
             q = q.where(s.jobs.c.state.in_(list(states)))
         if user:
@@ -468,6 +521,172 @@ class Store(JobSteps, MaintenanceWindows):
                     self._stop_attempt(conn, job, f"cancel: {text_reason}", actor=actor)
                     out[jid] = "stopping"
         return out
+
+    def requeue(self, job_ids: Sequence[int], actor: str, *, hold: bool = False) -> dict[int, str]:
+        """Requeue jobs as `scontrol requeue` does (`hold`: `requeuehold`, they wait HELD).
+
+        A running job is stopped with a user-requeue stop reason (no checkpoint signal, no
+        retry spent) and its next attempt has restart count + 1; a finished job goes back to
+        the queue at once, restart count + 1; a pending job is left as it is (or held). A job
+        that said --no-requeue is refused, as Slurm refuses it. Results per job: text that
+        starts with "requeued"/"held" on success, anything else says why not.
+        """
+        out: dict[int, str] = {}
+        with self.db.begin() as conn:
+            found = self._jobs_by_id(conn, job_ids)
+            for jid in job_ids:
+                job = found.get(jid)
+                if job is None:
+                    out[jid] = "not found"
+                    continue
+                state = JobState(job["state"])
+                if not job["requeue"]:
+                    out[jid] = "not requeue-able: the job was submitted with --no-requeue"
+                elif state is JobState.PENDING:
+                    if hold:
+                        self._set_job_state(
+                            conn, job, JobState.HELD, f"held by {actor}", actor=actor
+                        )
+                        out[jid] = "held"
+                    else:
+                        out[jid] = "pending: the job has not started, there is nothing to requeue"
+                elif state is JobState.HELD:
+                    out[jid] = "held" if hold else "held: release it instead (scontrol release)"
+                elif state.terminal:
+                    new = JobState.HELD if hold else JobState.PENDING
+                    why = f"requeued{' and held' if hold else ''} by {actor} after {state.value}"
+                    res = conn.execute(
+                        update(s.jobs)
+                        .where(s.jobs.c.id == jid, s.jobs.c.state == state.value)
+                        .values(
+                            state=new.value,
+                            reason=why,
+                            end_time=None,
+                            eligible_time=None,
+                            restart_count=s.jobs.c.restart_count + 1,
+                        )
+                    )
+                    if res.rowcount == 1:
+                        self._event(
+                            conn,
+                            "job.requeue",
+                            f"{state.value} -> {new.value}: {why}",
+                            job_id=jid,
+                            actor=actor,
+                            data={"from": state.value, "to": new.value},
+                        )
+                    out[jid] = "requeued and held" if hold else "requeued"
+                else:
+                    stop = self._attempt_stop_reason(conn, job)
+                    if stop is not None and not is_user_requeue(stop):
+                        out[jid] = f"completing: the job is already stopping ({stop})"
+                        continue
+                    self._stop_attempt(
+                        conn, job, user_requeue_reason(actor, hold=hold), actor=actor
+                    )
+                    out[jid] = "requeued and held" if hold else "requeued"
+        return out
+
+    def _attempt_stop_reason(self, conn: Connection, job: dict[str, Any]) -> str | None:
+        """Why the job's current attempt is stopping (None: it is not being stopped)."""
+        if job["attempt_id"] is None:
+            return None
+        row = conn.execute(
+            select(s.attempts.c.state, s.attempts.c.stop_reason).where(
+                s.attempts.c.id == job["attempt_id"]
+            )
+        ).first()
+        if row is None or row.state != AttemptState.STOPPING.value:
+            return None
+        return str(row.stop_reason or "stopping")
+
+    def update_pending(
+        self, job_ids: Sequence[int], changes: dict[str, Any], actor: str, *, may_raise: bool
+    ) -> dict[int, str]:
+        """Change pending jobs (scontrol update JobId=...): `time_limit_s`, `nodes`,
+        `partition`, `dependency` (text as --dependency). A running or finished job is refused
+        (its allocation is made); `may_raise` (operators) may also raise a time limit, as in
+        Slurm where users may only lower theirs. Results per job: "updated" or why not."""
+        out: dict[int, str] = {}
+        with self.db.begin() as conn:
+            found = self._jobs_by_id(conn, job_ids)
+            parts = {r["name"]: dict(r) for r in conn.execute(select(s.partitions)).mappings()}
+            for jid in job_ids:
+                job = found.get(jid)
+                if job is None:
+                    out[jid] = "not found"
+                    continue
+                if job["state"] not in (JobState.PENDING.value, JobState.HELD.value):
+                    out[jid] = (
+                        f"{job['state'].lower()}: only a pending job can be changed here "
+                        "(its allocation is already made)"
+                    )
+                    continue
+                values: dict[str, Any] = {}
+                part_names = job["partitions"].split(",")
+                if "partition" in changes:
+                    name = str(changes["partition"])
+                    if name not in parts:
+                        raise InvalidSpec(f"partition {name} does not exist", field="partition")
+                    part_names = [name]
+                    values.update(partitions=name, partition=name)
+                if "time_limit_s" in changes:
+                    tl = changes["time_limit_s"]
+                    old = job["time_limit_s"]
+                    raising = tl is None or (old is not None and tl > old)
+                    if raising and not may_raise:
+                        out[jid] = "time limit: a user may only lower a job's time limit"
+                        continue
+                    maxes = [parts[p]["max_time_s"] for p in part_names if p in parts]
+                    if tl is not None and any(m is not None and tl > m for m in maxes):
+                        out[jid] = "time limit: longer than the partition's maximum time"
+                        continue
+                    values["time_limit_s"] = tl
+                if "nodes" in changes:
+                    values["nodes"] = int(changes["nodes"])
+                if "dependency" in changes:
+                    values["dependency"] = self._resolve_dependencies(conn, changes["dependency"])
+                if not values:
+                    out[jid] = "nothing to change"
+                    continue
+                res = conn.execute(
+                    update(s.jobs)
+                    .where(s.jobs.c.id == jid, s.jobs.c.state == job["state"])
+                    .values(**values)
+                )
+                if res.rowcount != 1:
+                    out[jid] = "changed state meanwhile: try again"
+                    continue
+                shown = ", ".join(f"{k}={v}" for k, v in sorted(values.items()))
+                self._event(
+                    conn, "job.update", f"updated by {actor}: {shown}", job_id=jid, actor=actor
+                )
+                out[jid] = "updated"
+        return out
+
+    def purge_finished(self, older_than: float, batch: int = 500) -> int:
+        """Delete up to `batch` jobs that ended before `older_than`, with their rows in
+        `JOB_ROWS` (attempts, tasks, events); returns how many jobs went (accounting retention:
+        the cluster duty calls this until it returns less than `batch`)."""
+        with self.db.begin() as conn:
+            ids = [
+                int(r.id)
+                for r in conn.execute(
+                    select(s.jobs.c.id)
+                    .where(
+                        s.jobs.c.state.in_([t.value for t in TERMINAL]),
+                        s.jobs.c.end_time < older_than,
+                    )
+                    .order_by(s.jobs.c.id)
+                    .limit(batch)
+                )
+            ]
+            if not ids:
+                return 0
+            for table, rows_of in JOB_ROWS:
+                conn.execute(delete(table).where(rows_of(ids)))
+            conn.execute(delete(s.jobs).where(s.jobs.c.id.in_(ids)))
+        return len(ids)
 
     def signal(
         self, job_ids: Sequence[int], signum: int, target: str, actor: str
