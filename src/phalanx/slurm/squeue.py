@@ -417,7 +417,7 @@ def _main(argv: list[str]) -> int:
             users.append(str(c.get("/v1/whoami")["user"]))
         want = phalanx_states(states) if states is not None else phalanx_states(ACTIVE)
         jobs = _load(c, refs, want if not refs else None)
-        if any(f.key == "k" for f in fields) or args.json:
+        if any(f.key == "k" for f in fields) and not args.json:
             jobs = _with_details(c, jobs)
     # -j: Slurm shows the listed jobs in their active states only (a finished one: no line)
     jobs = [j for j in jobs if j["state"] in want]
