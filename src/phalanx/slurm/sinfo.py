@@ -342,7 +342,7 @@ def _main(argv: list[str]) -> int:
         rows = _by_reason(rows)
     prefix, fields = parse_format(expand_widths(fmt, rows), HEADERS, PROG)
     out = []
-    if args.long:
+    if args.long and not args.noheader:  # the date line, as Slurm's long form starts
         out.append(time.strftime("%a %b %d %H:%M:%S %Y"))
     if not args.noheader:
         out.append(render_line(prefix, fields, {f.key: HEADERS[f.key] for f in fields}))

@@ -429,6 +429,8 @@ def _main(argv: list[str]) -> int:
         sys.stdout.write(json.dumps(json_jobs(jobs, now), indent=2) + "\n")
         return 0
     lines = format_rows(jobs, prefix, fields, headers=headers, header=not args.noheader, now=now)
+    if args.long and not args.noheader:  # squeue -l starts with the date, as Slurm's
+        lines.insert(0, time.strftime("%a %b %d %H:%M:%S %Y", time.localtime(now)))
     sys.stdout.write("".join(line + "\n" for line in lines))
     return 0
 
