@@ -10,6 +10,7 @@ import pytest
 from api_auth import KEYS, AuthedClient, as_user
 from fastapi.testclient import TestClient
 
+from phalanx.agent.resources import parse_gpu_override
 from phalanx.config import load_config
 from phalanx.controller.api import create_app
 from phalanx.controller.runtime import Controller
@@ -218,6 +219,20 @@ def test_unsatisfiable_gpus(client: TestClient, agent: Agent) -> None:
     submit(client, gpus_total=1)
 
 
+@pytest.mark.parametrize("gpus", ["a100:2", "h100:8"])
+def test_a_job_sees_the_gpus_of_an_overridden_node_as_0_to_n_minus_1(
+    client: TestClient, ctl: Controller, gpus: str
+) -> None:
+    """`phalanx up --gpus a100:2` numbered them 0 and 2: CUDA_VISIBLE_DEVICES named devices
+    that do not exist."""
+    node = Agent(client, "g1")
+    node.register(cpus=8, gpus=[list(g) for g in parse_gpu_override(gpus)])
+    count = int(gpus.split(":")[1])
+    submit(client, gpus_per_node=count)
+    env = run_to_start(ctl, node)["env"]
+    assert env["CUDA_VISIBLE_DEVICES"] == ",".join(str(i) for i in range(count))
+
+
 # --------------------------------------------------------------------------------------------
 # list / show / actions / events
 # --------------------------------------------------------------------------------------------
@@ -262,10 +277,11 @@ def test_hold_release_cancel_and_events(client: TestClient) -> None:
     arr = submit(client, array="0-1")
     r = client.post("/v1/jobs/hold", json={"jobs": [str(a), str(arr[0])]}, headers=USER)
     assert r.status_code == 200
-    assert r.json()["results"] == {str(a): "held", str(arr[0]): "held", str(arr[1]): "held"}
+    # results are keyed by the ids users type (an array task is ARRAY_TASK), never internal ids
+    assert r.json()["results"] == {str(a): "held", f"{arr[0]}_0": "held", f"{arr[0]}_1": "held"}
     assert job(client, a)["state"] == "HELD"
     r = client.post("/v1/jobs/release", json={"jobs": [f"{arr[0]}_1"]}, headers=USER)
-    assert r.json()["results"] == {str(arr[1]): "released"}
+    assert r.json()["results"] == {f"{arr[0]}_1": "released"}
     r = client.post("/v1/jobs/cancel", json={"jobs": [str(a)], "reason": "oops"}, headers=USER)
     assert r.json()["results"] == {str(a): "cancelled"}
     j = job(client, a)

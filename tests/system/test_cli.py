@@ -16,7 +16,7 @@ pytestmark = pytest.mark.system
 SCRIPT = """#!/bin/bash
 #SBATCH --job-name=hello
 #SBATCH --output=out-%j.txt
-#SBATCH --frobnicate=3
+#SBATCH --mail-type=END
 #SBATCH --time=1:00
 echo "hello from $SLURM_JOB_ID on $PHX_NODENAME"
 """
@@ -58,12 +58,20 @@ def test_cli_end_to_end(cluster: Cluster, tmp_path: Path) -> None:
     phx = Cli(cluster, tmp_path)
     (tmp_path / "hello.sh").write_text(SCRIPT)
 
-    # submit with #SBATCH lines; the unknown option is a warning that names it
+    # submit with #SBATCH lines; an option with no effect here is accepted with a note
     p = phx("submit", "hello.sh")
     m = re.fullmatch(r"Submitted batch job (\d+)\n", p.stdout)
     assert m, p.stdout
     hello = int(m.group(1))
-    assert "--frobnicate" in p.stderr and "warning" in p.stderr.lower()
+    assert "--mail-type" in p.stderr and "note" in p.stderr.lower()
+
+    # an unknown (misspelt) option is refused like sbatch, naming the line and the spelling
+    (tmp_path / "typo.sh").write_text("#!/bin/bash\n#SBATCH --ntask-per-node=2\nhostname\n")
+    p = phx("submit", "typo.sh", ok=False)
+    assert p.stderr.strip() == (
+        "error: typo.sh line 2: unknown option --ntask-per-node: did you mean --ntasks-per-node?"
+    )
+    assert "Submitted" not in p.stdout
 
     # an invalid option value fails before anything is submitted, naming the option
     n_jobs = len(c.jobs(limit=100_000))

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from phalanx.cli.submitting import build_spec
 from phalanx.domain.directives import (
     OPTIONS,
     Arg,
@@ -228,15 +231,32 @@ def test_missing_value_and_unexpected_value() -> None:
 # --- unknown, ignored, stored, refused ------------------------------------------------------
 
 
-def test_unknown_option_warns_with_line_and_is_not_an_error() -> None:
-    script = "#!/bin/bash\n#SBATCH -N 1\n#SBATCH --frobnicate\n#SBATCH --frob-level 3\n#SBATCH -Z\n"
-    parsed = parse_submission(script, [], "job.sh")
-    assert parsed.fields == {"nodes": 1}
-    assert parsed.warnings == [
-        "job.sh line 3: unknown option --frobnicate ignored",
-        "job.sh line 4: unknown option --frob-level 3 ignored",
-        "job.sh line 5: unknown option -Z ignored",
-    ]
+def test_a_misspelt_option_is_refused_with_its_line_and_the_nearest_spelling() -> None:
+    """sbatch refuses it; a warning let ``--ntask-per-node=2`` run as one task per node."""
+    error = _refusal("#!/bin/bash\n#SBATCH -N 1\n#SBATCH --ntask-per-node=2\nsrun hostname\n")
+    assert error.message == (
+        "job.sh line 3: unknown option --ntask-per-node: did you mean --ntasks-per-node?"
+    )
+    assert (error.details["line"], error.details["option"]) == (3, "--ntask-per-node")
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("--frobnicate", "job.sh line 2: unknown option --frobnicate: not an sbatch option"),
+        ("--frob-level 3", "job.sh line 2: unknown option --frob-level: not an sbatch option"),
+        ("--partiton=gpu", "job.sh line 2: unknown option --partiton: did you mean --partition?"),
+        ("-Z", "job.sh line 2: unknown option -Z: not an sbatch option"),
+        ("-HZ", "job.sh line 2: unknown option -Z (in -HZ): not an sbatch option"),
+    ],
+)
+def test_unknown_script_options_are_refused(line: str, message: str) -> None:
+    assert _refusal(f"#!/bin/bash\n#SBATCH {line}\n").message.startswith(message)
+
+
+def test_unknown_command_line_options_are_refused() -> None:
+    error = _refusal("#!/bin/bash\n", ["--time=5", "--exlusive"])
+    assert error.message == "command line: unknown option --exlusive: did you mean --exclusive?"
 
 
 def test_bookkeeping_options_are_silent_and_listed_once() -> None:
@@ -254,7 +274,7 @@ def test_bookkeeping_options_are_silent_and_listed_once() -> None:
     ("line", "reason"),
     [
         ("--begin=now+1hour", "delayed start is not supported"),
-        ("--mem-per-gpu=8G", "not supported; request memory with --mem"),
+        ("--ntasks-per-gpu=2", "not supported; use --ntasks-per-node"),
         ("--test-only", "would not submit"),
         ("-M other", "single cluster"),
         ("hetjob", "heterogeneous jobs"),
@@ -429,3 +449,52 @@ def test_table_has_no_duplicate_names_and_flags_take_no_value() -> None:
     for name in ("requeue", "no-requeue", "hold"):
         option = find_option(name)
         assert option is not None and option.arg is Arg.NONE
+
+
+# --- per-GPU CPUs and memory ----------------------------------------------------------------
+
+
+def test_per_gpu_options_are_applied() -> None:
+    script = (
+        "#!/bin/bash\n#SBATCH --gres=gpu:2\n#SBATCH --cpus-per-gpu=6\n#SBATCH --mem-per-gpu=40G\n"
+    )
+    parsed = parse_submission(script, [], "job.sh")
+    assert parsed.fields == {"gpus_per_node": 2, "cpus_per_gpu": 6, "mem_per_gpu_mb": 40 * 1024}
+    assert (parsed.warnings, parsed.ignored) == ([], [])
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("--cpus-per-gpu=4", "-c 2"),
+        ("--mem-per-gpu=8G", "--mem=16G"),
+        ("--mem-per-gpu=8G", "--mem-per-cpu=1G"),
+        ("--mem=16G", "--mem-per-gpu=8G"),
+    ],
+)
+def test_per_gpu_options_conflict_like_sbatch(first: str, second: str) -> None:
+    error = _refusal(f"#!/bin/bash\n#SBATCH {first}\n#SBATCH {second}\n")
+    assert error.message.startswith("job.sh line 3: ")
+    assert "cannot be combined with" in error.message
+
+
+def test_command_line_per_gpu_memory_replaces_the_scripts_mem() -> None:
+    parsed = parse_submission("#!/bin/bash\n#SBATCH --mem=16G\n", ["--mem-per-gpu=8G"], "job.sh")
+    assert parsed.fields == {"mem_per_gpu_mb": 8192}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--frob", "3", "train.sh"], "command line: unknown option --frob: not an sbatch option"),
+        (["--bogus", "train.sh"], "command line: unknown option --bogus: not an sbatch option"),
+        (["-t", "5", "--ntask-per-node=2", "train.sh"], "did you mean --ntasks-per-node?"),
+    ],
+)
+def test_phalanx_submit_names_the_unknown_option_before_reading_the_script(
+    tmp_path: Path, argv: list[str], message: str
+) -> None:
+    (tmp_path / "train.sh").write_text("#!/bin/bash\ntrue\n")
+    with pytest.raises(InvalidSpec) as info:
+        build_spec(argv, cwd=str(tmp_path), environ={})
+    assert message in info.value.message

@@ -76,7 +76,10 @@ def gpu_type_of(model: str) -> str:
 
 
 def parse_gpu_override(text: str) -> list[tuple[int, str]]:
-    """'h100:8' or 'a40:2,l4:1' -> [(0,'h100'),...]; '0' or '' -> no GPUs."""
+    """'h100:8' or 'a40:2,l4:1' -> [(0,'h100'),...]; '0' or '' -> no GPUs.
+
+    Devices are numbered 0..n-1 across the node, as CUDA numbers them: the index is what a
+    job gets in CUDA_VISIBLE_DEVICES."""
     out: list[tuple[int, str]] = []
     text = text.strip()
     if text in ("", "0", "none"):
@@ -85,7 +88,8 @@ def parse_gpu_override(text: str) -> list[tuple[int, str]]:
         kind, _, count = part.strip().rpartition(":")
         if not kind or not count.isdigit() or not re.fullmatch(r"[a-z0-9_.-]+", kind.lower()):
             raise ValueError(f"invalid GPU list '{text}': use TYPE:COUNT[,TYPE:COUNT], e.g. h100:8")
-        out.extend((len(out) + i, kind.lower()) for i in range(int(count)))
+        first = len(out)  # not len(out) inside the generator: it grows while extending
+        out.extend((first + i, kind.lower()) for i in range(int(count)))
     return out
 
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -306,13 +308,19 @@ def queue(
     url: str | None = UrlOpt,
     as_json: bool = JsonOpt,
     all_states: bool = typer.Option(False, "--all", "-a", help="include finished jobs"),
-    state: str | None = typer.Option(None, "--state", "-t", help="comma list of states"),
+    state: str | None = typer.Option(
+        None,
+        "--state",
+        "-t",
+        help="comma list of states: Slurm names or codes (PD, R, CG, CD, F, CA, TO, NF, OOM, "
+        "CF) or Phalanx's (HELD, STARTING); all",
+    ),
     user: str | None = typer.Option(None, "--user", "-u"),
     partition: str | None = typer.Option(None, "--partition", "-p"),
     name: str | None = typer.Option(None, "--name", "-n"),
 ) -> None:
     """List jobs (pending and running by default), like squeue."""
-    states = state.split(",") if state else None
+    states = _queue_states(state) if state else None
     if states is None and not all_states:
         states = ["PENDING", "HELD", "STARTING", "RUNNING", "COMPLETING"]
     with _client(url) as c:
@@ -321,6 +329,37 @@ def queue(
         _emit(jobs)
     else:
         console.print(render.jobs_table(jobs))
+
+
+def _queue_states(text: str) -> list[str]:
+    """`-t` values as squeue takes them (a Slurm name or code: PENDING and PD include HELD
+    jobs, which Slurm shows as pending) or as Phalanx names them (HELD, STARTING); an unknown
+    state is refused rather than listing nothing."""
+    from phalanx.domain.states import JobState
+    from phalanx.slurm.common import (
+        SLURM_STATE,
+        STATE_CODE,
+        SlurmUsageError,
+        parse_states,
+        phalanx_states,
+    )
+
+    out: set[str] = set()
+    for raw in text.split(","):
+        word = raw.strip().upper()
+        if not word:
+            continue
+        try:
+            out.update(phalanx_states(parse_states(word)))
+        except SlurmUsageError:
+            if word not in JobState.__members__:
+                codes = ", ".join(dict.fromkeys(STATE_CODE[x] for x in SLURM_STATE.values()))
+                _fail(
+                    f"unknown job state {raw.strip()!r}: use a state name or code ({codes}), "
+                    "HELD, STARTING or all"
+                )
+            out.add(word)
+    return sorted(out)
 
 
 @app.command()
@@ -400,19 +439,33 @@ def wait(
     ),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Wait until jobs end; exit 0 only if every one COMPLETED."""
+    """Wait until jobs end; exit 0 only if every one COMPLETED.
+
+    On a terminal it shows each state change and a live line with the states and the time
+    waited; piped or redirected, it prints only the outcome, so scripts stay quiet."""
     from phalanx.domain.states import TERMINAL
 
     terminal = {s.value for s in TERMINAL}
-    deadline = time.monotonic() + timeout if timeout > 0 else None
-    with _client(url) as c:
-        while True:
-            jobs = [j for r in refs for j in _run(lambda r=r: c.job(r))]
-            if all(j["state"] in terminal for j in jobs):
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                _fail(f"timed out after {timeout:g}s waiting for {', '.join(refs)}", 2)
-            time.sleep(0.25)
+    started = time.monotonic()
+    deadline = started + timeout if timeout > 0 else None
+    progress = render.WaitProgress() if _is_tty() and not as_json else None
+    try:
+        with _client(url) as c:
+            while True:
+                jobs = [j for r in refs for j in _run(lambda r=r: c.job(r))]
+                if all(j["state"] in terminal for j in jobs):
+                    break  # the outcome lines below say how each ended
+                if progress is not None:
+                    _show(progress.changes(jobs))
+                    _live(progress.live_line(jobs, time.monotonic() - started))
+                if deadline is not None and time.monotonic() > deadline:
+                    if progress is not None:
+                        _live(None)  # the error goes on a line of its own
+                    _fail(f"timed out after {timeout:g}s waiting for {', '.join(refs)}", 2)
+                _pause(0.25)
+    finally:
+        if progress is not None:
+            _live(None)
     if as_json:
         _emit(
             [
@@ -429,21 +482,58 @@ def wait(
         raise typer.Exit(1)
 
 
+def _is_tty() -> bool:
+    return sys.stdout.isatty()
+
+
+def _pause(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def _show(lines: list[str]) -> None:
+    for line in lines:
+        sys.stdout.write(f"\r\x1b[K{line}\n")
+    sys.stdout.flush()
+
+
+def _live(line: str | None) -> None:
+    """Redraw the live status line in place (None clears it); cut to the terminal's width,
+    since a wrapped line cannot be redrawn with a carriage return."""
+    width = shutil.get_terminal_size().columns - 1
+    sys.stdout.write("\r\x1b[K" + (line or "")[:width])
+    sys.stdout.flush()
+
+
 @app.command()
 def events(
     ref: str | None = typer.Argument(None, help="job id; all events when omitted"),
     url: str | None = UrlOpt,
-    limit: int = typer.Option(100, "--limit"),
+    limit: int = typer.Option(100, "--limit", min=1, help="show the latest N events"),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Show the event history of a job, or of the cluster."""
+    """Show the event history of a job, or of the cluster (the latest --limit events)."""
     with _client(url) as c:
-        evs = _run(lambda: c.job_events(ref) if ref else c.events(limit=100_000))
-    evs = evs[-limit:]
+        evs = _run(lambda: c.job_events(ref)[-limit:] if ref else _latest_events(c, limit))
     if as_json:
         _emit(evs)
     else:
-        console.print(render.events_table(evs))
+        console.print(render.events_text(evs), highlight=False, soft_wrap=True)
+
+
+EVENTS_PAGE = 10_000  # the most /v1/events returns in one reply
+
+
+def _latest_events(c: Client, limit: int) -> list[dict[str, Any]]:
+    """The cluster's latest `limit` events: the API pages forward from an event id, so read
+    pages until a short one, keeping only the tail."""
+    tail: deque[dict[str, Any]] = deque(maxlen=limit)
+    since = 0
+    while True:
+        page = c.events(since=since, limit=EVENTS_PAGE)
+        tail.extend(page)
+        if len(page) < EVENTS_PAGE:
+            return list(tail)
+        since = page[-1]["id"]
 
 
 # ---------------------------------------------------------------------- nodes & cluster

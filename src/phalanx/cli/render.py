@@ -95,7 +95,9 @@ def job_detail(j: dict[str, Any]) -> str:
         nodes = ",".join(a["nodes"])
         spares = [t["node"] for t in a.get("tasks") or [] if t.get("spare")]
         lines.append(
-            f"   Attempt={a['id']} Restart={a['seq']} State={a['state']} "
+            # per job, as users count them (0 = first run; the same as its restart count);
+            # a['id'] is a cluster-wide counter that means nothing to them
+            f"   Attempt={a['seq']} State={a['state']} "
             f"Result={a.get('result') or '-'} "
             f"Nodes={nodes}"
             + (f" Spares={','.join(spares)}" if spares else "")
@@ -253,20 +255,22 @@ def node_detail(n: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def events_table(evs: list[dict[str, Any]]) -> Table:
-    t = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("TIME", "KIND", "JOB", "NODE", "BY", "MESSAGE"):
-        t.add_column(col)
-    for e in evs:
-        t.add_row(
-            _ts(e["ts"]),
-            e["kind"],
-            str(e["job_id"] or ""),
-            e["node"] or "",
-            e["actor"],
-            e["message"],
-        )
-    return t
+def events_text(evs: list[dict[str, Any]]) -> str:
+    """Events as aligned lines; the message is last and never padded or cut, so one long
+    message does not widen every row (as a table would) and `grep` sees whole messages."""
+    header = ("TIME", "KIND", "JOB", "NODE", "BY")
+    rows = [
+        (_ts(e["ts"]), e["kind"], str(e["job_id"] or ""), e["node"] or "", e["actor"] or "")
+        for e in evs
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: tuple[str, ...], message: str) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + "  " + message
+
+    lines = [line(header, "MESSAGE")]
+    lines += [line(r, e["message"] or "").rstrip() for r, e in zip(rows, evs, strict=True)]
+    return "\n".join(lines)
 
 
 def cluster_summary(st: dict[str, Any]) -> str:
@@ -291,3 +295,39 @@ def cluster_summary(st: dict[str, Any]) -> str:
     if st.get("node_mtbf"):
         lines.append(describe_cluster_mtbf(st["node_mtbf"]))
     return "\n".join(lines)
+
+
+class WaitProgress:
+    """What `phalanx wait` shows on a terminal: a line per state change, and a live line.
+
+    Pure: it remembers the states it has shown and is given the jobs and the time waited."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, str] = {}
+
+    def changes(self, jobs: list[dict[str, Any]]) -> list[str]:
+        """A line for each job whose state differs from the last one shown (or is new)."""
+        out = []
+        for j in jobs:
+            if self.seen.get(j["job_id"]) == j["state"]:
+                continue
+            self.seen[j["job_id"]] = j["state"]
+            line = f"job {j['job_id']}: {j['state']}"
+            if j["state"] in ("STARTING", "RUNNING", "COMPLETING") and j.get("nodelist"):
+                line += f" on {j['nodelist']}"
+            elif j.get("reason") and j["state"] != "COMPLETED":
+                line += f" ({j['reason']})"
+            out.append(line)
+        return out
+
+    @staticmethod
+    def live_line(jobs: list[dict[str, Any]], waited_s: float) -> str:
+        """``waiting: 12 RUNNING (00:01:05 elapsed)``; state counts for more than three jobs."""
+        if len(jobs) <= 3:
+            what = ", ".join(f"{j['job_id']} {j['state']}" for j in jobs)
+        else:
+            counts: dict[str, int] = {}
+            for j in jobs:
+                counts[j["state"]] = counts.get(j["state"], 0) + 1
+            what = f"{len(jobs)} jobs: " + ", ".join(f"{n} {st}" for st, n in counts.items())
+        return f"waiting: {what} ({format_duration(int(waited_s))} elapsed)"

@@ -7,7 +7,14 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from phalanx.domain.directives import OPTIONS, Effect, parse_submission, split_cli_args
+from phalanx.domain.directives import (
+    COMMAND_LINE,
+    OPTIONS,
+    Effect,
+    parse_options,
+    parse_submission,
+    split_cli_args,
+)
 from phalanx.errors import InvalidSpec
 
 
@@ -16,6 +23,9 @@ def build_spec(
 ) -> tuple[dict[str, Any], list[str], list[str]]:
     """Return (spec body, warnings, options accepted without effect)."""
     opts, rest = split_cli_args(argv)
+    # Options first: with `--typo VALUE script.sh` the value looks like the script, and the
+    # user must hear about the unknown option, not about a missing file named VALUE.
+    parse_options(opts, COMMAND_LINE)
     script_text: str | None = None
     script_path: str | None = None
     args: list[str] = []

@@ -30,7 +30,7 @@ from phalanx.controller.runtime import Controller
 from phalanx.domain import checkpointing
 from phalanx.domain.hostlist import compress_hostlist
 from phalanx.domain.spec import JobSpec
-from phalanx.domain.states import node_display_state
+from phalanx.domain.states import JobState, node_display_state
 from phalanx.domain.steps import StepRequest
 from phalanx.domain.values import format_duration, parse_dependency, parse_duration
 from phalanx.errors import Forbidden, InvalidSpec, NotFound, PhalanxError
@@ -39,6 +39,7 @@ from phalanx.store.store import TaskReport
 
 MAX_BATCH = 10_000
 MAX_ID = 2**63 - 1  # ids and counters go into 64-bit INTEGER columns
+MAX_EVENTS = 10_000  # events in one reply of /v1/events (page on with since=)
 
 
 class BatchIn(BaseModel):
@@ -496,7 +497,13 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         ),
         ident: Identity = Depends(caller),
     ) -> dict[str, Any]:
-        states = [x.upper() for s in state or [] for x in s.split(",") if x]
+        states = [x.strip().upper() for s in state or [] for x in s.split(",") if x.strip()]
+        for x in states:
+            if x not in JobState.__members__:
+                raise InvalidSpec(
+                    f"state: unknown job state {x!r}; states are {', '.join(JobState)}",
+                    field="state",
+                )
         ids = (
             ctl.store.resolve_refs([x for j in job or [] for x in j.split(",") if x])
             if job
@@ -572,10 +579,13 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         ids = ctl.store.resolve_refs(refs)
         if not ids:
             raise NotFound(f"no such job: {', '.join(refs)}", jobs=refs)
-        access.check_owner(ident, [job_view(r) for r in ctl.store.list_jobs(ids=ids)], what)
+        views = [job_view(r) for r in ctl.store.list_jobs(ids=ids)]
+        access.check_owner(ident, views, what)
         result = fn(ids, *args, **kw)
         ctl.kick()
-        return {"results": {str(k): v for k, v in result.items()}}
+        # keyed by the ids users type (123, or 123_4 for an array task), never internal ids
+        shown = {v["id"]: v["job_id"] for v in views}
+        return {"results": {shown.get(k, str(k)): v for k, v in result.items()}}
 
     @app.post("/v1/jobs/cancel")
     def cancel(body: RefsIn, ident: Identity = Depends(caller)) -> dict[str, Any]:
@@ -690,7 +700,11 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
             },
         }
         name = body.name or os.path.basename(body.argv[0])
-        return ctl.store.create_step(int(row["id"]), req, spec, name, ident.actor)
+        step = ctl.store.create_step(int(row["id"]), req, spec, name, ident.actor)
+        # this controller's long-polling agents start it at once (SQLite has no NOTIFY, and
+        # the work_gen poll would cost up to GEN_POLL per step)
+        ctl.waiters.notify(list(step["nodes"]))
+        return step
 
     @app.get("/v1/jobs/{ref}/steps/{step_id}")
     def show_step(ref: str, step_id: int, ident: Identity = Depends(caller)) -> dict[str, Any]:
@@ -705,6 +719,7 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
     ) -> dict[str, Any]:
         row = _own_job(ref, ident, "signal")
         done = ctl.store.signal_steps(int(row["id"]), body.signal, body.step_id, ident.actor)
+        ctl.waiters.notify(ctl.waiters.waiting_nodes())
         return {"steps": done}
 
     @app.post("/v1/jobs/{ref}/steps/cancel")
@@ -713,7 +728,9 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
     ) -> dict[str, Any]:
         row = _own_job(ref, ident, "cancel a step")
         reason = body.reason or f"cancelled by {ident.actor}"
-        return {"steps": ctl.store.cancel_steps(int(row["id"]), body.step_id, reason, ident.actor)}
+        done = ctl.store.cancel_steps(int(row["id"]), body.step_id, reason, ident.actor)
+        ctl.waiters.notify(ctl.waiters.waiting_nodes())
+        return {"steps": done}
 
     # ---------------------------------------------------------------- nodes
     @app.get("/v1/nodes")
@@ -765,9 +782,15 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
     @app.get("/v1/events")
     def events(
         since: int = Query(default=0, ge=0, le=MAX_ID),
-        limit: int = Query(default=1000, ge=1, le=10_000),
+        limit: int = Query(default=1000, ge=1, description=f"at most {MAX_EVENTS}"),
         node: str | None = None,
     ) -> dict[str, Any]:
+        if limit > MAX_EVENTS:
+            raise InvalidSpec(
+                f"limit: at most {MAX_EVENTS} events per request; ask for the next ones with "
+                "since=ID (the id of the last event you got)",
+                field="limit",
+            )
         return {"events": ctl.store.events(since_id=since, limit=limit, node=node)}
 
     # ---------------------------------------------------------------- identity

@@ -10,9 +10,10 @@ submission with a message naming the line and the reason:
   sbatch does, but we warn because that is almost always a mistake;
 * command-line options override the script's (``--mem`` on the command line replaces a
   script's ``--mem-per-cpu``, since the two are mutually exclusive);
-* unknown options are not errors, only warnings naming the line, so that a script written
-  for a newer Slurm still runs; known Slurm options that would change what the job does
-  and that Phalanx cannot honour (``--begin``, ``--mem-per-gpu``, ...) are refused, because
+* unknown options are refused, as sbatch refuses them, naming the line and the nearest
+  known spelling: a typo such as ``--ntask-per-node=2`` would otherwise run a different job
+  than the one asked for; known Slurm options that would change what the job does
+  and that Phalanx cannot honour (``--begin``, ``--ntasks-per-gpu``, ...) are refused, because
   running such a job anyway would silently produce a different result;
 * site bookkeeping options (``--account``, ``--mail-type``, ...) are accepted; those that
   have no effect here are listed in ``ParsedOptions.ignored`` so the CLI can say so once.
@@ -20,6 +21,7 @@ submission with a message naming the line and the reason:
 
 from __future__ import annotations
 
+import difflib
 import re
 import shlex
 from collections.abc import Callable
@@ -298,13 +300,21 @@ OPTIONS: tuple[Option, ...] = (
     _opt("ntasks-per-node", None, R, ("ntasks_per_node",), _int_to("ntasks_per_node"),
          "tasks per node", "N"),
     _opt("cpus-per-task", "c", R, ("cpus_per_task",), _int_to("cpus_per_task"),
-         "CPUs per task", "N"),
+         "CPUs per task", "N", conflicts=("cpus-per-gpu",)),
+    _opt("cpus-per-gpu", None, R, ("cpus_per_gpu",), _int_to("cpus_per_gpu"),
+         "CPUs per allocated GPU (CPUs per node = N x GPUs per node)", "N",
+         conflicts=("cpus-per-task",)),
     _opt("mem", None, R, ("mem_mb",), _memory_to("mem_mb", allow_zero=True),
          "memory per node (MB, or K/M/G/T suffix); 0 means all of the node's memory", "SIZE",
-         conflicts=("mem-per-cpu",)),
+         conflicts=("mem-per-cpu", "mem-per-gpu")),
     _opt("mem-per-cpu", None, R, ("mem_per_cpu_mb",),
          _memory_to("mem_per_cpu_mb", allow_zero=False),
-         "memory per allocated CPU (MB, or K/M/G/T suffix)", "SIZE", conflicts=("mem",)),
+         "memory per allocated CPU (MB, or K/M/G/T suffix)", "SIZE",
+         conflicts=("mem", "mem-per-gpu")),
+    _opt("mem-per-gpu", None, R, ("mem_per_gpu_mb",),
+         _memory_to("mem_per_gpu_mb", allow_zero=False),
+         "memory per allocated GPU (memory per node = SIZE x GPUs per node)", "SIZE",
+         conflicts=("mem", "mem-per-cpu")),
     _opt("gres", None, R, ("gpus_per_node", "gpu_type"), _gres,
          "GPUs per node, e.g. gpu:4 or gpu:a40:1", "gpu[:TYPE][:N]",
          conflicts=("gpus-per-node",)),
@@ -441,8 +451,6 @@ OPTIONS: tuple[Option, ...] = (
     # --- Slurm options Phalanx cannot honour: refused, never silently dropped ---
     _refused("begin", "delayed start is not supported; submit later or use --hold", "b"),
     _refused("test-only", "--test-only would not submit, but Phalanx would; drop it", arg=N),
-    _refused("cpus-per-gpu", "not supported; request CPUs with --cpus-per-task"),
-    _refused("mem-per-gpu", "not supported; request memory with --mem or --mem-per-cpu"),
     _refused("ntasks-per-gpu", "not supported; use --ntasks-per-node and --gpus-per-task"),
     _refused("gpus-per-socket", "not supported; use --gpus-per-node"),
     _refused("tres-per-task", "not supported; use --cpus-per-task and --gpus-per-task"),
@@ -599,10 +607,6 @@ class _Accumulator:
         )
 
 
-def _looks_like_value(token: str) -> bool:
-    return not token.startswith("-")
-
-
 def _parse_into(acc: _Accumulator, tokens: list[str], source: str, line: int | None) -> None:
     """getopt_long-like walk over ``tokens``; see ``parse_options``."""
     i = 0
@@ -620,12 +624,9 @@ def _parse_into(acc: _Accumulator, tokens: list[str], source: str, line: int | N
             except ValueError as exc:
                 raise _error(f"{source}: {exc}", source, line, f"--{name}") from None
             if option is None:
-                shown = f"--{name}"
-                if not eq and i < len(tokens) and _looks_like_value(tokens[i]):
-                    shown += f" {tokens[i]}"  # most likely its value; do not warn about it twice
-                    i += 1
-                acc.warnings.append(f"{source}: unknown option {shown} ignored")
-                continue
+                raise _error(
+                    f"{source}: {_unknown_long(name)}", source, line, f"--{name}"
+                ) from None
             if option.arg is Arg.NONE and eq:
                 raise _error(
                     f"{source}: {option.flag}: takes no value (got {value!r})",
@@ -653,8 +654,13 @@ def _parse_into(acc: _Accumulator, tokens: list[str], source: str, line: int | N
                 j += 1
                 option = _BY_SHORT.get(letter)
                 if option is None:
-                    acc.warnings.append(f"{source}: unknown option -{letter} ignored")
-                    break  # the rest of the cluster cannot be interpreted
+                    raise _error(
+                        f"{source}: unknown option -{letter}{_in_cluster(token)}: not an sbatch "
+                        f"option; {_LIST_HINT}",
+                        source,
+                        line,
+                        f"-{letter}",
+                    )
                 if option.arg is Arg.NONE:
                     acc.take(option, None, source, line)
                     continue
@@ -675,6 +681,21 @@ def _parse_into(acc: _Accumulator, tokens: list[str], source: str, line: int | N
             _positional(acc, token, source, line)
 
 
+_LIST_HINT = "`phalanx submit --help-options` lists the options understood"
+
+
+def _unknown_long(name: str) -> str:
+    """The refusal of ``--name``, with the nearest known spelling when there is one."""
+    close = difflib.get_close_matches(name, list(_BY_LONG), n=1, cutoff=0.75)
+    if close:
+        return f"unknown option --{name}: did you mean --{close[0]}?"
+    return f"unknown option --{name}: not an sbatch option; {_LIST_HINT}"
+
+
+def _in_cluster(token: str) -> str:
+    return f" (in {token})" if len(token) > 2 else ""
+
+
 def _positional(acc: _Accumulator, token: str, source: str, line: int | None) -> None:
     if token.lower() in ("hetjob", "packjob", ":"):
         raise _error(
@@ -693,7 +714,7 @@ def parse_options(tokens: list[str], source: str) -> ParsedOptions:
     Accepts ``--opt=value``, ``--opt value``, unique prefixes of long names, ``-X value``,
     ``-Xvalue`` and clustered flags (``-Hv``), like sbatch's getopt.  ``source`` (e.g.
     ``"job.sh line 4"``) prefixes every warning and error.  Raises ``InvalidSpec`` for a bad
-    value or a refused option; unknown options only produce warnings.
+    value, a refused option or an unknown one.
     """
     acc = _Accumulator()
     m = _SOURCE_LINE_RE.search(source)

@@ -34,11 +34,17 @@ class JobSpec(BaseModel):
     nodes_max: int | None = Field(default=None, ge=1, le=100_000)
     ntasks: int | None = Field(default=None, ge=1)
     ntasks_per_node: int | None = Field(default=None, ge=1)
-    cpus_per_task: int = Field(default=1, ge=1, le=100_000)
+    cpus_per_task: int | None = Field(default=None, ge=1, le=100_000, description="absent: 1")
+    cpus_per_gpu: int | None = Field(
+        default=None, ge=1, le=100_000, description="CPUs per node = this x GPUs per node"
+    )
     mem_mb: int | None = Field(
         default=None, ge=0, description="per node; 0 = all of the node's memory"
     )
     mem_per_cpu_mb: int | None = Field(default=None, ge=1)
+    mem_per_gpu_mb: int | None = Field(
+        default=None, ge=1, description="memory per node = this x GPUs per node"
+    )
     gpus_per_node: int | None = Field(default=None, ge=0)
     gpus_total: int | None = Field(default=None, ge=0)
     gpus_per_task: int | None = Field(default=None, ge=0)
@@ -194,39 +200,9 @@ def normalize(
         tasks_per_node = math.ceil(spec.ntasks / nodes)
     else:
         tasks_per_node = 1
-    cpus_per_node = tasks_per_node * spec.cpus_per_task
-
-    if spec.mem_mb is not None and spec.mem_per_cpu_mb is not None:
-        raise _field_error("mem_mb", "--mem and --mem-per-cpu are mutually exclusive")
-    if spec.mem_mb is not None:
-        mem = spec.mem_mb
-    else:
-        mem = cpus_per_node * (spec.mem_per_cpu_mb or default_mem_per_cpu_mb)
-
-    given = [
-        n
-        for n, v in (
-            ("gpus_per_node", spec.gpus_per_node),
-            ("gpus_total", spec.gpus_total),
-            ("gpus_per_task", spec.gpus_per_task),
-        )
-        if v is not None
-    ]
-    if len(given) > 1:
-        raise _field_error(
-            given[1],
-            f"give only one of --gres/--gpus-per-node, --gpus, --gpus-per-task (got {', '.join(given)})",
-        )
-    if spec.gpus_total is not None:
-        if spec.gpus_total % nodes:
-            raise _field_error(
-                "gpus_total", f"--gpus={spec.gpus_total} does not divide evenly over {nodes} nodes"
-            )
-        gpus = spec.gpus_total // nodes
-    elif spec.gpus_per_task is not None:
-        gpus = spec.gpus_per_task * tasks_per_node
-    else:
-        gpus = spec.gpus_per_node or 0
+    gpus = _gpus_per_node(spec, nodes, tasks_per_node)
+    cpus_per_node = _cpus_per_node(spec, tasks_per_node, gpus)
+    mem = _mem_per_node(spec, cpus_per_node, gpus, default_mem_per_cpu_mb)
     gpu_type = spec.gpu_type if gpus else None
 
     limit_parts = [partitions[n] for n in names]
@@ -321,6 +297,73 @@ def normalize(
         nodes_max=nodes_max,
         spares=spares,
     )
+
+
+def _gpus_per_node(spec: JobSpec, nodes: int, tasks_per_node: int) -> int:
+    """GPUs each node gives the job, from whichever one of the three GPU options was given."""
+    given = [
+        n
+        for n, v in (
+            ("gpus_per_node", spec.gpus_per_node),
+            ("gpus_total", spec.gpus_total),
+            ("gpus_per_task", spec.gpus_per_task),
+        )
+        if v is not None
+    ]
+    if len(given) > 1:
+        raise _field_error(
+            given[1],
+            f"give only one of --gres/--gpus-per-node, --gpus, --gpus-per-task (got {', '.join(given)})",
+        )
+    if spec.gpus_total is not None:
+        if spec.gpus_total % nodes:
+            raise _field_error(
+                "gpus_total", f"--gpus={spec.gpus_total} does not divide evenly over {nodes} nodes"
+            )
+        return spec.gpus_total // nodes
+    if spec.gpus_per_task is not None:
+        return spec.gpus_per_task * tasks_per_node
+    return spec.gpus_per_node or 0
+
+
+_NEEDS_GPUS = "add GPUs with --gres=gpu:N, --gpus-per-node=N, --gpus=N or --gpus-per-task=N"
+
+
+def _cpus_per_node(spec: JobSpec, tasks_per_node: int, gpus: int) -> int:
+    """CPUs per node: tasks x --cpus-per-task, or --cpus-per-gpu x GPUs (as sbatch, the two
+    are mutually exclusive)."""
+    if spec.cpus_per_gpu is None:
+        return tasks_per_node * (spec.cpus_per_task or 1)
+    if spec.cpus_per_task is not None:
+        raise _field_error(
+            "cpus_per_gpu", "--cpus-per-task and --cpus-per-gpu are mutually exclusive"
+        )
+    if not gpus:
+        raise _field_error("cpus_per_gpu", f"--cpus-per-gpu needs GPUs: {_NEEDS_GPUS}")
+    return spec.cpus_per_gpu * gpus
+
+
+def _mem_per_node(spec: JobSpec, cpus_per_node: int, gpus: int, default_mem_per_cpu_mb: int) -> int:
+    """Memory per node from --mem, --mem-per-cpu or --mem-per-gpu (mutually exclusive, as in
+    sbatch), else the cluster's default per CPU."""
+    given = [
+        flag
+        for flag, v in (
+            ("--mem", spec.mem_mb),
+            ("--mem-per-cpu", spec.mem_per_cpu_mb),
+            ("--mem-per-gpu", spec.mem_per_gpu_mb),
+        )
+        if v is not None
+    ]
+    if len(given) > 1:
+        raise _field_error("mem_mb", f"{', '.join(given)} are mutually exclusive; give one")
+    if spec.mem_mb is not None:
+        return spec.mem_mb
+    if spec.mem_per_gpu_mb is not None:
+        if not gpus:
+            raise _field_error("mem_per_gpu_mb", f"--mem-per-gpu needs GPUs: {_NEEDS_GPUS}")
+        return spec.mem_per_gpu_mb * gpus
+    return cpus_per_node * (spec.mem_per_cpu_mb or default_mem_per_cpu_mb)
 
 
 def _elastic(spec: JobSpec) -> tuple[int | None, int]:
@@ -428,8 +471,14 @@ def _checkpoint_spec(
 
 
 def _default_name(spec: JobSpec) -> str:
+    """Slurm's default name: the batch script's file name (``train.sh``), ``sbatch`` for a
+    script that came without one (stdin), ``wrap`` for --wrap; a bare command its program."""
     if spec.wrap:
         return "wrap"
+    if spec.script is not None:
+        if spec.script_path:
+            return spec.script_path.rstrip("/").rsplit("/", 1)[-1] or "sbatch"
+        return "sbatch"
     if spec.argv:
         return spec.argv[0].rsplit("/", 1)[-1] or "job"
-    return "script"
+    return "sbatch"

@@ -15,7 +15,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import ssl
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -53,6 +52,8 @@ class LeanClient:
         if conn is None:
             u = urlsplit(base)
             if u.scheme == "https":
+                import ssl  # ~8 ms of start-up: only where a controller speaks TLS
+
                 ca = os.environ.get("PHALANX_CA_FILE")
                 ctx = ssl.create_default_context(cafile=ca) if ca else ssl.create_default_context()
                 conn = http.client.HTTPSConnection(

@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""Job step benchmark: how fast `srun` starts a step inside an allocation (a benchmark, not a test).
+
+Each run starts a fresh local cluster of 4 nodes with real processes
+
+    python -m phalanx up --detach --state-dir TMP --port FREE --nodes 4 --cpus 8 --mem 16G
+
+and submits one 4-node job (`-N 4`, one task per node) whose batch script, on the first node,
+measures with the shell's own clock (`$EPOCHREALTIME`) and writes what it saw to a file:
+
+  start     time from just before `srun -N 4 ...` to the moment every one of its 4 tasks is
+            running (each task writes `$EPOCHREALTIME` first thing; the latest of the four,
+            minus the time before srun), `--samples` times per run. This includes srun's own
+            start-up (a Python process), the step's creation on the controller, the agents'
+            wakeup (long-poll), one shepherd per task and the task's exec.
+  loop      trivial steps per second: a loop of `--loop` x `srun true` (4 tasks, one per node,
+            the job's layout), each srun waited for; and the same with `srun -n 1 true`.
+
+Results are the median (min, max) over `--runs` runs beside the bars of issue 10 (a step on 4
+nodes starts in under 0.2 s; at least 20 trivial steps/s). Slurm 22.05 was not measured here
+(no slurmctld on this machine); the method is the one to use for it: the same script run by
+Slurm's sbatch on 4 nodes.
+
+    .venv/bin/python bench/steps.py --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import common
+from common import busy_before, host_line, log
+
+BARS = {"start_s": (0.2, False), "loop_per_s": (20.0, True), "loop1_per_s": (20.0, True)}
+LABELS = {
+    "start_s": ("srun -N 4: all tasks running", "s"),
+    "loop_per_s": ("srun true (4 tasks) loop", "steps/s"),
+    "loop1_per_s": ("srun -n 1 true loop", "steps/s"),
+}
+
+SCRIPT = """#!/bin/bash
+#SBATCH -N 4
+#SBATCH --ntasks-per-node=1
+out={out}
+srun -n 1 true   # warm the nodes' page cache: not measured
+for i in $(seq {samples}); do
+  d=$out/start.$i; mkdir -p $d
+  t0=$EPOCHREALTIME
+  srun -N 4 bash -c 'echo $EPOCHREALTIME > '$d'/$SLURM_PROCID'
+  echo "$t0" > $d/t0
+done
+t0=$EPOCHREALTIME
+for i in $(seq {loop}); do srun true; done
+t1=$EPOCHREALTIME
+for i in $(seq {loop}); do srun -n 1 true; done
+t2=$EPOCHREALTIME
+echo "$t0 $t1 $t2" > $out/loop
+"""
+
+
+def one_run(i: int, args: argparse.Namespace, bindir: str) -> dict[str, Any]:
+    state = common.state_dir("phalanx-bench-steps-")
+    port = common.free_ports(1)
+    out = state / "out"
+    out.mkdir()
+    up = ["--port", str(port), *common.node_args(4)]
+    with common.phalanx_up(state, up, f"port {port}", keep=args.keep, leftovers=True):
+        url = f"http://127.0.0.1:{port}"
+        script = state / "steps.sh"
+        script.write_text(SCRIPT.format(out=out, samples=args.samples, loop=args.loop))
+        env = {
+            **os.environ,
+            "PHALANX_URL": url,
+            "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+        sub = subprocess.run(
+            [f"{bindir}/sbatch", "--parsable", "-o", str(out / "job.out"), str(script)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if sub.returncode != 0:
+            sub = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "phalanx",
+                    "submit",
+                    "-o",
+                    str(out / "job.out"),
+                    str(script),
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+        jid = sub.stdout.strip().split()[-1]
+        api = common.Api(url, timeout=30.0)
+        deadline = time.monotonic() + args.timeout
+        while True:
+            job = api.job(int(jid))
+            if job["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"run {i}: job {jid} still {job['state']} after {args.timeout}s")
+            time.sleep(0.5)
+        if job["state"] != "COMPLETED":
+            raise SystemExit(
+                f"run {i}: job {jid} ended {job['state']}: {(out / 'job.out').read_text()[-2000:]}"
+            )
+        starts = []
+        for k in range(1, args.samples + 1):
+            d = out / f"start.{k}"
+            t0 = float((d / "t0").read_text())
+            tasks = [float((d / str(t)).read_text()) for t in range(4)]
+            starts.append(max(tasks) - t0)
+        t0, t1, t2 = (float(x) for x in (out / "loop").read_text().split())
+        res = {
+            "start_s": statistics.median(starts),
+            "start_samples": starts,
+            "loop_per_s": args.loop / (t1 - t0),
+            "loop1_per_s": args.loop / (t2 - t1),
+        }
+        log(
+            f"run {i}: start median {res['start_s']:.3f}s (min {min(starts):.3f}), "
+            f"{res['loop_per_s']:.1f} steps/s (4 tasks), {res['loop1_per_s']:.1f} steps/s (1 task)"
+        )
+        return res
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--samples", type=int, default=10, help="step start samples per run")
+    p.add_argument("--loop", type=int, default=40, help="trivial steps per loop")
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--keep", action="store_true", help="keep the state dirs")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args()
+    bindir = str(Path(sys.executable).parent)
+    before = busy_before()
+    runs = [one_run(i + 1, args, bindir) for i in range(args.runs)]
+    after = os.getloadavg()[0]
+    print(f"Phalanx job step benchmark: medians over {args.runs} run(s), 4-node allocation")
+    print(f"{'metric':36} {'median':>8} {'min':>8} {'max':>8}  {'unit':8} {'bar':>8}  ok")
+    print("-" * 84)
+    out: dict[str, Any] = {}
+    for key, (label, unit) in LABELS.items():
+        vals = [r[key] for r in runs]
+        med = statistics.median(vals)
+        bar, higher = BARS[key]
+        ok = med >= bar if higher else med < bar
+        sign = ">=" if higher else "<"
+        print(
+            f"{label:36} {med:8.3f} {min(vals):8.3f} {max(vals):8.3f}  {unit:8} "
+            f"{sign}{bar:>6g}  {'yes' if ok else 'NO'}"
+        )
+        out[key] = {"median": med, "min": min(vals), "max": max(vals), "bar": bar, "ok": ok}
+    print("Slurm 22.05: not measured on this machine (no slurmctld); run the same script there")
+    print(host_line(before, after))
+    if args.json:
+        args.json.write_text(json.dumps({"results": out, "runs": runs}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,190 @@
+"""Job steps, the pure parts: placing a step in its allocation, its outcome, the step half of
+the agent protocol, what a node gets to start a step's tasks, and srun's exit status."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from phalanx.controller.exchange import decide_steps
+from phalanx.controller.launch import build_step_launch, expand_step_pattern
+from phalanx.domain.steps import AllocNode, StepRequest, plan_step, step_outcome
+from phalanx.errors import InvalidSpec
+from phalanx.slurm.srun import worst_exit
+from phalanx.store.steps import StepReport, check_step_ref
+
+ALLOC = [AllocNode("n1", 4, (0, 1)), AllocNode("n2", 4, (0, 1)), AllocNode("n3", 4, (0, 1))]
+
+
+def test_default_step_runs_the_jobs_layout() -> None:
+    plan = plan_step(StepRequest(job_ntasks_per_node=(2, 2, 2)), ALLOC)
+    assert plan.nodes == ["n1", "n2", "n3"] and plan.tasks == [2, 2, 2]
+    assert plan.task_ids == [[0, 1], [2, 3], [4, 5]]
+    assert plan.gpus["n2"] == [[0, 1], [0, 1]]  # no GPU request: the job's GPUs
+
+
+def test_step_layouts() -> None:
+    plan = plan_step(StepRequest(ntasks=1), ALLOC)
+    assert (plan.nodes, plan.tasks) == (["n1"], [1])
+    plan = plan_step(StepRequest(nodes=2, ntasks_per_node=2, gpus_per_task=1), ALLOC)
+    assert plan.tasks == [2, 2] and plan.gpus["n1"] == [[0], [1]]
+    plan = plan_step(StepRequest(nodelist=("n3",), ntasks=2), ALLOC)
+    assert plan.nodes == ["n3"] and plan.tasks == [2]
+    plan = plan_step(StepRequest(nodes=3, ntasks=5), ALLOC)
+    assert plan.tasks == [2, 2, 1] and plan.task_ids[2] == [4]
+
+
+@pytest.mark.parametrize(
+    ("req", "why"),
+    [
+        (StepRequest(nodes=4), "asked for 4 nodes but the allocation has only 3"),
+        (StepRequest(nodelist=("n9",)), "n9 are not in the job's allocation"),
+        (StepRequest(ntasks=1, cpus_per_task=5), "need 5 CPUs on n1, but the job holds 4"),
+        (StepRequest(ntasks_per_node=2, gpus_per_task=2), "need 4 GPUs on n1"),
+        (StepRequest(gpus_per_node=3), "asked for 3 GPUs on n1"),
+    ],
+)
+def test_more_than_the_allocation_is_refused_at_once(req: StepRequest, why: str) -> None:
+    with pytest.raises(InvalidSpec, match=why):
+        plan_step(req, ALLOC)
+
+
+def test_step_outcome() -> None:
+    ok = {"exit_code": 0, "signal": None}
+    assert step_outcome([ok, ok], lost=False, stop_reason=None) == ("COMPLETED", 0, None)
+    bad = {"exit_code": 3, "signal": None}
+    assert step_outcome([ok, bad], lost=False, stop_reason=None) == ("FAILED", 3, None)
+    killed = {"exit_code": None, "signal": 9}
+    assert step_outcome([ok, killed], lost=False, stop_reason=None)[0] == "FAILED"
+    assert step_outcome([ok], lost=True, stop_reason=None)[0] == "NODE_FAIL"
+    assert step_outcome([{**ok, "fenced": True}], lost=False, stop_reason=None)[0] == "NODE_FAIL"
+    assert step_outcome([killed], lost=False, stop_reason="cancel: srun ^C")[0] == "CANCELLED"
+    assert step_outcome([{**ok, "timed_out": True}], lost=False, stop_reason=None)[0] == "TIMEOUT"
+    assert step_outcome([{**bad, "oom": True}], lost=False, stop_reason=None)[0] == "OUT_OF_MEMORY"
+
+
+def test_srun_exit_status_is_the_worst_task() -> None:
+    assert worst_exit([{"exit_code": 0}, {"exit_code": 0}]) == 0
+    assert worst_exit([{"exit_code": 2}, {"exit_code": 5}]) == 5
+    assert worst_exit([{"exit_code": None, "signal": 9}]) == 137
+    assert worst_exit([{"exit_code": None, "lost": True}]) == 1
+    # --kill-on-bad-exit: the tasks stopped because of task 1 do not hide its code
+    assert worst_exit([{"exit_code": 7}, {"signal": 15, "cancelled": True}]) == 7
+    assert worst_exit([]) == 0
+
+
+def test_step_refs() -> None:
+    assert check_step_ref("12.3") == ("12", 3)
+    assert check_step_ref("12") == ("12", None)
+    with pytest.raises(InvalidSpec, match=r"JOBID\.STEP"):
+        check_step_ref("12.batch")
+
+
+def row(**kw: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "attempt_id": 5,
+        "step_id": 0,
+        "node_state": "STARTING",
+        "step_state": "RUNNING",
+        "step_stop_reason": None,
+        "step_nodes": ["n1", "n2"],
+        "step_tasks": [2, 1],
+        "step_spec": {
+            "argv": ["python", "train.py"],
+            "env": {"PATH": "/usr/bin", "SLURMD_NODENAME": "n1", "MINE": "1"},
+            "cwd": "/work",
+            "cpus_per_task": 2,
+            "task_ids": [[0, 1], [2]],
+            "gpus": {"n1": [[0], [1]], "n2": [[3]]},
+            "io": {"host": "10.0.0.1", "port": 4000, "cookie": "c" * 32, "stdout": True},
+            "output": None,
+            "error": "err-%j.%s.%t.%n.txt",
+        },
+        "signals": [],
+        "token": "tok",
+        "seq": 0,
+        "attempt_state": "RUNNING",
+        "stop_reason": None,
+        "attempt_nodes": ["n1", "n2"],
+        "attempt_partition": "batch",
+        "fence_term": 1,
+        "expected_end": time.time() + 100,
+        "rank": 1,
+        "cpus": 4,
+        "mem_mb": 1000,
+        "gpu_ids": [3],
+        "job_id": 9,
+        "name": "train",
+        "user": "alice",
+        "array_job_id": None,
+        "array_task_id": None,
+        "time_limit_s": 600,
+        "cpus_per_node": 4,
+        "spec": {"signal_parsed": {"signum": 10, "before_s": 60, "batch_only": True}},
+    }
+    base.update(kw)
+    return base
+
+
+def test_step_launch_on_a_node() -> None:
+    """Each task gets its ids and GPUs; the node's own variables win over srun's (which ran
+    on the batch host); -e patterns expand per task; a B: signal stays the batch shell's."""
+    item = build_step_launch(row(), node="n2", kill_wait=3.0, now=time.time())
+    assert item["argv"] == ["python", "train.py"] and item["cwd"] == "/work"
+    env = item["env"]
+    assert env["MINE"] == "1" and env["SLURMD_NODENAME"] == "n2"
+    assert env["SLURM_STEP_ID"] == "0" and env["SLURM_NODEID"] == "1"
+    assert env["SLURM_STEP_NUM_TASKS"] == env["SLURM_NTASKS"] == "3"
+    assert env["SLURM_STEP_TASKS_PER_NODE"] == "2,1" and env["SLURM_STEP_NODELIST"] == "n[1-2]"
+    (task,) = item["tasks"]
+    assert task["task_id"] == 2 and task["local_id"] == 0
+    assert task["env"]["SLURM_PROCID"] == "2" and task["env"]["CUDA_VISIBLE_DEVICES"] == "3"
+    assert task["stderr"] == "/work/err-9.0.2.1.txt" and task["stdout"] is None
+    assert item["signal"] is None  # --signal=B:... is for the batch shell only
+    assert 90 <= item["time_limit_s"] <= 100  # what is left of the job's time limit
+    assert (
+        expand_step_pattern(
+            "o-%4t-%N-%%",
+            job_id=1,
+            step_id=2,
+            task=3,
+            node_index=0,
+            node="n1",
+            name="x",
+            user="u",
+            array_job_id=None,
+            array_task_id=None,
+        )
+        == "o-0003-n1-%"
+    )
+
+
+def report(state: str, **kw: Any) -> StepReport:
+    return StepReport(**{"attempt_id": 5, "step_id": 0, "token": "tok", "state": state, **kw})
+
+
+def test_step_protocol_start_signal_stop_forget() -> None:
+    # a step to start here, not yet reported: start it
+    r = decide_steps([row()], [], set())
+    assert [w["step_id"] for w in r.start] == [0] and not r.stop
+    # running, with signal requests: they are repeated (the agent dedupes by seq)
+    sigs = [{"seq": 1, "signum": 10}]
+    r = decide_steps([row(node_state="RUNNING", signals=sigs)], [report("running")], set())
+    assert not r.start and r.signal == [{"attempt_id": 5, "step_id": 0, "signals": sigs}]
+    # cancelled step: stop it
+    r = decide_steps([row(step_stop_reason="cancel: x")], [report("running")], set())
+    assert r.stop and r.stop[0]["reason"] == "cancel: x"
+    # the job's attempt is stopping for a planned requeue: the step gets the checkpoint signal
+    w = row(attempt_state="STOPPING", stop_reason="requeue: drain node01")
+    r = decide_steps([w], [report("running")], set())
+    assert r.stop[0]["checkpoint_signal"] and r.stop[0]["reason"].startswith("requeue")
+    # unknown to the store (ended with its job): stop; exited and recorded: forget
+    r = decide_steps([], [report("running")], set())
+    assert r.stop[0]["reason"] == "step is no longer current"
+    r = decide_steps([], [report("exited")], set())
+    assert r.forget == [[5, 0]]
+    # a stale token is not this attempt's
+    r = decide_steps([row(node_state="RUNNING")], [report("running", token="old")], set())
+    assert r.stop and r.stop[0]["reason"] == "step is no longer current"
