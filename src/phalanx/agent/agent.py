@@ -461,6 +461,9 @@ class Agent:
             return
         if seq is not None:
             log.info("periodic checkpoint request %d to attempt %s", seq, attempt_id)
+            if not item.get("batch_only"):
+                # the job's srun steps get it too: they are where training runs
+                self.steps.signal_attempt(int(attempt_id), int(item["signal"]))
 
     def _deliver_signals(self, items: list[dict[str, Any]]) -> None:
         """Deliver the signals the controller lists (scancel --signal), each seq once.
@@ -630,11 +633,12 @@ class Agent:
                     for d in self.tasks_dir.iterdir()
                     if d.name not in self._known_exited and (d / "exit.json").exists()
                 ]
-                fresh += [
-                    f"step:{name}"
-                    for name in self.steps.exited_dirs()
-                    if f"step:{name}" not in self._known_exited
-                ]
+                steps_exited = {f"step:{name}" for name in self.steps.exited_dirs()}
+                # forgotten steps' dirs are gone: so are their names here
+                self._known_exited -= {
+                    n for n in self._known_exited if n.startswith("step:") and n not in steps_exited
+                }
+                fresh += sorted(steps_exited - self._known_exited)
                 if fresh:
                     self._known_exited.update(fresh)
                     self.heartbeat(wait=0.0)

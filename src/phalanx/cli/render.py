@@ -104,6 +104,15 @@ def job_detail(j: dict[str, Any]) -> str:
             + f" Start={_ts(a['start_time'])} End={_ts(a['end_time'])}"
             + (f" Stop={a['stop_reason']}" if a.get("stop_reason") else "")
         )
+    for st in j.get("steps") or []:
+        # srun steps, as sacct names them (JOBID.N), of the attempt they ran in
+        code = st["exit_code"] if st["exit_code"] is not None else "-"
+        lines.append(
+            f"   Step={j['id']}.{st['step_id']} Name={st['name']} State={st['state']} "
+            f"Attempt={st.get('attempt_seq', '-')} Nodes={','.join(st['nodes'])} "
+            f"Tasks={st['ntasks']} ExitCode={code}:{st['exit_signal'] or 0} "
+            f"Start={_ts(st['start_time'])} End={_ts(st['end_time'])}"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any, BinaryIO
 
 from phalanx.domain import hostlist
-from phalanx.errors import PhalanxError
+from phalanx.errors import ControllerUnavailable, PhalanxError
 from phalanx.slurm.common import SlurmParser, SlurmUsageError, run_command
 from phalanx.slurm.lean import LeanClient
 
@@ -486,7 +486,13 @@ def _outside(client: LeanClient, argv: list[str], opts: Any) -> int:
                     spec["mem_per_cpu_mb"] = values.parse_memory_mb(opts.mem_per_cpu)
             except ValueError as e:
                 raise SlurmUsageError(str(e)) from None
-        res = client.post("/v1/jobs", spec)
+        try:
+            res = client.post("/v1/jobs", spec)
+        except ControllerUnavailable as e:
+            raise PhalanxError(
+                f"not inside a job (no SLURM_JOB_ID) and no controller to make one: {e.message}; "
+                "set PHALANX_URL to the cluster's controllers"
+            ) from None
         jid = str(res["job_id"])
         return _follow(client, jid, io)
     finally:
