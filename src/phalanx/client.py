@@ -169,7 +169,10 @@ class Client:
         return self.request("POST", path, idempotent=idempotent, **kw)
 
     # ------------------------------------------------------------------ API
-    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
+    def submit(self, spec: dict[str, Any], *, test_only: bool = False) -> dict[str, Any]:
+        """Submit a job; `test_only` validates it fully on the controller and stores nothing."""
+        if test_only:
+            return self.post("/v1/jobs?test_only=true", spec)
         return self.post("/v1/jobs", spec)
 
     def submit_batch(self, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -185,6 +188,15 @@ class Client:
         return self.post("/v1/jobs/cancel", {"jobs": [str(r) for r in refs], "reason": reason})[
             "results"
         ]
+
+    def signal(
+        self, refs: Sequence[str | int], signum: int, target: str = "steps"
+    ) -> dict[str, str]:
+        """Signal running jobs without ending them (scancel --signal). `target`: "steps" (the
+        job's steps), "batch" (the batch shell only) or "full" (batch shell, children, steps).
+        Results per job: signalled, pending, done or not found."""
+        body = {"jobs": [str(r) for r in refs], "signal": int(signum), "target": target}
+        return self.post("/v1/jobs/signal", body)["results"]
 
     def hold(self, refs: Sequence[str | int]) -> dict[str, str]:
         return self.post("/v1/jobs/hold", {"jobs": [str(r) for r in refs]})["results"]

@@ -155,6 +155,10 @@ BODIES: dict[tuple[str, str], tuple[str, Any]] = {
     ("GET", "/v1/jobs/{ref}/events"): ("/v1/jobs/{job}/events", None),
     ("POST", "/v1/jobs/cancel"): ("/v1/jobs/cancel", {"jobs": ["{job}"]}),
     ("POST", "/v1/jobs/hold"): ("/v1/jobs/hold", {"jobs": ["{job}"]}),
+    ("POST", "/v1/jobs/signal"): (
+        "/v1/jobs/signal",
+        {"jobs": ["{job}"], "signal": 10, "target": "batch"},
+    ),
     ("POST", "/v1/jobs/release"): ("/v1/jobs/release", {"jobs": ["{job}"]}),
     ("POST", "/v1/jobs/requeue"): ("/v1/jobs/requeue", {"jobs": ["{job}"], "hold": True}),
     ("POST", "/v1/jobs/update"): ("/v1/jobs/update", {"jobs": ["{job}"], "time_limit": "0:30"}),
@@ -191,6 +195,7 @@ OWNER_REFUSALS = {
     (("GET", "/v1/jobs/{ref}/events"), "bob"),  # private_data: her events are hers
     (("POST", "/v1/jobs/cancel"), "bob"),
     (("POST", "/v1/jobs/hold"), "bob"),
+    (("POST", "/v1/jobs/signal"), "bob"),
     (("POST", "/v1/jobs/release"), "bob"),
     (("POST", "/v1/jobs/requeue"), "bob"),
     (("POST", "/v1/jobs/update"), "bob"),
@@ -262,6 +267,7 @@ OWNED = {
     "POST /v1/jobs/cancel",
     "POST /v1/jobs/hold",
     "POST /v1/jobs/release",
+    "POST /v1/jobs/signal",
     "POST /v1/jobs/requeue",
     "POST /v1/jobs/update",
     "POST /v1/jobs/{ref}/steps",
@@ -375,6 +381,23 @@ def test_bob_cannot_act_on_alices_job(cluster: Any, action: str) -> None:
     assert r.status_code == 200, r.text
     r = c.post(f"/v1/jobs/{action}", json={"jobs": [str(mine)], **extra}, headers=OPS)
     assert r.status_code == 200, r.text
+
+
+def test_bob_cannot_signal_alices_job(cluster: Any) -> None:
+    c, ctl = cluster()
+    jid = submit(c, ALICE)
+    events_before = len(ctl.store.events())
+    body = {"jobs": [str(jid)], "signal": 10, "target": "full"}
+    r = c.post("/v1/jobs/signal", json=body, headers=BOB)
+    assert r.status_code == 403, r.text
+    err = r.json()["error"]
+    assert err["message"] == (
+        f"job {jid} belongs to alice; bob may act only on their own jobs (signal)"
+    )
+    assert len(ctl.store.events()) == events_before
+    # alice may ask (her job is still pending: refused as Slurm refuses it, not forbidden)
+    r = c.post("/v1/jobs/signal", json=body, headers=ALICE)
+    assert r.status_code == 200 and r.json()["results"] == {str(jid): "pending"}, r.text
 
 
 def test_array_tasks_belong_to_their_submitter(cluster: Any) -> None:

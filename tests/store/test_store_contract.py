@@ -604,6 +604,35 @@ def test_cancel_running_job(store: Store) -> None:
     assert job["state"] == "CANCELLED" and job["reason"] == "cancelled by ops"
 
 
+def test_signal_is_recorded_on_the_running_attempt_for_its_nodes(store: Store) -> None:
+    add_node(store, "n1")
+    add_node(store, "n2")
+    pending, jid = submit1(store), submit1(store, nodes=2)
+    assert store.signal([pending, 999_999], 10, "batch", "alice") == {
+        pending: "pending",
+        999_999: "not found",
+    }
+    att = start(store, jid, ["n1", "n2"])
+    gens = store.node_gens()
+    assert store.signal([jid], 10, "batch", "alice") == {jid: "signalled"}
+    assert store.signal([jid], 12, "full", "alice") == {jid: "signalled"}
+    assert all(store.node_gens()[n] > gens[n] for n in ("n1", "n2"))  # wakes their long-polls
+    want = [
+        {"seq": 1, "signum": 10, "target": "batch"},
+        {"seq": 2, "signum": 12, "target": "full"},
+    ]
+    for n in ("n1", "n2"):
+        (work,) = store.node_work(n)
+        assert work["attempt_signals"] == want
+    assert store.attempts_of(jid)[0]["signals"] == want
+    ev = [e for e in store.events(job_id=jid) if e["kind"] == "job.signal"]
+    assert [e["actor"] for e in ev] == ["alice", "alice"] and ev[0]["data"]["seq"] == 1
+    # completing or ended: refused; the signals stay with their attempt, not the next one
+    store.apply_reports("n1", [running(att)], None)
+    assert store.cancel([jid], "ops") == {jid: "stopping"}
+    assert store.signal([jid], 10, "batch", "alice") == {jid: "done"}
+
+
 def test_cancel_before_launch_is_cleaned_up_by_report(store: Store) -> None:
     add_node(store, "n1")
     jid = submit1(store)

@@ -426,7 +426,23 @@ def test_bob_cannot_touch_alices_job(site: Site, long_job: int) -> None:
     for verb in ("cancel", "hold", "release"):
         line = one_error_line(site.phx(site.bob, verb, str(long_job), ok=False))
         assert rule in line and f"({verb})" in line, line
-    # (the CLI has no signal command; cancel is how a user stops a job)
+    # nor signal it (scancel --signal, POST /v1/jobs/signal): refused with the rule, one line
+    p = site.run_as(
+        site.bob,
+        [
+            sys.executable,
+            "-m",
+            "phalanx.slurm",
+            "scancel",
+            "--signal=USR1",
+            "--full",
+            str(long_job),
+        ],
+    )
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and len(lines) == 1, (p.returncode, p.stderr)
+    assert lines[0].startswith("scancel: error: ") and rule in lines[0], lines
+    assert "(signal)" in lines[0], lines
     # bob sees her job exists, but not what it runs or where
     shown = site.phx(site.bob, "show", str(long_job)).stdout
     assert f"UserId={ALICE}" in shown and "JobState=RUNNING" in shown, shown

@@ -400,6 +400,7 @@ class Agent:
                 rep["state"] = "lost"
                 rep["exit"] = {"error": "the shepherd was never started", "ended_at": time.time()}
             rep.update(read_job_reports(d))
+            rep["signals_done"] = signals_done(d)
             out.append(rep)
         return out
 
@@ -410,6 +411,7 @@ class Agent:
             }
         for launch in reply.get("start", []):
             self._launch(launch)
+        self._deliver_signals(reply.get("signal") or [])
         for stop in reply.get("stop", []):
             d = self.tasks_dir / str(stop["attempt_id"])
             if d.is_dir():
@@ -462,6 +464,46 @@ class Agent:
             if not item.get("batch_only"):
                 # the job's srun steps get it too: they are where training runs
                 self.steps.signal_attempt(int(attempt_id), int(item["signal"]))
+
+    def _deliver_signals(self, items: list[dict[str, Any]]) -> None:
+        """Deliver the signals the controller lists (scancel --signal), each seq once.
+
+        The highest seq handled is kept in the task dir (``signals-done``) and reported in
+        heartbeats, so a repeated reply or a restarted agent never sends one twice. Targets, as
+        Slurm's: ``batch`` the batch shell only, ``full`` the batch shell's whole process group
+        and every step, ``steps`` every step only. A signal that cannot be delivered yet (the
+        shepherd is still starting) is tried again with the next reply; one for a job that has
+        already exited is done.
+        """
+        for item in sorted(items, key=lambda i: (int(i["attempt_id"]), int(i["seq"]))):
+            aid, seq = int(item["attempt_id"]), int(item["seq"])
+            d = self.tasks_dir / str(aid)
+            if not d.is_dir() or seq <= signals_done(d):
+                continue
+            signum, target = int(item["signum"]), str(item["target"])
+            if target in ("batch", "full") and not self._signal_batch(d, signum, target):
+                continue  # not running yet (or its shepherd is gone): next reply
+            if target in ("steps", "full"):
+                self._signal_steps(aid, signum)
+            log.info("signal %d (%s, seq %d) delivered to attempt %s", signum, target, seq, aid)
+            _write_json(d / SIGNALS_DONE_FILE, {"seq": seq})
+
+    @staticmethod
+    def _signal_batch(d: Path, signum: int, target: str) -> bool:
+        """Signal the batch shell (``batch``) or its process group (``full``) through its
+        shepherd; True when done with it (delivered, or the job has already exited)."""
+        if (d / shepherd.EXIT_FILE).exists():
+            return True
+        sent = shepherd.forward_signal(d, signum, batch_only=target == "batch")
+        return sent or (d / shepherd.EXIT_FILE).exists()
+
+    def _signal_steps(self, attempt_id: int, signum: int) -> None:
+        """Signal every job step (srun) of this attempt running on this node: each step task's
+        process group, through its shepherd (agent/steps.py). A job without steps gets nothing,
+        exactly as Slurm's ``scancel --signal`` without ``--batch``/``--full``."""
+        sent = self.steps.signal_attempt(attempt_id, signum)
+        if sent:
+            log.info("signal %d to %d step task(s) of attempt %s", signum, sent, attempt_id)
 
     def _launch(self, launch: dict[str, Any]) -> None:
         d = self.tasks_dir / str(launch["attempt_id"])
@@ -660,6 +702,18 @@ def checkpoint_due(
         return False
     times = [t for t in (started_at, last_checkpoint_at, last_request_at) if t is not None]
     return now - max(times) >= interval_s
+
+
+SIGNALS_DONE_FILE = "signals-done.json"
+
+
+def signals_done(task_dir: Path) -> int:
+    """The highest signal seq delivered to this task (0: none)."""
+    data = _read_json(task_dir / SIGNALS_DONE_FILE) or {}
+    try:
+        return max(0, int(data.get("seq") or 0))
+    except (TypeError, ValueError):
+        return 0
 
 
 def read_job_reports(task_dir: Path) -> dict[str, Any]:

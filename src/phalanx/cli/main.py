@@ -260,24 +260,47 @@ def submit(
     ),
 ) -> None:
     from phalanx.cli.submitting import build_spec, options_help
+    from phalanx.slurm.common import (
+        script_file_flags,
+        split_submit_flags,
+        wait_exit_code,
+        wait_for_jobs,
+    )
 
     if help_options:
         console.print(options_help(), highlight=False)
         return
     try:
-        spec, warnings, ignored = build_spec(list(ctx.args))
+        # sbatch's own flags: --parsable (only the id), --wait/-W, --test-only
+        flags, argv = split_submit_flags(list(ctx.args))
+        script_file_flags(argv, flags)  # #SBATCH --parsable / --wait count too
+        spec, warnings, ignored = build_spec(argv)
     except PhalanxError as e:
         _fail(e.message)
     for w in warnings:
         _say("warning:", "yellow", w)
+    ignored = [flag for flag in ignored if flag not in ("--parsable", "--wait")]  # done here
     if ignored:
         _say("note:", "yellow", f"accepted with no effect here: {', '.join(ignored)}")
     with _client(url) as c:
+        if flags.test_only:
+            _run(lambda: c.submit(spec, test_only=True))
+            if as_json:
+                _emit({"test_only": True, "valid": True, "warnings": warnings, "ignored": ignored})
+            else:
+                _say("note:", "yellow", "the job is valid; nothing was submitted (--test-only)")
+            return
         res = _run(lambda: c.submit(spec))
-    if as_json:
-        _emit({**res, "warnings": warnings, "ignored": ignored})
-    else:
-        console.print(f"Submitted batch job {res['job_id']}", highlight=False)
+        if as_json:
+            _emit({**res, "warnings": warnings, "ignored": ignored})
+        elif flags.parsable:
+            sys.stdout.write(f"{res['job_id']}\n")
+            sys.stdout.flush()
+        else:
+            console.print(f"Submitted batch job {res['job_id']}", highlight=False)
+        if flags.wait:
+            # as sbatch --wait: 0 if it COMPLETED, else its exit code (or 1)
+            raise typer.Exit(wait_exit_code(_run(lambda: wait_for_jobs(c, res["job_id"]))))
 
 
 @app.command()

@@ -65,10 +65,22 @@ def options_help() -> str:
         if opt.effect is Effect.APPLIED:
             lines.append(f"  {opt.usage:<36} {opt.help}")
     lines += ["", "Accepted with no effect here (site bookkeeping):"]
+    own = ("--parsable", "--wait", "--test-only")  # the submit command's, listed below
     lines.append(
-        "  " + ", ".join(o.flag for o in OPTIONS if o.effect in (Effect.STORED, Effect.IGNORED))
+        "  "
+        + ", ".join(
+            o.flag
+            for o in OPTIONS
+            if o.effect in (Effect.STORED, Effect.IGNORED) and o.flag not in own
+        )
     )
-    refused = [o for o in OPTIONS if o.effect is Effect.REFUSED]
+    lines += [
+        "",
+        "sbatch's own (the submit command acts on them): --parsable (print only the id),",
+        "-W/--wait (return when the job ends, with its exit status), --test-only (validate,",
+        "submit nothing; command line only)",
+    ]
+    refused = [o for o in OPTIONS if o.effect is Effect.REFUSED and o.flag not in own]
     if refused:
         lines += ["", "Refused (not supported):", "  " + ", ".join(o.flag for o in refused)]
     return "\n".join(lines)

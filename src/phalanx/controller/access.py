@@ -49,6 +49,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/v1/jobs/{ref}"): Rule(USER, "showing a job", owner=True),
     ("GET", "/v1/jobs/{ref}/events"): Rule(USER, "reading a job's events", owner=True),
     ("POST", "/v1/jobs/cancel"): Rule(USER, "cancelling jobs", owner=True),
+    ("POST", "/v1/jobs/signal"): Rule(USER, "signalling jobs", owner=True),
     ("POST", "/v1/jobs/hold"): Rule(USER, "holding jobs", owner=True),
     ("POST", "/v1/jobs/release"): Rule(USER, "releasing jobs", owner=True),
     ("POST", "/v1/jobs/{ref}/steps"): Rule(USER, "starting a job step (srun)", owner=True),

@@ -51,6 +51,17 @@ class RefsIn(BaseModel):
     reason: str | None = None
 
 
+class SignalIn(BaseModel):
+    jobs: list[str] = Field(min_length=1, max_length=MAX_BATCH)
+    signal: int = Field(ge=1, le=64, description="signal number")
+    target: str = Field(
+        default="steps",
+        pattern="^(steps|batch|full)$",
+        description="steps: the job's steps (scancel --signal); batch: the batch shell only "
+        "(--batch); full: the batch shell, its children and all steps (--full)",
+    )
+
+
 class RequeueIn(BaseModel):
     jobs: list[str] = Field(min_length=1, max_length=MAX_BATCH)
     hold: bool = Field(default=False, description="the requeued jobs wait HELD (requeuehold)")
@@ -100,6 +111,7 @@ class ReportIn(BaseModel):
     exit: dict[str, Any] | None = None
     checkpoint: dict[str, Any] | None = None  # the job's checkpoint marker (docs/checkpoints.md)
     progress: dict[str, Any] | None = None  # the job's progress file
+    signals_done: int | None = Field(default=None, ge=0, le=MAX_ID)  # highest seq delivered
 
 
 class StepIn(BaseModel):
@@ -447,7 +459,16 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
 
     # ---------------------------------------------------------------- jobs
     @app.post("/v1/jobs", status_code=201)
-    def submit(spec: JobSpec, ident: Identity = Depends(caller)) -> dict[str, Any]:
+    def submit(
+        spec: JobSpec,
+        ident: Identity = Depends(caller),
+        test_only: bool = Query(
+            default=False, description="validate fully (sbatch --test-only) but store nothing"
+        ),
+    ) -> dict[str, Any]:
+        if test_only:
+            ctl.submit([spec], submitter(ident, 1), validate_only=True)
+            return {"job_id": None, "job_ids": [], "array": bool(spec.array), "test_only": True}
         ids = ctl.submit([spec], submitter(ident, 1))[0]
         return {"job_id": ids[0], "job_ids": ids, "array": bool(spec.array)}
 
@@ -570,6 +591,12 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
     def cancel(body: RefsIn, ident: Identity = Depends(caller)) -> dict[str, Any]:
         return _bulk(
             body.jobs, ident, "cancel", ctl.store.cancel, ident.actor, body.reason or "cancelled"
+        )
+
+    @app.post("/v1/jobs/signal")
+    def signal(body: SignalIn, ident: Identity = Depends(caller)) -> dict[str, Any]:
+        return _bulk(
+            body.jobs, ident, "signal", ctl.store.signal, body.signal, body.target, ident.actor
         )
 
     @app.post("/v1/jobs/hold")
@@ -835,6 +862,7 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
                 "forget": steps.forget,
             },
             **({"checkpoint": reply.checkpoint} if reply.checkpoint is not None else {}),
+            **({"signal": reply.signals} if reply.signals else {}),
             "controller": ctl.cid,
             "terms": ctl.leases.terms(),
         }

@@ -29,10 +29,13 @@ class Reply:
     # Periodic checkpoints in force for this node's running attempts (level-triggered: the
     # agent replaces its whole list with each reply that has one); not work, so not in `empty`.
     checkpoint: list[dict[str, Any]] | None = None
+    # Signals (scancel --signal) this node has not delivered yet: {"attempt_id", "seq",
+    # "signum", "target"}. Listed until the agent reports their seq done, so they are work.
+    signals: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
-        return not (self.start or self.stop)
+        return not (self.start or self.stop or self.signals)
 
 
 def needs_write(
@@ -139,6 +142,41 @@ def checkpoint_items(
                 "batch_only": settings["batch_only"],
             }
         )
+    return items
+
+
+def signal_items(work: list[dict[str, Any]], reports: list[TaskReport]) -> list[dict[str, Any]]:
+    """The signals each live attempt on the node still has to deliver (level-triggered).
+
+    An agent reports, per task, the highest signal seq it has handled (``signals_done``); the
+    reply lists the attempt's signals above it. A ``batch`` signal is for the batch shell,
+    which runs on the batch host (rank 0) only, so other nodes are not sent it (their
+    ``signals_done`` moves past it with the next signal they do get). Agents that do not
+    report ``signals_done`` cannot deliver signals and are sent none.
+    """
+    reported = {r.attempt_id: r for r in reports}
+    items: list[dict[str, Any]] = []
+    live = (AttemptState.STARTING.value, AttemptState.RUNNING.value)
+    for w in work:
+        signals = w.get("attempt_signals") or []
+        r = reported.get(w["attempt_id"])
+        if not signals or w["attempt_state"] not in live or r is None:
+            continue
+        if r.token != w["token"] or r.signals_done is None or r.state not in _ALIVE:
+            continue
+        for sig in signals:
+            if int(sig["seq"]) <= r.signals_done:
+                continue
+            if sig["target"] == "batch" and int(w.get("rank") or 0) != 0:
+                continue
+            items.append(
+                {
+                    "attempt_id": w["attempt_id"],
+                    "seq": int(sig["seq"]),
+                    "signum": int(sig["signum"]),
+                    "target": str(sig["target"]),
+                }
+            )
     return items
 
 

@@ -25,6 +25,7 @@ from phalanx.controller.exchange import (
     decide,
     decide_steps,
     needs_write,
+    signal_items,
     state_changes,
 )
 from phalanx.controller.launch import build_launch, build_step_launch
@@ -262,7 +263,11 @@ class Controller:
         self._views_cache = (time.monotonic(), views)
         return views
 
-    def submit(self, specs: list[JobSpec], user: str) -> list[list[int]]:
+    def submit(
+        self, specs: list[JobSpec], user: str, *, validate_only: bool = False
+    ) -> list[list[int]]:
+        """Validate and store jobs; `validate_only` (sbatch --test-only) stops before storing
+        and returns no ids."""
         parts = self.partitions()
         views = self.node_views()
         items = []
@@ -281,6 +286,8 @@ class Controller:
                     e.details["index"] = i
                 raise
             items.append((resolved, spec.model_dump(exclude={"ignored"})))
+        if validate_only:
+            return [[] for _ in items]
         ids = self.store.submit(items, user)
         SUBMITTED.inc(sum(len(i) for i in ids))
         if any(not resolved.hold for resolved, _ in items):
@@ -565,6 +572,7 @@ class Controller:
             [r.attempt_id for r in reports if r.state in ("exited", "lost")]
         )
         reply = decide(work, reports, ended, checkpoint_grace=self.timing.checkpoint_grace)
+        reply.signals = signal_items(work, reports)
         self.maintenance.adjust_stops(reply.stop)  # stopped at the window's start
         reply.checkpoint = checkpoint_items(work, lambda w: self.checkpoint_interval(w).seconds)
         return reply, self._step_exchange(node, step_reports or [])

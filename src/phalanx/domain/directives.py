@@ -450,7 +450,8 @@ OPTIONS: tuple[Option, ...] = (
     _ignored("wckey"),
     # --- Slurm options Phalanx cannot honour: refused, never silently dropped ---
     _refused("begin", "delayed start is not supported; submit later or use --hold", "b"),
-    _refused("test-only", "--test-only would not submit, but Phalanx would; drop it", arg=N),
+    _refused("test-only", "--test-only would not submit, but a script line cannot stop the "
+             "submission; give it on the command line (sbatch --test-only job.sh)", arg=N),
     _refused("ntasks-per-gpu", "not supported; use --ntasks-per-node and --gpus-per-task"),
     _refused("gpus-per-socket", "not supported; use --gpus-per-node"),
     _refused("tres-per-task", "not supported; use --cpus-per-task and --gpus-per-task"),

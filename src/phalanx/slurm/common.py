@@ -14,9 +14,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from phalanx.domain.states import TERMINAL
 from phalanx.errors import PhalanxError
 
 if TYPE_CHECKING:
@@ -195,3 +198,246 @@ def job_id_text(job: dict[str, Any]) -> str:
     if job.get("array_job_id") is not None and job.get("array_task_id") is not None:
         return f"{job['array_job_id']}_{job['array_task_id']}"
     return str(job["job_id"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Output formats shared by squeue and sinfo: `-o "%.18i %9P ..."` and `-O "JobID:10,Name"`.
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of an output format: what to print, how wide, which side, and the text after.
+
+    ``width`` 0 prints the value whole; otherwise the value is cut to ``width`` and padded,
+    on the left when ``right`` (``%.8j``), else on the right (``%8j``), as Slurm's
+    ``_print_str`` does.
+    """
+
+    key: str
+    width: int = 0
+    right: bool = False
+    suffix: str = ""
+
+
+def parse_format(
+    text: str, known: Collection[str], prog: str = "squeue"
+) -> tuple[str, list[Field]]:
+    """Parse a ``%[.][width]x`` format into (text before the first field, fields).
+
+    Literal text after a field is kept as that field's suffix (``"%i %j"``: ``%i`` has the
+    suffix ``" "``); ``%%`` is a literal percent. Raises SlurmUsageError for a letter not in
+    ``known``.
+    """
+    prefix = ""
+    fields: list[Field] = []
+    i = 0
+    lit = ""
+
+    def flush_literal() -> None:
+        nonlocal prefix
+        if not lit:
+            return
+        if fields:
+            last = fields[-1]
+            fields[-1] = Field(last.key, last.width, last.right, last.suffix + lit)
+        else:
+            prefix += lit
+
+    while i < len(text):
+        ch = text[i]
+        if ch != "%":
+            lit += ch
+            i += 1
+            continue
+        if text[i + 1 : i + 2] == "%":
+            lit += "%"
+            i += 2
+            continue
+        flush_literal()
+        lit = ""
+        i += 1
+        right = False
+        if text[i : i + 1] == ".":
+            right = True
+            i += 1
+        digits = ""
+        while i < len(text) and text[i].isdigit():
+            digits += text[i]
+            i += 1
+        if i >= len(text):
+            raise SlurmUsageError(f"Invalid format specification: {text} (it ends in a bare %)")
+        key = text[i]
+        i += 1
+        if key not in known:
+            raise SlurmUsageError(
+                f"Invalid format specification: %{key} is not a {prog} field known here "
+                f"(known: {' '.join('%' + k for k in sorted(known))})"
+            )
+        fields.append(Field(key, int(digits) if digits else 0, right))
+    flush_literal()
+    return prefix, fields
+
+
+def parse_long_format(
+    text: str, known: Mapping[str, str], default_width: int = 20, prog: str = "squeue"
+) -> list[Field]:
+    """Parse ``-O``/``--Format``: ``name[:[.][width][suffix]]`` comma list, any case.
+
+    ``known`` maps lower-case field names to the key the printer uses. A field without a
+    width gets ``default_width`` (Slurm's is 20), left-justified, no separator: the padding is
+    the separator, unless a suffix (text after the width) is given.
+    """
+    fields: list[Field] = []
+    for raw in text.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        name, _, size = item.partition(":")
+        key = known.get(name.strip().lower())
+        if key is None:
+            raise SlurmUsageError(
+                f"Invalid job format specification: {name.strip()} (known here: "
+                f"{', '.join(sorted(known))})"
+            )
+        right = size.startswith(".")
+        size = size[1:] if right else size
+        digits = size[: len(size) - len(size.lstrip("0123456789"))]
+        suffix = size[len(digits) :]  # Slurm's "type[:[.][size][suffix]]"
+        width = int(digits) if digits else default_width
+        fields.append(Field(key, width, right, suffix))
+    if not fields:
+        raise SlurmUsageError("Invalid job format specification: empty")
+    return fields
+
+
+def cell(value: str, f: Field) -> str:
+    """One value printed as Slurm prints a field: cut to the width and padded (or whole)."""
+    if f.width <= 0:
+        return value + f.suffix
+    value = value[: f.width]
+    return (value.rjust(f.width) if f.right else value.ljust(f.width)) + f.suffix
+
+
+def render_line(prefix: str, fields: Sequence[Field], values: Mapping[str, str]) -> str:
+    """A whole line (no trailing newline). Trailing blanks are kept: Slurm prints them."""
+    return prefix + "".join(cell(values[f.key], f) for f in fields)
+
+
+def split_list(values: Sequence[str] | None) -> list[str]:
+    """Repeated and comma-separated option values (``-u a,b -u c``) as one list."""
+    return [x.strip() for v in values or [] for x in v.split(",") if x.strip()]
+
+
+def refuse(parser: SlurmParser, *flags: str, why: str, nargs: str | int | None = None) -> None:
+    """Add options Slurm has but these commands cannot honour: naming one fails in one line.
+
+    Taking them as options (not leaving them unknown) makes the error say why, e.g.
+    ``squeue: error: --iterate is not supported here: run squeue in a loop``.
+    """
+
+    class _Refuse(argparse.Action):
+        def __call__(self, p: Any, ns: Any, values: Any, option: str | None = None) -> None:
+            raise SlurmUsageError(f"{option or flags[0]} is not supported here: {why}")
+
+    kw: dict[str, Any] = {"nargs": nargs} if nargs is not None else {}
+    parser.add_argument(*flags, action=_Refuse, help=argparse.SUPPRESS, **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# sbatch's own flags (also `phalanx submit`'s): what sbatch does, not what the job asks for.
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SubmitFlags:
+    """``--parsable`` (print only the id), ``--wait``/``-W`` (return when the job ends, with
+    its exit status), ``--test-only`` (validate, submit nothing)."""
+
+    parsable: bool = False
+    wait: bool = False
+    test_only: bool = False
+
+
+_FLAG_TOKENS = {
+    "--parsable": "parsable",
+    "--wait": "wait",
+    "-W": "wait",
+    "--test-only": "test_only",
+}
+
+
+def split_submit_flags(argv: Sequence[str]) -> tuple[SubmitFlags, list[str]]:
+    """Take sbatch's own flags out of the options (before the script), keep the rest as is.
+
+    Only the options part is looked at (``split_cli_args`` finds where it ends), so a script
+    argument spelled ``--wait`` stays the script's.
+    """
+    from phalanx.domain.directives import split_cli_args
+
+    opts, rest = split_cli_args(list(argv))
+    flags = SubmitFlags()
+    kept: list[str] = []
+    for token in opts:
+        name = _FLAG_TOKENS.get(token)
+        if name is None:
+            kept.append(token)
+        else:
+            setattr(flags, name, True)
+    if len(opts) < len(argv) - len(rest):  # a "--" separated options from the script
+        kept.append("--")
+    return flags, kept + rest
+
+
+def script_submit_flags(script_text: str, flags: SubmitFlags) -> SubmitFlags:
+    """``#SBATCH --parsable`` / ``--wait`` in the script header count as on the command line."""
+    from phalanx.domain.directives import script_directives
+
+    try:
+        lines = script_directives(script_text)
+    except PhalanxError:
+        return flags  # build_spec reports the bad line
+    for _, tokens in lines:
+        for token in tokens:
+            name = _FLAG_TOKENS.get(token)
+            if name in ("parsable", "wait"):
+                setattr(flags, name, True)
+    return flags
+
+
+def script_file_flags(argv: Sequence[str], flags: SubmitFlags) -> SubmitFlags:
+    """``script_submit_flags`` for the script file named in ``argv`` (options, script, args)."""
+    from phalanx.domain.directives import split_cli_args
+
+    _, rest = split_cli_args(list(argv))
+    if not rest:
+        return flags
+    try:
+        text = Path(rest[0]).read_text()
+    except (OSError, UnicodeDecodeError):
+        return flags  # build_spec says what is wrong with it
+    return script_submit_flags(text, flags)
+
+
+TERMINAL_STATES = frozenset(s.value for s in TERMINAL)
+
+
+def wait_exit_code(jobs: Sequence[dict[str, Any]]) -> int:
+    """``sbatch --wait``'s exit status: 0 when every job (array task) COMPLETED, else the
+    highest exit code of the others, or 1 when they have none (cancelled, node failure)."""
+    failed = [j for j in jobs if j["state"] != "COMPLETED"]
+    if not failed:
+        return 0
+    codes = [int(j.get("exit_code") or 0) for j in failed]
+    return max(codes) if max(codes) > 0 else 1
+
+
+def wait_for_jobs(c: Client, ref: str | int, poll: float = 0.25) -> list[dict[str, Any]]:
+    """Block until every job of ``ref`` (an array: all its tasks) has ended; their records."""
+    delay = poll
+    while True:
+        jobs = c.job(ref)
+        if jobs and all(j["state"] in TERMINAL_STATES for j in jobs):
+            return jobs
+        time.sleep(delay)
+        delay = min(delay * 1.5, 2.0)

@@ -98,6 +98,9 @@ attempts = Table(
     Column("exit_code", Integer, nullable=True),
     Column("exit_signal", Integer, nullable=True),
     Column("progress", JSON, nullable=True),  # the job's latest progress report: step, time
+    # Signals asked of this attempt (scancel --signal): [{"seq", "signum", "target"}, ...] in
+    # order; agents deliver each seq once and report the highest they delivered.
+    Column("signals", JSON, nullable=True),
     sqlite_autoincrement=True,
 )
 Index("ix_attempts_job", attempts.c.job_id)

@@ -109,6 +109,9 @@ class TaskReport:
     exit: dict[str, Any] | None = None
     checkpoint: dict[str, Any] | None = None  # the job's latest checkpoint marker on this node
     progress: dict[str, Any] | None = None  # the job's latest progress report on this node
+    # the highest signal seq (scancel --signal) the agent delivered to this attempt; None from
+    # agents that do not know signals
+    signals_done: int | None = None
 
 
 @dataclass
@@ -685,6 +688,63 @@ class Store(JobSteps, MaintenanceWindows):
             conn.execute(delete(s.jobs).where(s.jobs.c.id.in_(ids)))
         return len(ids)
 
+    def signal(
+        self, job_ids: Sequence[int], signum: int, target: str, actor: str
+    ) -> dict[int, str]:
+        """Record a signal for each job's running attempt (``scancel --signal``).
+
+        The request is kept on the attempt (``attempts.signals``, in seq order) so that agents
+        deliver it level-triggered, each seq once, even across controller or agent restarts.
+        Outcomes: ``signalled``; ``pending`` (not running yet: Slurm refuses "Job is pending
+        execution"); ``done`` (completing or ended: "already completing or completed");
+        ``not found``.
+        """
+        out: dict[int, str] = {}
+        with self.db.begin() as conn:
+            found = self._jobs_by_id(conn, job_ids)
+            for jid in job_ids:
+                job = found.get(jid)
+                if job is None:
+                    out[jid] = "not found"
+                    continue
+                state = JobState(job["state"])
+                if state in (JobState.PENDING, JobState.HELD):
+                    out[jid] = "pending"
+                    continue
+                att = (
+                    conn.execute(
+                        select(
+                            s.attempts.c.id,
+                            s.attempts.c.state,
+                            s.attempts.c.signals,
+                            s.attempts.c.nodes,
+                        ).where(s.attempts.c.id == job["attempt_id"])
+                    )
+                    .mappings()
+                    .first()
+                )
+                live = (AttemptState.STARTING.value, AttemptState.RUNNING.value)
+                if state.terminal or att is None or att["state"] not in live:
+                    out[jid] = "done"
+                    continue
+                signals = list(att["signals"] or [])
+                seq = (signals[-1]["seq"] if signals else 0) + 1
+                signals.append({"seq": seq, "signum": int(signum), "target": target})
+                conn.execute(
+                    update(s.attempts).where(s.attempts.c.id == att["id"]).values(signals=signals)
+                )
+                self._event(
+                    conn,
+                    "job.signal",
+                    f"signal {signum} to the {target} of job {jid} by {actor}",
+                    job_id=jid,
+                    actor=actor,
+                    data={"seq": seq, "signum": int(signum), "target": target},
+                )
+                self._bump_gen(conn, att["nodes"])  # wakes the nodes' long-polling heartbeats
+                out[jid] = "signalled"
+        return out
+
     def _jobs_by_id(self, conn: Connection, job_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         q = select(*_JOB_SUMMARY).where(s.jobs.c.id.in_(list(job_ids)))
         return {r["id"]: dict(r) for r in conn.execute(q).mappings()}
@@ -1161,6 +1221,7 @@ class Store(JobSteps, MaintenanceWindows):
                 s.jobs.c.spec,
                 s.jobs.c.checkpoint.label("job_checkpoint"),
                 s.attempts.c.progress.label("attempt_progress"),
+                s.attempts.c.signals.label("attempt_signals"),
             )
             .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
             .join(s.jobs, s.jobs.c.id == s.attempts.c.job_id)

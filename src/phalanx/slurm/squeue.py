@@ -1,0 +1,484 @@
+"""``squeue``: the job queue as Slurm prints it, for people and for the tools that parse it.
+
+What tools rely on is kept byte for byte: the default columns and header, ``-h``, ``-o``
+(``%[.][width]x``: cut to the width, ``.`` right-justifies), ``-O`` (``Field[:[.]width]``),
+compact and long state names, folded pending array tasks (``12_[3-9]``), and the errors of
+``-j`` (a finished job prints only the header and exits 0; an unknown one fails with
+``slurm_load_jobs error: Invalid job id specified``). Formatting is pure (``job_values``,
+``format_rows``) over the job records of ``GET /v1/jobs``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from phalanx.domain.hostlist import expand_hostlist
+from phalanx.errors import NotFound
+from phalanx.slurm.common import (
+    Field,
+    SlurmParser,
+    SlurmUsageError,
+    client,
+    duration,
+    job_id_text,
+    parse_format,
+    parse_long_format,
+    parse_states,
+    phalanx_states,
+    refuse,
+    render_line,
+    run_command,
+    slurm_state,
+    split_list,
+    state_code,
+    timestamp,
+)
+
+PROG = "squeue"
+DEFAULT_FORMAT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
+LONG_FORMAT = "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R"
+# What squeue lists when no -t is given: jobs that are not finished.
+ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"}
+
+# %x letter -> header, as Slurm names the columns.
+HEADERS = {
+    "i": "JOBID",
+    "j": "NAME",
+    "u": "USER",
+    "T": "STATE",
+    "t": "ST",
+    "M": "TIME",
+    "l": "TIME_LIMIT",
+    "D": "NODES",
+    "R": "NODELIST(REASON)",
+    "P": "PARTITION",
+    "N": "NODELIST",
+    "A": "ARRAY_JOB_ID",
+    "a": "ARRAY_TASK_ID",
+    "k": "COMMENT",
+    "C": "CPUS",
+    "b": "TRES_PER_NODE",
+    "L": "TIME_LEFT",
+    "S": "START_TIME",
+    "V": "SUBMIT_TIME",
+    "r": "REASON",
+    "F": "ARRAY_JOB_ID",
+    "K": "ARRAY_TASK_ID",
+    "Q": "PRIORITY",
+    "p": "PRIORITY",
+    "e": "END_TIME",
+    "E": "DEPENDENCY",
+}
+# -O field names (lower case) -> the same letters; their headers are Slurm's -O headers.
+LONG_FIELDS = {
+    "jobid": "i",
+    "name": "j",
+    "username": "u",
+    "state": "T",
+    "statecompact": "t",
+    "timeused": "M",
+    "timelimit": "l",
+    "numnodes": "D",
+    "nodelist": "N",
+    "reason": "r",
+    "reasonlist": "R",
+    "partition": "P",
+    "arrayjobid": "A",
+    "arraytaskid": "a",
+    "numcpus": "C",
+    "timeleft": "L",
+    "starttime": "S",
+    "submittime": "V",
+    "endtime": "e",
+    "comment": "k",
+    "tres-per-node": "b",
+    "priority": "Q",
+    "dependency": "E",
+}
+LONG_HEADERS = {
+    "i": "JOBID",
+    "j": "NAME",
+    "u": "USER",
+    "T": "STATE",
+    "t": "ST",
+    "M": "TIME",
+    "l": "TIME_LIMIT",
+    "D": "NODES",
+    "N": "NODELIST",
+    "r": "REASON",
+    "R": "NODELIST(REASON)",
+    "P": "PARTITION",
+    "A": "ARRAY_JOB_ID",
+    "a": "ARRAY_TASK_ID",
+    "C": "CPUS",
+    "L": "TIME_LEFT",
+    "S": "START_TIME",
+    "V": "SUBMIT_TIME",
+    "e": "END_TIME",
+    "k": "COMMENT",
+    "b": "TRES_PER_NODE",
+    "Q": "PRIORITY",
+    "E": "DEPENDENCY",
+}
+# --sort keys (Slurm's letters) -> a sort key over a job record.
+SORT_KEYS = "iAaCDjlLMNPpQrSTtuVe"
+
+
+def slurm_reason(job: dict[str, Any]) -> str:
+    """A job's reason as Slurm's one-word codes where they map (``Priority``, ``Resources``,
+    ``Dependency``, ``JobHeldUser``, ``BeginTime``); else our text, short, without spaces."""
+    if job["state"] == "HELD":
+        return "JobHeldUser"
+    text = (job.get("reason") or "").strip()
+    if job["state"] not in ("PENDING", "HELD") or not text:
+        return "None"
+    word = text.split(" (", 1)[0].strip()
+    return word.replace(" ", "_")[:40] or "None"
+
+
+def _elapsed(job: dict[str, Any], now: float) -> float | None:
+    start = job.get("start_time")
+    if start is None or job["state"] in ("PENDING", "HELD"):
+        return None
+    return max(0.0, (job.get("end_time") or now) - start)
+
+
+def _tres(job: dict[str, Any]) -> str:
+    n = int(job.get("gpus_per_node") or 0)
+    if not n:
+        return "N/A"
+    kind = f"{job['gpu_type']}:" if job.get("gpu_type") else ""
+    return f"gres:gpu:{kind}{n}"
+
+
+def _cpus(job: dict[str, Any]) -> int:
+    nodes = job.get("nodes_alloc") or job.get("nodes") or 1
+    return int(nodes) * int(job.get("cpus_per_node") or 1)
+
+
+def job_values(job: dict[str, Any], now: float) -> dict[str, str]:
+    """Every printable field of one job record, by format letter, as Slurm prints it."""
+    pending = job["state"] in ("PENDING", "HELD")
+    used = _elapsed(job, now)
+    limit = job.get("time_limit_s")
+    limit = limit if limit else None  # 0 and None: no limit
+    folded = job.get("fold")
+    arr = job.get("array_job_id")
+    nodelist = "" if pending else (job.get("nodelist") or "")
+    reason = slurm_reason(job)
+    left: float | None = None
+    if limit is not None:
+        left = limit - (used or 0)
+    return {
+        "i": f"{arr}_[{folded}]" if folded else job_id_text(job),
+        "j": str(job.get("name") or ""),
+        "u": str(job.get("user") or ""),
+        "T": slurm_state(job["state"]),
+        "t": state_code(job["state"]),
+        "M": duration(used),
+        "l": duration(limit, unlimited=True),
+        "D": str(job.get("nodes_alloc") or job.get("nodes") or 1),
+        "R": f"({reason})" if pending else (nodelist or f"({reason})"),
+        "P": str(job.get("partition") or job.get("partitions") or ""),
+        "N": nodelist,
+        "A": str(arr if arr is not None else job.get("id", job["job_id"])),
+        "a": f"[{folded}]"
+        if folded
+        else str(job.get("array_task_id") if arr is not None else "N/A"),
+        "F": str(arr if arr is not None else job.get("id", job["job_id"])),
+        "K": f"[{folded}]"
+        if folded
+        else str(job.get("array_task_id") if arr is not None else "N/A"),
+        "k": str(job.get("comment") or "(null)"),
+        "C": str(_cpus(job)),
+        "b": _tres(job),
+        "L": duration(left, unlimited=True) if left is None or left >= 0 else "0:00",
+        "S": timestamp(job.get("start_time")),
+        "V": timestamp(job.get("submit_time")),
+        "e": timestamp(job.get("end_time")),
+        "r": reason,
+        "Q": str(job.get("priority") or 0),
+        "p": str(job.get("priority") or 0),
+        "E": str(_dependency(job)),
+    }
+
+
+def _dependency(job: dict[str, Any]) -> str:
+    dep = job.get("dependency")
+    if not dep:
+        return "(null)"
+    if isinstance(dep, str):
+        return dep
+    return json.dumps(dep)
+
+
+def compress_ids(ids: Sequence[int]) -> str:
+    """``[3, 4, 5, 7]`` -> ``3-5,7`` (how Slurm writes a folded array's pending tasks)."""
+    out: list[str] = []
+    run: list[int] = []
+    for i in sorted(set(ids)):
+        if run and i == run[-1] + 1:
+            run.append(i)
+            continue
+        if run:
+            out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+        run = [i]
+    if run:
+        out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+    return ",".join(out)
+
+
+def fold_arrays(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pending tasks of one array (same state and reason) as one record, as squeue shows them
+    without ``-r``: ``12_[3-9]``; a single pending task stays ``12_3``. Running tasks and
+    plain jobs are unchanged; the folded record takes the place of its first task."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for j in jobs:
+        if j.get("array_job_id") is not None and j["state"] == "PENDING":
+            groups.setdefault((j["array_job_id"], j["state"], j.get("reason")), []).append(j)
+    out: list[dict[str, Any]] = []
+    done: set[tuple[Any, ...]] = set()
+    for j in jobs:
+        key = (j.get("array_job_id"), j["state"], j.get("reason"))
+        group = groups.get(key) if j.get("array_job_id") is not None else None
+        if group is None:
+            out.append(j)
+            continue
+        if key in done:
+            continue
+        done.add(key)
+        if len(group) == 1:
+            out.append(j)
+            continue
+        tasks = [int(g["array_task_id"]) for g in group]
+        out.append(
+            {**min(group, key=lambda g: int(g["array_task_id"])), "fold": compress_ids(tasks)}
+        )
+    return out
+
+
+_STATE_ORDER = {"PENDING": 0, "RUNNING": 1, "SUSPENDED": 2, "COMPLETING": 3, "CONFIGURING": 1}
+
+
+def sort_jobs(jobs: list[dict[str, Any]], spec: str | None, now: float) -> list[dict[str, Any]]:
+    """Order as ``--sort`` says (Slurm's letters, ``-`` for descending, comma list); without
+    it as squeue's default (partition, state, priority descending, job id)."""
+
+    def numeric_id(j: dict[str, Any]) -> tuple[int, int]:
+        arr = j.get("array_job_id")
+        if arr is not None:
+            return int(arr), int(j.get("array_task_id") or 0)
+        return int(j.get("id") or str(j["job_id"]).split("_")[0]), -1
+
+    def key_of(letter: str, j: dict[str, Any]) -> Any:
+        if letter in ("i", "A"):
+            return numeric_id(j)
+        if letter in ("p", "Q"):
+            return int(j.get("priority") or 0)
+        if letter in ("t", "T"):
+            return _STATE_ORDER.get(slurm_state(j["state"]), 9)
+        if letter == "D":
+            return int(j.get("nodes_alloc") or j.get("nodes") or 0)
+        if letter == "C":
+            return _cpus(j)
+        if letter in ("M",):
+            return _elapsed(j, now) or 0.0
+        if letter in ("l",):
+            return j.get("time_limit_s") or 0
+        if letter in ("S", "V", "e"):
+            field = {"S": "start_time", "V": "submit_time", "e": "end_time"}[letter]
+            return j.get(field) or 0.0
+        return job_values(j, now)[letter]
+
+    out = sorted(jobs, key=numeric_id)
+    keys = [k.strip() for k in (spec or "P,t,-p").split(",") if k.strip()]
+    for k in reversed(keys):
+        desc = k.startswith("-")
+        letter = k.lstrip("+-")
+        if len(letter) != 1 or letter not in SORT_KEYS:
+            raise SlurmUsageError(f"Invalid sort specification: {k} (use letters such as i,P,t,-p)")
+        out.sort(key=functools.partial(key_of, letter), reverse=desc)
+    return out
+
+
+def format_rows(
+    jobs: list[dict[str, Any]],
+    prefix: str,
+    fields: Sequence[Field],
+    *,
+    headers: dict[str, str],
+    header: bool,
+    now: float,
+) -> list[str]:
+    """The output lines: a header (unless ``-h``) and one line per job record."""
+    lines = []
+    if header:
+        lines.append(render_line(prefix, fields, {f.key: headers[f.key] for f in fields}))
+    for j in jobs:
+        lines.append(render_line(prefix, fields, job_values(j, now)))
+    return lines
+
+
+def json_jobs(jobs: list[dict[str, Any]], now: float) -> dict[str, Any]:
+    """``--json``: a subset of Slurm's data_parser job records (docs/slurm.md lists it)."""
+    out = []
+    for j in jobs:
+        v = job_values(j, now)
+        arr = j.get("array_job_id")
+        out.append(
+            {
+                "job_id": int(j.get("id") or 0),
+                "array_job_id": int(arr) if arr is not None else 0,
+                # a folded record (pending tasks 3-9) names its tasks as Slurm's does
+                "array_task_id": None if j.get("fold") else j.get("array_task_id"),
+                "array_task_string": j.get("fold") or "",
+                "name": j.get("name"),
+                "user_name": j.get("user"),
+                "partition": v["P"],
+                "job_state": [v["T"]],
+                "state_reason": v["r"],
+                "nodes": v["N"],
+                "node_count": int(v["D"]),
+                "cpus": int(v["C"]),
+                "priority": int(j.get("priority") or 0),
+                "time_limit": (j["time_limit_s"] // 60) if j.get("time_limit_s") else None,
+                "submit_time": int(j["submit_time"]) if j.get("submit_time") else 0,
+                "start_time": int(j["start_time"]) if j.get("start_time") else 0,
+                "end_time": int(j["end_time"]) if j.get("end_time") else 0,
+                "exit_code": j.get("exit_code"),
+                "restart_cnt": int(j.get("restart_count") or 0),
+                "tres_per_node": None if v["b"] == "N/A" else v["b"],
+            }
+        )
+    return {"jobs": out, "warnings": [], "errors": []}
+
+
+def parser() -> SlurmParser:
+    p = SlurmParser(PROG, add_help=False)
+    p.add_argument("--help", action="help")
+    p.add_argument("-h", "--noheader", action="store_true")
+    p.add_argument("-j", "--jobs", action="append")
+    p.add_argument("-u", "--user", action="append")
+    p.add_argument("-t", "--states", "--state", dest="states", action="append")
+    p.add_argument("-p", "--partition", action="append")
+    p.add_argument("-n", "--name", action="append")
+    p.add_argument("-w", "--nodelist", action="append")
+    p.add_argument("--me", action="store_true")
+    p.add_argument("-o", "--format")
+    p.add_argument("-O", "--Format", dest="long_format")
+    p.add_argument("-r", "--array", action="store_true")
+    p.add_argument("-S", "--sort")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("-l", "--long", action="store_true")
+    # harmless: accepted
+    p.add_argument("-a", "--all", action="store_true")
+    p.add_argument("-v", "--verbose", action="count", default=0)
+    p.add_argument("--hide", action="store_true")
+    p.add_argument("--local", action="store_true")
+    p.add_argument("--federation", action="store_true")
+    p.add_argument("--sibling", action="store_true")
+    refuse(p, "-i", "--iterate", why="run squeue in a loop (e.g. watch squeue)")
+    refuse(p, "-s", "--steps", why="job steps are not listed by squeue here", nargs="?")
+    refuse(p, "-A", "--account", why="jobs are not filtered by account here")
+    refuse(p, "-q", "--qos", why="jobs are not filtered by QOS here")
+    refuse(p, "-R", "--reservation", why="reservations do not exist here")
+    refuse(p, "-L", "--licenses", why="licenses do not exist here")
+    refuse(p, "-M", "--clusters", why="Phalanx schedules a single cluster")
+    refuse(p, "--start", why="expected start times are not computed", nargs=0)
+    refuse(p, "--yaml", why="use --json", nargs=0)
+    p.add_argument("job_ids", nargs="*")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    return run_command(PROG, _main, argv)
+
+
+def _main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    now = time.time()
+    refs = split_list(args.jobs) + split_list(args.job_ids)
+    states = parse_states(",".join(split_list(args.states))) if args.states else None
+    if args.format and args.long_format:
+        raise SlurmUsageError("-o/--format and -O/--Format cannot be used together")
+    if args.long_format:
+        prefix, fields, headers = "", parse_long_format(args.long_format, LONG_FIELDS), LONG_HEADERS
+    else:
+        fmt = args.format or (LONG_FORMAT if args.long else DEFAULT_FORMAT)
+        (prefix, fields), headers = parse_format(fmt, HEADERS), HEADERS
+    users = split_list(args.user)
+    with client() as c:
+        if args.me:
+            users.append(str(c.get("/v1/whoami")["user"]))
+        want = phalanx_states(states) if states is not None else phalanx_states(ACTIVE)
+        jobs = _load(c, refs, want if not refs else None)
+        if any(f.key == "k" for f in fields) and not args.json:
+            jobs = _with_details(c, jobs)
+    # -j: Slurm shows the listed jobs in their active states only (a finished one: no line)
+    jobs = [j for j in jobs if j["state"] in want]
+    jobs = _filter(jobs, users, split_list(args.partition), split_list(args.name), args.nodelist)
+    if not args.array:
+        jobs = fold_arrays(jobs)
+    jobs = sort_jobs(jobs, args.sort, now)
+    if args.json:
+        sys.stdout.write(json.dumps(json_jobs(jobs, now), indent=2) + "\n")
+        return 0
+    lines = format_rows(jobs, prefix, fields, headers=headers, header=not args.noheader, now=now)
+    if args.long and not args.noheader:  # squeue -l starts with the date, as Slurm's
+        lines.insert(0, time.strftime("%a %b %d %H:%M:%S %Y", time.localtime(now)))
+    sys.stdout.write("".join(line + "\n" for line in lines))
+    return 0
+
+
+def _load(c: Any, refs: list[str], states: list[str] | None) -> list[dict[str, Any]]:
+    """Jobs from the API; with ``-j``, every state (finished ones are then left out), and an
+    unknown single id fails as Slurm's does."""
+    if not refs:
+        return list(c.jobs(state=states, limit=100_000))
+    jobs = list(c.jobs(job=refs, limit=100_000))
+    if not jobs and len(refs) == 1:
+        try:
+            c.job(refs[0])
+        except NotFound:
+            sys.stderr.write("slurm_load_jobs error: Invalid job id specified\n")
+            raise SystemExit(1) from None
+    return jobs
+
+
+def _with_details(c: Any, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The comment lives in the job's detail; fetched only when %k/Comment is asked for."""
+    out = []
+    for j in jobs:
+        try:
+            detail = c.job(j["job_id"])[0]
+        except NotFound:  # gone in between
+            continue
+        out.append({**j, "comment": detail.get("comment")})
+    return out
+
+
+def _filter(
+    jobs: list[dict[str, Any]],
+    users: list[str],
+    partitions: list[str],
+    names: list[str],
+    nodelists: list[str] | None,
+) -> list[dict[str, Any]]:
+    nodes = {n for text in split_list(nodelists) for n in expand_hostlist(text)}
+    out = []
+    for j in jobs:
+        if users and j.get("user") not in users:
+            continue
+        if partitions and not set(str(j.get("partition") or "").split(",")) & set(partitions):
+            continue
+        if names and j.get("name") not in names:
+            continue
+        if nodes and not nodes & set(expand_hostlist(j.get("nodelist") or "")):
+            continue
+        out.append(j)
+    return out
