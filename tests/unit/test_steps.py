@@ -13,7 +13,7 @@ from phalanx.controller.launch import build_step_launch, expand_step_pattern
 from phalanx.domain.steps import AllocNode, StepRequest, plan_step, step_outcome
 from phalanx.errors import InvalidSpec
 from phalanx.slurm.srun import worst_exit
-from phalanx.store.steps import StepReport, check_step_ref
+from phalanx.store.steps import StepReport
 
 ALLOC = [AllocNode("n1", 4, (0, 1)), AllocNode("n2", 4, (0, 1)), AllocNode("n3", 4, (0, 1))]
 
@@ -73,13 +73,6 @@ def test_srun_exit_status_is_the_worst_task() -> None:
     # --kill-on-bad-exit: the tasks stopped because of task 1 do not hide its code
     assert worst_exit([{"exit_code": 7}, {"signal": 15, "cancelled": True}]) == 7
     assert worst_exit([]) == 0
-
-
-def test_step_refs() -> None:
-    assert check_step_ref("12.3") == ("12", 3)
-    assert check_step_ref("12") == ("12", None)
-    with pytest.raises(InvalidSpec, match=r"JOBID\.STEP"):
-        check_step_ref("12.batch")
 
 
 def row(**kw: Any) -> dict[str, Any]:

@@ -26,6 +26,8 @@ from typing import Any
 
 from phalanx import __version__
 from phalanx.agent import cgroups, shepherd
+from phalanx.agent.files import read_json as _read_json
+from phalanx.agent.files import write_json as _write_json
 from phalanx.agent.health import HealthMonitor, IsolationCheck, Status
 from phalanx.agent.resources import NodeResources
 from phalanx.agent.steps import StepRunner
@@ -734,17 +736,3 @@ def read_job_reports(task_dir: Path) -> dict[str, Any]:
         if value is not None:
             out[key] = value
     return out
-
-
-def _read_json(p: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(p.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _write_json(p: Path, data: dict[str, Any]) -> None:
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, p)

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.agent import shepherd
+from phalanx.agent.files import read_json as _read_json
+from phalanx.agent.files import write_json as _write_json
 
 log = logging.getLogger("phalanx.agent")
 
@@ -253,17 +255,3 @@ class StepRunner:
                 )
         log.info("started step %s.%s: %d tasks", item["job_id"], sid, len(dirs))
         return True
-
-
-def _read_json(p: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(p.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _write_json(p: Path, data: dict[str, Any]) -> None:
-    tmp = p.with_name(f".{p.name}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, p)

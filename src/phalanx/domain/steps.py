@@ -15,9 +15,6 @@ from typing import Any
 from phalanx.domain.layout import task_ranks, tasks_per_node
 from phalanx.errors import InvalidSpec
 
-# Phalanx's own step states besides RUNNING; the same names as a job's terminal states.
-STEP_ENDED = ("COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY")
-
 
 @dataclass(frozen=True)
 class AllocNode:

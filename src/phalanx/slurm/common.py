@@ -151,6 +151,14 @@ def phalanx_states(slurm_names: set[str]) -> list[str]:
     return sorted(p for p, s in SLURM_STATE.items() if s in slurm_names)
 
 
+def _parts(seconds: float) -> tuple[int, int, int, int]:
+    s = int(seconds)
+    days, s = divmod(s, 86400)
+    hours, s = divmod(s, 3600)
+    minutes, s = divmod(s, 60)
+    return days, hours, minutes, s
+
+
 def duration(seconds: float | None, *, unlimited: bool = False) -> str:
     """Slurm's duration form: ``0:00``, ``5:07``, ``1:02:03``, ``2-03:04:05``.
 
@@ -160,10 +168,7 @@ def duration(seconds: float | None, *, unlimited: bool = False) -> str:
         return "UNLIMITED" if unlimited else "0:00"
     if seconds < 0:
         return "INVALID"
-    s = int(seconds)
-    days, s = divmod(s, 86400)
-    hours, s = divmod(s, 3600)
-    minutes, s = divmod(s, 60)
+    days, hours, minutes, s = _parts(seconds)
     if days:
         return f"{days}-{hours:02d}:{minutes:02d}:{s:02d}"
     if hours:
@@ -177,10 +182,7 @@ def duration_full(seconds: float | None, *, unlimited: bool = False) -> str:
         return "UNLIMITED" if unlimited else "00:00:00"
     if seconds < 0:
         return "INVALID"
-    s = int(seconds)
-    days, s = divmod(s, 86400)
-    hours, s = divmod(s, 3600)
-    minutes, s = divmod(s, 60)
+    days, hours, minutes, s = _parts(seconds)
     if days:
         return f"{days}-{hours:02d}:{minutes:02d}:{s:02d}"
     return f"{hours:02d}:{minutes:02d}:{s:02d}"

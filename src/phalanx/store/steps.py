@@ -17,7 +17,7 @@ from sqlalchemy import Connection, func, insert, select, update
 
 from phalanx.domain.states import AttemptState, JobState
 from phalanx.domain.steps import AllocNode, StepRequest, plan_step, step_outcome
-from phalanx.errors import InvalidSpec, InvalidTransition, NotFound
+from phalanx.errors import InvalidTransition, NotFound
 from phalanx.store import schema as s
 from phalanx.store.base import StoreBase
 from phalanx.store.sqlbits import now as _now
@@ -472,13 +472,3 @@ def step_view(row: dict[str, Any]) -> dict[str, Any]:
         "exit_signal": row["exit_signal"],
         "stop_reason": row["stop_reason"],
     }
-
-
-def check_step_ref(text: str) -> tuple[str, int | None]:
-    """``12.3`` -> ("12", 3); ``12`` -> ("12", None); used by the step routes and commands."""
-    job, sep, step = text.partition(".")
-    if not sep:
-        return job, None
-    if not step.isdigit():
-        raise InvalidSpec(f"invalid step id {text!r}: use JOBID.STEP, e.g. 12.0")
-    return job, int(step)
