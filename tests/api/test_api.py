@@ -98,6 +98,9 @@ def job(client: TestClient, ref: int | str) -> dict[str, Any]:
 
 def run_to_start(ctl: Controller, agent: Agent) -> dict[str, Any]:
     """Schedule, then heartbeat once: the reply must carry exactly one start."""
+    # no loops run here: renew the scheduling lease by hand, or a test slowed past its TTL by
+    # a busy machine would find it lapsed and the tick would do nothing
+    ctl.leases.tick()
     assert ctl.schedule_tick().startswith("started 1 jobs")
     reply = agent.heartbeat()
     (start,) = reply["start"]
