@@ -663,7 +663,12 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
 
     # ---------------------------------------------------------------- steps (srun)
     def _own_job(ref: str, ident: Identity, what: str) -> dict[str, Any]:
+        """The one job a step belongs to. A plain number is that job itself even when it is
+        also an array's id: srun sends $SLURM_JOB_ID, and the first task of an array has the
+        array's id as its own (as in Slurm), so `123` must not mean the whole array here."""
         ids = _one(ref)
+        if ref.strip().isdigit() and int(ref) in ids:
+            ids = [int(ref)]
         if len(ids) != 1:
             raise InvalidSpec(f"{ref} names {len(ids)} jobs: steps belong to one job")
         row = ctl.store.get_job(ids[0])
