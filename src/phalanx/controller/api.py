@@ -133,6 +133,9 @@ class StepIn(BaseModel):
     output: str | None = Field(default=None, max_length=4096)
     error: str | None = Field(default=None, max_length=4096)
     label: bool = False
+    open_mode: Literal["append", "truncate"] | None = Field(
+        default=None, description="how -o/-e files open; the job's --open-mode if absent"
+    )
     host: str = Field(max_length=256, description="where srun listens for its tasks' streams")
     port: int = Field(ge=1, le=65535)
     cookie: str = Field(min_length=16, max_length=128)
@@ -696,6 +699,7 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
             "output": body.output,
             "error": body.error,
             "label": body.label,
+            "open_mode": body.open_mode,
             "io": {
                 "host": body.host,
                 "port": body.port,
