@@ -24,8 +24,10 @@ from phalanx.domain.hostlist import compress_hostlist, expand_hostlist
 from phalanx.errors import NotFound
 from phalanx.slurm import records
 from phalanx.slurm.common import (
+    ACCT_STATE,
     SlurmParser,
     SlurmUsageError,
+    acct_state,
     client,
     duration_full,
     job_id_text,
@@ -307,7 +309,7 @@ def job_rows(job: dict[str, Any], now: float, *, steps: bool = True) -> list[dic
         "_jobidraw": f"{job['id']}.batch",
         "_partition": "",
         "_user": "",
-        "_state": _BATCH_STATE.get(state, slurm_state(state)),
+        "_state": _BATCH_STATE.get(state, acct_state(state)),
         "_nodelist": host,
         "_nnodes": 1,
         "_ncpus": cpn,
@@ -391,7 +393,7 @@ def json_job(job: dict[str, Any], now: float) -> dict[str, Any]:
             "job_id": int(job["array_job_id"]) if job.get("array_job_id") is not None else 0,
             "task_id": job.get("array_task_id"),
         },
-        "state": {"current": slurm_state(job.get("state") or ""), "reason": first["_reason"]},
+        "state": {"current": acct_state(job.get("state") or ""), "reason": first["_reason"]},
         "exit_code": exit_obj(code, sig),
         "derived_exit_code": exit_obj(int(d_code or 0), int(d_sig or 0)),
         "time": time_obj(first),
@@ -516,7 +518,7 @@ def body(argv: list[str]) -> int:
         if refs:
             params["job"] = ",".join(refs)
         if states:
-            params["state"] = ",".join(phalanx_states(states)) or "NONE"
+            params["state"] = ",".join(phalanx_states(states, ACCT_STATE)) or "NONE"
         if start is not None:
             params["active_after"] = start
         if end is not None:
