@@ -321,6 +321,22 @@ def test_a_starting_job_is_running_to_sacct() -> None:
     assert slurm_state("STARTING") == "CONFIGURING"  # squeue still shows it launching
 
 
+def test_a_requeued_job_shows_the_steps_of_its_last_run() -> None:
+    """Each run numbers its steps from 0: sacct (no -D) shows the last run's, one `42.0`."""
+    steps = [
+        {"step_id": 0, "state": "FAILED", "nodes": ["node01"], "attempt_seq": 0,
+         "exit_code": 255, "exit_signal": 0, "start_time": T0 + 6, "end_time": T0 + 9},
+        {"step_id": 0, "state": "COMPLETED", "nodes": ["node02"], "attempt_seq": 1,
+         "exit_code": 0, "exit_signal": 0, "start_time": T0 + 20, "end_time": T0 + 30},
+    ]  # fmt: skip
+    rows = sacct.job_rows(job(steps=steps, restart_count=1), T0 + 99)
+    fields = sacct.parse_format("JobID,State,NodeList,DerivedExitCode")
+    assert sacct.render(rows, fields, header=False, parsable="2").splitlines()[2:] == [
+        "42.0|COMPLETED|node02|"
+    ]
+    assert rows[0]["_derived"] == "0:0"  # the earlier run's 255 is not this run's
+
+
 def test_job_refs_and_json() -> None:
     assert sacct.job_refs("12,13_2,14_[1-3],15.batch") == [
         "12",

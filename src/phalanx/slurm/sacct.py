@@ -251,6 +251,15 @@ _BATCH_STATE = {
 }
 
 
+def last_run_steps(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """The steps of the job's last run (Slurm's sacct without -D): a requeued job's earlier
+    runs numbered their steps from 0 too, and two `12.0` rows are one too many for a tool
+    that keys rows by JobID."""
+    steps = [s for s in job.get("steps") or [] if isinstance(s, dict)]
+    last = int(job.get("restart_count") or 0)
+    return [s for s in steps if s.get("attempt_seq") is None or int(s["attempt_seq"]) == last]
+
+
 def job_rows(job: dict[str, Any], now: float, *, steps: bool = True) -> list[dict[str, Any]]:
     """The rows of one job: the allocation, then (unless `steps` is off: -X) its batch step
     and job steps."""
@@ -259,7 +268,7 @@ def job_rows(job: dict[str, Any], now: float, *, steps: bool = True) -> list[dic
     ran = state not in ("PENDING", "HELD")
     nnodes = records.node_count(job)
     mem = int(job.get("mem_per_node_mb") or 0)
-    step_list = [s for s in job.get("steps") or [] if isinstance(s, dict)]
+    step_list = last_run_steps(job)
     codes = [(int(s.get("exit_code") or 0), int(s.get("exit_signal") or 0)) for s in step_list] or [
         (int(job.get("exit_code") or 0), int(job.get("exit_signal") or 0))
     ]
