@@ -32,8 +32,9 @@ TESTS = str(Path(__file__).resolve().parents[1])  # where `system.test_submitit`
 
 @pytest.fixture
 def slurm(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
-    """A 2-node cluster whose Slurm commands this process (and so submitit) runs from PATH."""
-    cluster.start(nodes=2, cpus=2)
+    """A 2-node cluster (2 GPUs each, declared: no device is touched) whose Slurm commands
+    this process (and so submitit) runs from PATH."""
+    cluster.start(nodes=2, cpus=2, gpus="a100:2")
     env = cluster.env(
         PHALANX_URL=cluster.url,
         PHALANX_AUTH_SOCKET=str(cluster.agent_socket("node01")),
@@ -79,6 +80,7 @@ def where_am_i(x: int) -> dict[str, Any]:
         "num_tasks": env.num_tasks,
         "global_rank": env.global_rank,
         "array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"),
+        "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
 
 
@@ -115,15 +117,17 @@ def test_submit_a_function_get_its_result_and_a_failures_traceback(
 def test_a_two_node_job_gives_every_task_its_rank_and_cancel_stops_a_job(
     slurm: Cluster, tmp_path: Path
 ) -> None:
-    """nodes=2: srun starts one task per node, each with its rank, and job.results() has
-    both; job.cancel() (scancel ID) ends a running job, which sacct then shows CANCELLED."""
-    ex = executor(tmp_path, name="two", nodes=2, tasks_per_node=1)
+    """nodes=2 (`--gpus-per-node=1`): srun starts one task per node, each with its rank and
+    its node's GPU, and job.results() has both; job.cancel() (scancel ID) ends a running job,
+    which sacct then shows CANCELLED."""
+    ex = executor(tmp_path, name="two", nodes=2, tasks_per_node=1, gpus_per_node=1)
     job = ex.submit(where_am_i, 3)
     results = job.results()
     assert [(r["global_rank"], r["num_tasks"], r["square"]) for r in results] == [
         (0, 2, 9),
         (1, 2, 9),
     ]
+    assert all(r["gpus"] in ("0", "1") for r in results), results
     assert results[0]["hostnames"] == ["node01", "node02"]
     assert final_state(job) == "COMPLETED"
 
