@@ -61,13 +61,13 @@ def final_state(job: Any) -> str:
     """The job's state as submitit reads it from sacct, once the job has ended (a result can
     be read before the job is over: the job writes it, then exits)."""
     live = ("", "UNKNOWN", "PENDING", "RUNNING", "REQUEUED", "COMPLETING", "CONFIGURING")
-    state: str = wait_for(
+    state = wait_for(
         lambda: (st := job.get_info(mode="force").get("State", "")) not in live and st,
         what=f"job {job.job_id} to end in sacct",
         timeout=120,
         interval=1.0,  # each look runs sacct
     )
-    return state
+    return str(state)
 
 
 def where_am_i(x: int) -> dict[str, Any]:
@@ -160,7 +160,7 @@ def test_map_array_runs_a_job_array(slurm: Cluster, tmp_path: Path) -> None:
     ], tasks
 
 
-class Counter(submitit.helpers.Checkpointable):  # type: ignore[misc,name-defined]
+class Counter(submitit.helpers.Checkpointable):  # type: ignore[name-defined]
     """Counts to `n`; the first run stops halfway and waits until its time-limit signal: its
     checkpoint (the default one, this object as it is then) is what the requeued run resumes."""
 
