@@ -569,3 +569,23 @@ def test_nul_characters_are_refused_before_the_store_sees_them(client: TestClien
     r = client.get("/v1/jobs", params={"name": "a\u0000b"}, headers=USER)
     assert r.status_code == 422, r.text
     assert client.get("/v1/jobs", headers=USER).json()["jobs"] == []
+
+
+def test_a_step_of_an_arrays_first_task_is_created_in_that_task(
+    client: TestClient, ctl: Controller
+) -> None:
+    """srun in an array's first task sends $SLURM_JOB_ID, which is also the array's id (as in
+    Slurm): the step goes to that task, not refused as naming every task of the array."""
+    agent = Agent(client, "n1")
+    agent.register(cpus=4)
+    arr = submit(client, array="0-1")
+    assert ctl.schedule_tick().startswith("started 2 jobs")
+    starts = agent.heartbeat()["start"]
+    agent.heartbeat([Agent.report(s, "running") for s in starts])
+    body = {"argv": ["true"], "host": "127.0.0.1", "port": 9, "cookie": "c" * 32}
+    for ref, jid in ((str(arr[0]), arr[0]), (f"{arr[0]}_1", arr[1])):
+        r = client.post(f"/v1/jobs/{ref}/steps", json=body, headers=USER)
+        assert r.status_code == 201, r.text
+        assert r.json()["job_id"] == jid, r.json()
+    # the array as a whole is still every task where a command means it
+    assert [j["id"] for j in client.get(f"/v1/jobs/{arr[0]}").json()["jobs"]] == arr

@@ -18,7 +18,7 @@ from phalanx.domain.policy import (
 )
 from phalanx.domain.states import JobState
 from phalanx.slurm import records, sacct, scontrol
-from phalanx.slurm.common import SlurmUsageError
+from phalanx.slurm.common import ACCT_STATE, SlurmUsageError, phalanx_states, slurm_state
 
 T0 = datetime(2026, 3, 4, 10, 0, 0).timestamp()  # local time, as Slurm prints it
 
@@ -307,6 +307,34 @@ def test_states_in_sacct() -> None:
     )
     timeout = sacct.job_rows(job(state="TIMEOUT"), T0)
     assert [r["_state"] for r in timeout] == ["TIMEOUT", "CANCELLED"]
+
+
+def test_a_starting_job_is_running_to_sacct() -> None:
+    """Accounting has a job RUNNING from its allocation on; tools that poll sacct (submitit)
+    take a state they do not know, CONFIGURING among them, as the job's end."""
+    starting = job(state="STARTING", end_time=None, exit_code=None, steps=[])
+    fields = sacct.parse_format("JobID,State,NodeList")
+    out = sacct.render(sacct.job_rows(starting, T0), fields, header=False, parsable="2")
+    assert out == "42|RUNNING|node[01-02]\n42.batch|RUNNING|node01\n"
+    assert sacct.json_job(starting, T0)["state"]["current"] == "RUNNING"
+    assert phalanx_states({"RUNNING"}, ACCT_STATE) == ["RUNNING", "STARTING"]  # sacct -s R
+    assert slurm_state("STARTING") == "CONFIGURING"  # squeue still shows it launching
+
+
+def test_a_requeued_job_shows_the_steps_of_its_last_run() -> None:
+    """Each run numbers its steps from 0: sacct (no -D) shows the last run's, one `42.0`."""
+    steps = [
+        {"step_id": 0, "state": "FAILED", "nodes": ["node01"], "attempt_seq": 0,
+         "exit_code": 255, "exit_signal": 0, "start_time": T0 + 6, "end_time": T0 + 9},
+        {"step_id": 0, "state": "COMPLETED", "nodes": ["node02"], "attempt_seq": 1,
+         "exit_code": 0, "exit_signal": 0, "start_time": T0 + 20, "end_time": T0 + 30},
+    ]  # fmt: skip
+    rows = sacct.job_rows(job(steps=steps, restart_count=1), T0 + 99)
+    fields = sacct.parse_format("JobID,State,NodeList,DerivedExitCode")
+    assert sacct.render(rows, fields, header=False, parsable="2").splitlines()[2:] == [
+        "42.0|COMPLETED|node02|"
+    ]
+    assert rows[0]["_derived"] == "0:0"  # the earlier run's 255 is not this run's
 
 
 def test_job_refs_and_json() -> None:

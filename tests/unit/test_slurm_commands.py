@@ -23,6 +23,7 @@ from phalanx.slurm.common import (
     split_submit_flags,
     wait_exit_code,
 )
+from phalanx.slurm.scontrol import requeues_itself
 from phalanx.store.store import TaskReport
 
 NOW = 1_800_000_000.0
@@ -387,3 +388,14 @@ def test_no_signals_for_agents_that_cannot_deliver_or_attempts_not_running() -> 
     assert signal_items([work_row(7, 0, SIGS)], []) == []  # not launched here yet
     assert signal_items([work_row(7, 0, SIGS, "STOPPING")], [report(7, 0)]) == []
     assert signal_items([work_row(7, 0, SIGS)], [report(7, 0, "exited")]) == []
+
+
+def test_scontrol_knows_when_it_requeues_its_own_job() -> None:
+    """A job's own requeue stops the job, scontrol with it: it must then outlive the SIGTERM."""
+    job = {"SLURM_JOB_ID": "7"}
+    task = {"SLURM_JOB_ID": "9", "SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "2"}
+    assert requeues_itself(["7"], job) and requeues_itself(["3", "7"], job)
+    assert not requeues_itself(["8"], job) and not requeues_itself(["7"], {})
+    assert requeues_itself(["9"], task) and requeues_itself(["7_2"], task)
+    assert requeues_itself(["7"], task)  # its whole array
+    assert not requeues_itself(["7_1"], task)

@@ -12,7 +12,8 @@ from phalanx.controller.exchange import decide_steps
 from phalanx.controller.launch import build_step_launch, expand_step_pattern
 from phalanx.domain.steps import AllocNode, StepRequest, plan_step, step_outcome
 from phalanx.errors import InvalidSpec
-from phalanx.slurm.srun import worst_exit
+from phalanx.slurm.common import SlurmUsageError
+from phalanx.slurm.srun import open_mode, worst_exit
 from phalanx.store.steps import StepReport
 
 ALLOC = [AllocNode("n1", 4, (0, 1)), AllocNode("n2", 4, (0, 1)), AllocNode("n3", 4, (0, 1))]
@@ -152,6 +153,27 @@ def test_step_launch_on_a_node() -> None:
         )
         == "o-0003-n1-%"
     )
+
+
+def test_step_files_open_as_srun_or_the_job_asked() -> None:
+    """A job submitted with --open-mode=append (submitit's) keeps its steps' -o/-e output
+    across requeues; srun's own --open-mode wins; Slurm's default is truncate."""
+    base = row()
+
+    def mode(step: str | None, job: str | None) -> str:
+        r = row(
+            step_spec={**base["step_spec"], "open_mode": step},
+            spec={**base["spec"], "open_mode": job},
+        )
+        return str(build_step_launch(r, node="n1", kill_wait=3.0, now=time.time())["open_mode"])
+
+    assert mode(None, None) == "truncate"
+    assert mode(None, "append") == "append"
+    assert mode("truncate", "append") == "truncate"
+    assert mode("append", None) == "append"
+    assert (open_mode("A"), open_mode("truncate")) == ("append", "truncate")
+    with pytest.raises(SlurmUsageError, match="use append or truncate"):
+        open_mode("sometimes")
 
 
 def report(state: str, **kw: Any) -> StepReport:

@@ -211,7 +211,7 @@ class StepRunner:
                 "stdout": task.get("stdout") or os.devnull,
                 "stderr": task.get("stderr"),
                 "io": io,
-                "open_mode": "truncate",
+                "open_mode": item.get("open_mode") or "truncate",
                 "time_limit_s": item.get("time_limit_s"),
                 "kill_grace_s": item["kill_grace_s"],
                 "signal": item.get("signal"),

@@ -133,6 +133,9 @@ class StepIn(BaseModel):
     output: str | None = Field(default=None, max_length=4096)
     error: str | None = Field(default=None, max_length=4096)
     label: bool = False
+    open_mode: Literal["append", "truncate"] | None = Field(
+        default=None, description="how -o/-e files open; the job's --open-mode if absent"
+    )
     host: str = Field(max_length=256, description="where srun listens for its tasks' streams")
     port: int = Field(ge=1, le=65535)
     cookie: str = Field(min_length=16, max_length=128)
@@ -663,7 +666,12 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
 
     # ---------------------------------------------------------------- steps (srun)
     def _own_job(ref: str, ident: Identity, what: str) -> dict[str, Any]:
+        """The one job a step belongs to. A plain number is that job itself even when it is
+        also an array's id: srun sends $SLURM_JOB_ID, and the first task of an array has the
+        array's id as its own (as in Slurm), so `123` must not mean the whole array here."""
         ids = _one(ref)
+        if ref.strip().isdigit() and int(ref) in ids:
+            ids = [int(ref)]
         if len(ids) != 1:
             raise InvalidSpec(f"{ref} names {len(ids)} jobs: steps belong to one job")
         row = ctl.store.get_job(ids[0])
@@ -691,6 +699,7 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
             "output": body.output,
             "error": body.error,
             "label": body.label,
+            "open_mode": body.open_mode,
             "io": {
                 "host": body.host,
                 "port": body.port,

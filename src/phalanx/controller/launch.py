@@ -464,6 +464,7 @@ def build_step_launch(
         "cwd": cwd,
         "io": dict(spec["io"]),
         "label": bool(spec.get("label")),
+        "open_mode": step_open_mode(spec, w["spec"]),
         "tasks": tasks,
         # a step ends with its job's time limit at the latest, and gets the job's --signal
         # (not a B: one, which is the batch shell's alone)
@@ -472,6 +473,15 @@ def build_step_launch(
         "kill_grace_s": kill_wait,
         "user": str(w["user"]),
     }
+
+
+def step_open_mode(step_spec: dict[str, Any], job_spec: dict[str, Any]) -> str:
+    """How a step's -o/-e files open: srun's --open-mode (or $SLURM_OPEN_MODE) if given, else
+    the job's own --open-mode, else truncate. A job that asked for append keeps its steps'
+    output across requeues: submitit writes `#SBATCH --open-mode=append` and its `srun
+    --output` log of the first attempt (the checkpoint and requeue lines) must survive."""
+    mode = step_spec.get("open_mode") or job_spec.get("open_mode") or "truncate"
+    return "append" if mode == "append" else "truncate"
 
 
 def _step_path(pattern: str | None, fmt: dict[str, Any], cwd: str) -> str | None:

@@ -39,6 +39,11 @@ SLURM_STATE = {
     "NODE_FAIL": "NODE_FAIL",
     "OUT_OF_MEMORY": "OUT_OF_MEMORY",
 }
+# What sacct prints: accounting has a job RUNNING from its allocation on (Slurm's CONFIGURING is
+# a flag that squeue shows while nodes boot). Tools poll sacct and take any state they do not
+# know as final: submitit's list of unfinished states has no CONFIGURING, so a job caught
+# STARTING was written off as over before it ran.
+ACCT_STATE = {**SLURM_STATE, "STARTING": "RUNNING"}
 # Slurm state name -> its compact code (squeue %t, -t accepts either).
 STATE_CODE = {
     "PENDING": "PD",
@@ -119,6 +124,11 @@ def slurm_state(state: str) -> str:
     return SLURM_STATE.get(state, state)
 
 
+def acct_state(state: str) -> str:
+    """sacct's name for a Phalanx job state (see ACCT_STATE)."""
+    return ACCT_STATE.get(state, state)
+
+
 def state_code(state: str) -> str:
     return STATE_CODE.get(slurm_state(state), slurm_state(state)[:2])
 
@@ -146,9 +156,10 @@ def parse_states(text: str) -> set[str]:
     return out
 
 
-def phalanx_states(slurm_names: set[str]) -> list[str]:
-    """The Phalanx states that show as these Slurm states."""
-    return sorted(p for p, s in SLURM_STATE.items() if s in slurm_names)
+def phalanx_states(slurm_names: set[str], names: dict[str, str] = SLURM_STATE) -> list[str]:
+    """The Phalanx states that show as these Slurm states (as squeue names them, or sacct
+    with `names=ACCT_STATE`)."""
+    return sorted(p for p, s in names.items() if s in slurm_names)
 
 
 def _parts(seconds: float) -> tuple[int, int, int, int]:

@@ -10,7 +10,7 @@ import grp
 import pwd
 from typing import Any
 
-from phalanx.slurm.common import slurm_state
+from phalanx.slurm.common import acct_state
 
 # A Phalanx end state -> the reason Slurm gives a job that ended so.
 _END_REASONS = {
@@ -97,7 +97,7 @@ def tres_text(job: dict[str, Any]) -> str:
 def state_text(job: dict[str, Any], *, by_uid: bool = True) -> str:
     """sacct's State: Slurm's name; a cancelled job `CANCELLED by <uid>` when the canceller is
     known (the reason names them: `cancelled by alice`)."""
-    state = slurm_state(job.get("state") or "")
+    state = acct_state(job.get("state") or "")
     if state == "CANCELLED" and by_uid:
         reason = job.get("reason") or ""
         marker = " by "

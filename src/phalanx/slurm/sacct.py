@@ -24,8 +24,10 @@ from phalanx.domain.hostlist import compress_hostlist, expand_hostlist
 from phalanx.errors import NotFound
 from phalanx.slurm import records
 from phalanx.slurm.common import (
+    ACCT_STATE,
     SlurmParser,
     SlurmUsageError,
+    acct_state,
     client,
     duration_full,
     job_id_text,
@@ -249,6 +251,15 @@ _BATCH_STATE = {
 }
 
 
+def last_run_steps(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """The steps of the job's last run (Slurm's sacct without -D): a requeued job's earlier
+    runs numbered their steps from 0 too, and two `12.0` rows are one too many for a tool
+    that keys rows by JobID."""
+    steps = [s for s in job.get("steps") or [] if isinstance(s, dict)]
+    last = int(job.get("restart_count") or 0)
+    return [s for s in steps if s.get("attempt_seq") is None or int(s["attempt_seq"]) == last]
+
+
 def job_rows(job: dict[str, Any], now: float, *, steps: bool = True) -> list[dict[str, Any]]:
     """The rows of one job: the allocation, then (unless `steps` is off: -X) its batch step
     and job steps."""
@@ -257,7 +268,7 @@ def job_rows(job: dict[str, Any], now: float, *, steps: bool = True) -> list[dic
     ran = state not in ("PENDING", "HELD")
     nnodes = records.node_count(job)
     mem = int(job.get("mem_per_node_mb") or 0)
-    step_list = [s for s in job.get("steps") or [] if isinstance(s, dict)]
+    step_list = last_run_steps(job)
     codes = [(int(s.get("exit_code") or 0), int(s.get("exit_signal") or 0)) for s in step_list] or [
         (int(job.get("exit_code") or 0), int(job.get("exit_signal") or 0))
     ]
@@ -307,7 +318,7 @@ def job_rows(job: dict[str, Any], now: float, *, steps: bool = True) -> list[dic
         "_jobidraw": f"{job['id']}.batch",
         "_partition": "",
         "_user": "",
-        "_state": _BATCH_STATE.get(state, slurm_state(state)),
+        "_state": _BATCH_STATE.get(state, acct_state(state)),
         "_nodelist": host,
         "_nnodes": 1,
         "_ncpus": cpn,
@@ -391,7 +402,7 @@ def json_job(job: dict[str, Any], now: float) -> dict[str, Any]:
             "job_id": int(job["array_job_id"]) if job.get("array_job_id") is not None else 0,
             "task_id": job.get("array_task_id"),
         },
-        "state": {"current": slurm_state(job.get("state") or ""), "reason": first["_reason"]},
+        "state": {"current": acct_state(job.get("state") or ""), "reason": first["_reason"]},
         "exit_code": exit_obj(code, sig),
         "derived_exit_code": exit_obj(int(d_code or 0), int(d_sig or 0)),
         "time": time_obj(first),
@@ -516,7 +527,7 @@ def body(argv: list[str]) -> int:
         if refs:
             params["job"] = ",".join(refs)
         if states:
-            params["state"] = ",".join(phalanx_states(states)) or "NONE"
+            params["state"] = ",".join(phalanx_states(states, ACCT_STATE)) or "NONE"
         if start is not None:
             params["active_after"] = start
         if end is not None:

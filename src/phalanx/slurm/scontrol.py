@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -281,6 +282,18 @@ def _job_refs(words: Sequence[str], cmd: str) -> list[str]:
     return refs
 
 
+def requeues_itself(refs: Sequence[str], environ: Mapping[str, str]) -> bool:
+    """Whether `scontrol requeue` names the job it runs in ($SLURM_JOB_ID, its array task
+    `A_T`, or its whole array `A`). Such a job is stopped at once, this process with it:
+    submitit's `subprocess.check_call(["scontrol", "requeue", id])` in its signal handler
+    then saw the requeue fail (killed by SIGTERM) though it had been done."""
+    own = {environ.get("SLURM_JOB_ID", ""), environ.get("SLURM_ARRAY_JOB_ID", "")}
+    if environ.get("SLURM_ARRAY_JOB_ID") and environ.get("SLURM_ARRAY_TASK_ID"):
+        own.add(f"{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}")
+    own.discard("")
+    return any(r in own for r in refs)
+
+
 def _results(results: dict[str, str], ok: tuple[str, ...]) -> int:
     """Print the per-job failures as scontrol does (`<why> for job <id>`); exit 1 if any."""
     rc = 0
@@ -473,6 +486,10 @@ def body(argv: list[str]) -> int:
         refs = _job_refs(words, cmd)
         try:
             if cmd in ("requeue", "requeuehold"):
+                if requeues_itself(refs, os.environ):
+                    # the job stops (SIGTERM) as soon as the requeue is taken, and we are one
+                    # of its processes: say how the request went rather than die of its effect
+                    signal.signal(signal.SIGTERM, signal.SIG_IGN)
                 results = cli.requeue(refs, hold=cmd == "requeuehold")
                 return _results(results, ("requeued", "held"))
             if cmd in ("hold", "uhold"):

@@ -57,6 +57,7 @@ def parser() -> SlurmParser:
     a("-K", "--kill-on-bad-exit", nargs="?", const="1", default=None)
     a("-o", "--output")
     a("-e", "--error")
+    a("--open-mode", type=open_mode)
     a("-J", "--job-name")
     a("-D", "--chdir")
     a("--export", default="ALL")
@@ -82,6 +83,16 @@ def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise SlurmUsageError(f"invalid number {text!r}: give a whole number of at least 1")
     return int(text)
+
+
+def open_mode(text: str) -> str:
+    """--open-mode (or $SLURM_OPEN_MODE): append or truncate, as Slurm spells them."""
+    mode = text.strip().lower()
+    if mode in ("a", "append"):
+        return "append"
+    if mode in ("t", "truncate"):
+        return "truncate"
+    raise SlurmUsageError(f"invalid --open-mode {text!r}: use append or truncate")
 
 
 def _nodes(text: str) -> int:
@@ -283,6 +294,10 @@ def _body(opts: Any, host: str, cookie: str, port: int) -> dict[str, Any]:
         "output": opts.output,
         "error": opts.error,
         "label": bool(opts.label),
+        "open_mode": opts.open_mode
+        or (
+            open_mode(os.environ["SLURM_OPEN_MODE"]) if os.environ.get("SLURM_OPEN_MODE") else None
+        ),
         "host": host,
         "port": port,
         "cookie": cookie,
