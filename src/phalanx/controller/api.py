@@ -314,7 +314,11 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
                 raise InvalidSpec("text in a request may not contain NUL characters (\\u0000)")
             return None
 
-    authorize = Authorize(auto_error=False, description="a Phalanx credential (JWT)")
+    authorize = Authorize(
+        auto_error=False,
+        scheme_name="HTTPBearer",  # the OpenAPI name it had as a plain HTTPBearer
+        description="a Phalanx credential (JWT)",
+    )
 
     async def caller(request: Request) -> Identity:
         # async: a plain `def` dependency costs every route a hop to the thread pool and back
@@ -399,10 +403,11 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
     # ---------------------------------------------------------------- jobs
     @app.post("/v1/jobs", status_code=201, response_model=SubmitOut)
     async def submit(spec: JobSpec, request: Request) -> JSONResponse:
-        """One job (or one array). The hot path of `sbatch`: the store's transaction runs in
-        the thread pool (one hop), and the reply is built here, not re-validated against
-        `SubmitOut` (a hop of its own for a sync route, and a pydantic pass). The caller is
-        read from the request (set by `authorize`), which spares FastAPI a dependency."""
+        """Submit one job (or one array); the reply has its id (and every array task's)."""
+        # The hot path of `sbatch`: the store's transaction runs in the thread pool (one hop),
+        # and the reply is built here, not re-validated against `SubmitOut` (a hop of its own
+        # for a sync route, and a pydantic pass). The caller is read from the request (set by
+        # `authorize`), which spares FastAPI a dependency.
         user = submitter(request.state.identity, 1)
         ids = (await run_in_threadpool(ctl.submit, [spec], user))[0]
         body = {"job_id": ids[0], "job_ids": ids, "array": bool(spec.array)}
