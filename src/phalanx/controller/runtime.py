@@ -50,6 +50,7 @@ HEARTBEATS = Counter("phalanx_heartbeats_total", "Agent heartbeats received by t
 LOOP_ERRORS = Counter("phalanx_loop_errors_total", "Ticks that ended in an error", ["loop"])
 
 CACHE_TTL = 2.0  # seconds submit-time checks may use a cached view of partitions and nodes
+MAX_VERDICTS = 1024  # request shapes whose satisfiability is remembered per cached node view
 CHECKPOINT_INPUT_TTL = 10.0  # seconds a job's measured checkpoint cost is reused
 FAILURE_HISTORY_TTL = 60.0  # seconds the cluster's failure history (node MTBF) is reused
 CLUSTER_LEASE = "cluster"
@@ -139,6 +140,9 @@ class Controller:
         self.last_tick: dict[str, float] = {}
         self._partitions_cache: tuple[float, Any] | None = None
         self._views_cache: tuple[float, list[Any]] | None = None
+        # submit-time verdicts for the cached node views they were reached on (see
+        # _check_satisfiable): the same views give the same verdict, so nothing here is stale
+        self._verdicts: tuple[list[Any], dict[Any, str | None]] = ([], {})
         self.maintenance = MaintenanceDuty(
             store,
             lead=lambda: self.timing.maint_lead,
@@ -299,8 +303,21 @@ class Controller:
 
         if not views:
             return  # no node has registered yet: nothing to judge against
-        req = scheduling.resolved_request(resolved)
-        reason = unsatisfiable_reason(req, views)
+        # The verdict is a function of the request and the views only, and placement sorts and
+        # walks every node: remember it per request shape for as long as these views are used
+        # (jobs submitted together, or one after the other, mostly share their shape).
+        fields = scheduling.resolved_fields(resolved)
+        key = tuple(tuple(v) if isinstance(v, list) else v for v in fields.values())
+        known_views, verdicts = self._verdicts
+        if known_views is not views:
+            verdicts = {}
+            self._verdicts = (views, verdicts)
+        if key in verdicts:
+            reason = verdicts[key]
+        else:
+            reason = unsatisfiable_reason(scheduling.job_request(fields), views)
+            if len(verdicts) < MAX_VERDICTS:
+                verdicts[key] = reason
         if reason:
             raise Unsatisfiable(f"this job can never run here: {reason}")
 

@@ -138,8 +138,12 @@ def run_controller(
     server = uvicorn.Server(
         uvicorn.Config(
             app,
+            # uvicorn[standard] is a dependency: say so rather than rely on "auto" finding them
+            loop="uvloop",
+            http="httptools",
             log_level="warning",
-            access_log=False,
+            access_log=False,  # no log line per request
+            proxy_headers=False,  # no proxy in front is trusted; nothing reads the client address
             timeout_keep_alive=30,
             lifespan="on",
             ssl_certfile=config.auth.tls_cert,

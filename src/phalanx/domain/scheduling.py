@@ -60,24 +60,27 @@ def node_views(
 
 def resolved_request(resolved: Any) -> JobRequest:
     """The placement request of a job not stored yet (a spec.ResolvedJob), for submit checks."""
-    return job_request(
-        {
-            "id": 0,
-            "partitions": ",".join(resolved.partitions),
-            "nodes": resolved.nodes,
-            "cpus_per_node": resolved.cpus_per_node,
-            "mem_per_node_mb": resolved.mem_per_node_mb,
-            "gpus_per_node": resolved.gpus_per_node,
-            "gpu_type": resolved.gpu_type,
-            "exclusive": resolved.exclusive,
-            "constraint_expr": resolved.constraint,
-            "nodelist": resolved.nodelist,
-            "exclude": resolved.exclude,
-            "time_limit_s": resolved.time_limit_s,
-            "nodes_max": getattr(resolved, "nodes_max", None),
-            "spares": getattr(resolved, "spares", 0),
-        }
-    )
+    return job_request(resolved_fields(resolved))
+
+
+def resolved_fields(resolved: Any) -> dict[str, Any]:
+    """What of a ResolvedJob placement looks at (a job row's columns), and nothing else."""
+    return {
+        "id": 0,
+        "partitions": ",".join(resolved.partitions),
+        "nodes": resolved.nodes,
+        "cpus_per_node": resolved.cpus_per_node,
+        "mem_per_node_mb": resolved.mem_per_node_mb,
+        "gpus_per_node": resolved.gpus_per_node,
+        "gpu_type": resolved.gpu_type,
+        "exclusive": resolved.exclusive,
+        "constraint_expr": resolved.constraint,
+        "nodelist": resolved.nodelist,
+        "exclude": resolved.exclude,
+        "time_limit_s": resolved.time_limit_s,
+        "nodes_max": getattr(resolved, "nodes_max", None),
+        "spares": getattr(resolved, "spares", 0),
+    }
 
 
 def job_request(job: dict[str, Any]) -> JobRequest:

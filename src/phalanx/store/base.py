@@ -18,8 +18,12 @@ from phalanx.errors import Fenced
 from phalanx.store import schema as s
 from phalanx.store.engine import DEFAULT_OP_TIMEOUT, Engines
 from phalanx.store.notify import WORK_CHANNEL, encode_nodes
+from phalanx.store.rowinsert import RowInsert
 from phalanx.store.sqlbits import Fence
 from phalanx.store.sqlbits import now as _now
+
+_INSERT_EVENT = insert(s.events)  # built once: every transition appends an event
+_EVENT_ROW = RowInsert(s.events)  # one event (a submission's): straight to SQLite's driver
 
 
 class StoreBase:
@@ -105,7 +109,10 @@ class StoreBase:
             "term": None,
             "data": None,
         }
-        conn.execute(insert(s.events), [{**base, **r} for r in rows])
+        if len(rows) == 1:
+            _EVENT_ROW(conn, {**base, **rows[0]})
+            return
+        conn.execute(_INSERT_EVENT, [{**base, **r} for r in rows])
 
     def _check_fence(self, conn: Connection, fence: Fence | None) -> None:
         if fence is None:

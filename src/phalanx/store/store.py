@@ -60,6 +60,7 @@ from phalanx.domain.states import (
 )
 from phalanx.errors import InvalidSpec, InvalidTransition, NotFound
 from phalanx.store import schema as s
+from phalanx.store.rowinsert import RowInsert
 from phalanx.store.sqlbits import JOB_SUMMARY as _JOB_SUMMARY
 from phalanx.store.sqlbits import Fence
 from phalanx.store.sqlbits import active_tasks as _active_tasks
@@ -69,6 +70,11 @@ from phalanx.store.steps import JobSteps
 from phalanx.store.windows import MaintenanceWindows
 
 ACTIVE_ATTEMPT = (AttemptState.STARTING, AttemptState.RUNNING, AttemptState.STOPPING)
+
+# Submission's statements, built once: SQLAlchemy caches a statement's compiled form, but
+# building one (and its cache key) costs a submission more than the SQLite insert itself.
+_JOB_ROW = RowInsert(s.jobs)
+_INSERT_JOBS_IDS = insert(s.jobs).returning(s.jobs.c.id, sort_by_parameter_order=True)
 
 
 def _by_job(table: Table) -> Any:
@@ -303,10 +309,14 @@ class Store(JobSteps, MaintenanceWindows):
             def flush() -> None:
                 if not plain:
                     return
-                res = conn.execute(
-                    insert(s.jobs).returning(s.jobs.c.id, sort_by_parameter_order=True),
-                    [row for _, row in plain],
-                )
+                if len(plain) == 1:  # `sbatch`: one row, straight to the driver (rowinsert.py)
+                    idx, row = plain[0]
+                    jid = _JOB_ROW(conn, row)
+                    out[idx] = [jid]
+                    events.append(_submit_event(jid, row, user, now))
+                    plain.clear()
+                    return
+                res = conn.execute(_INSERT_JOBS_IDS, [row for _, row in plain])
                 for (idx, row), r in zip(plain, res, strict=True):
                     out[idx] = [int(r[0])]
                     events.append(_submit_event(int(r[0]), row, user, now))

@@ -1,0 +1,179 @@
+"""The submission fast path: rows written by `RowInsert` are the rows SQLAlchemy would write,
+on SQLite (the driver path) and PostgreSQL (the ordinary statement); driver errors keep their
+meaning; SQLite's WAL is checkpointed by the store's own thread, off the commits.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import exc as sa_exc
+from sqlalchemy import insert, select, text
+
+from phalanx.config import load_config
+from phalanx.controller.runtime import partition_rows
+from phalanx.domain.spec import JobSpec, normalize
+from phalanx.errors import StoreUnavailable
+from phalanx.store import schema as s
+from phalanx.store.engine import WAL_BACKSTOP_PAGES
+from phalanx.store.rowinsert import RowInsert
+from phalanx.store.store import Store
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (got := cond()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(0.05)
+    return got
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    st = Store(db_url, actor="ctl-t")
+    st.migrate()
+    cfg = load_config(overrides={"cluster": {"partitions": [{"name": "batch", "default": True}]}})
+    st.sync_partitions(partition_rows(cfg))
+    try:
+        yield st
+    finally:
+        st.close()
+
+
+def item(store: Store, **kw: Any) -> tuple[Any, dict[str, Any]]:
+    spec = JobSpec(argv=["/bin/true"], **kw)
+    resolved = normalize(
+        spec, store.partition_infos(), default_mem_per_cpu_mb=512, default_requeue=True
+    )
+    return resolved, spec.model_dump(exclude={"ignored"})
+
+
+def job_row(store: Store, **kw: Any) -> dict[str, Any]:
+    resolved, spec = item(store, **kw)
+    with store.db.begin(write=False) as conn:
+        return store._job_row(conn, resolved, spec, "alice", 1234.5)
+
+
+def stored(store: Store, table: Any, key: int) -> dict[str, Any]:
+    """The row as SQLAlchemy reads it back, without its id."""
+    with store.db.begin(write=False) as conn:
+        row = conn.execute(select(table).where(table.c.id == key)).mappings().one()
+    return {k: v for k, v in row.items() if k != "id"}
+
+
+def test_job_row_matches_sqlalchemy_insert(store: Store) -> None:
+    row = job_row(store, hold=True, name="x", comment="a 'quoted' \"text\" é")
+    with store.db.begin() as conn:
+        fast = RowInsert(s.jobs)(conn, row)
+        slow = conn.execute(insert(s.jobs), row).inserted_primary_key[0]
+    assert fast != slow
+    a, b = stored(store, s.jobs, fast), stored(store, s.jobs, slow)
+    assert a == b
+    # the scalar defaults the row leaves out were filled in, as SQLAlchemy does
+    assert a["launch_failures"] == 0 and a["retries"] == 0 and a["restart_count"] == 0
+    assert a["spec"]["comment"] == "a 'quoted' \"text\" é"
+
+
+@pytest.mark.parametrize("data", [None, {"k": [1, 2]}])
+def test_event_row_matches_sqlalchemy_insert(store: Store, data: Any) -> None:
+    row = {"ts": 1.5, "kind": "job.submit", "job_id": 7, "node": None, "actor": "alice"}
+    row |= {"controller": "c", "term": None, "message": "m", "data": data}
+    with store.db.begin() as conn:
+        fast = RowInsert(s.events)(conn, row)
+        slow = conn.execute(insert(s.events), row).inserted_primary_key[0]
+    assert stored(store, s.events, fast) == stored(store, s.events, slow)
+
+
+def test_sqlite_stores_the_same_bytes(tmp_path: Path) -> None:
+    """On SQLite the raw column values are identical too (JSON text, booleans as integers)."""
+    st = Store(f"sqlite:///{tmp_path}/x.db", actor="t")
+    st.migrate()
+    cfg = load_config(overrides={"cluster": {"partitions": [{"name": "batch", "default": True}]}})
+    st.sync_partitions(partition_rows(cfg))
+    try:
+        row = job_row(st, exclusive=True)
+        with st.db.begin() as conn:
+            fast = RowInsert(s.jobs)(conn, row)
+            slow = conn.execute(insert(s.jobs), row).inserted_primary_key[0]
+    finally:
+        st.close()
+    db = sqlite3.connect(tmp_path / "x.db")
+    try:
+        raw = {
+            i: db.execute("SELECT * FROM jobs WHERE id = ?", (i,)).fetchone() for i in (fast, slow)
+        }
+    finally:
+        db.close()
+    assert raw[fast][1:] == raw[slow][1:]
+
+
+def test_rolled_back_with_its_transaction(store: Store) -> None:
+    row = job_row(store)
+    with pytest.raises(RuntimeError), store.db.begin() as conn:
+        jid = RowInsert(s.jobs)(conn, row)
+        raise RuntimeError("later in the same transaction")
+    with store.db.begin(write=False) as conn:
+        assert conn.execute(select(s.jobs.c.id).where(s.jobs.c.id == jid)).first() is None
+
+
+def test_driver_errors_are_sqlalchemy_errors(store: Store) -> None:
+    row = job_row(store)
+    del row["name"]  # NOT NULL
+    with pytest.raises(sa_exc.IntegrityError), store.db.begin() as conn:
+        RowInsert(s.jobs)(conn, row)
+    with pytest.raises(sa_exc.CompileError), store.db.begin() as conn:
+        RowInsert(s.jobs)(conn, {**job_row(store), "no_such_column": 1})
+
+
+def test_locked_database_is_unavailable(tmp_path: Path) -> None:
+    """Another process holds SQLite's write lock past the busy timeout: StoreUnavailable (a
+    503), not a driver error (BEGIN IMMEDIATE goes straight to the driver)."""
+    st = Store(f"sqlite:///{tmp_path}/x.db", actor="t")
+    st.migrate()
+    st.db.write.pool.dispose()
+    with st.db.write.connect() as c:  # the pool's only connection from now on: quick to give up
+        c.connection.driver_connection.execute("PRAGMA busy_timeout=200")  # type: ignore[union-attr]
+    other = sqlite3.connect(tmp_path / "x.db", isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        with pytest.raises(StoreUnavailable, match="locked"), st.db.begin() as conn:
+            conn.execute(text("SELECT 1"))
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    st.add_event("test.after", "the lock is gone: writes work again")
+    st.close()
+
+
+def test_wal_checkpointed_off_the_commit_path(tmp_path: Path) -> None:
+    st = Store(f"sqlite:///{tmp_path}/x.db", actor="t")
+    st.migrate()
+    cfg = load_config(overrides={"cluster": {"partitions": [{"name": "batch", "default": True}]}})
+    st.sync_partitions(partition_rows(cfg))
+    ckpt = st.db.checkpointer
+    assert ckpt is not None
+    try:
+        with st.db.begin() as conn:
+            pages = conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar()
+        assert pages == WAL_BACKSTOP_PAGES
+        before = ckpt.checkpoints
+        for _ in range(20):
+            st.submit([item(st)], "alice")
+        wait_for(lambda: ckpt.checkpoints > before)
+        # nothing left in the WAL that is not in the database file
+        probe = sqlite3.connect(tmp_path / "x.db", isolation_level=None)
+        try:
+            busy, log, done = probe.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        finally:
+            probe.close()
+        assert busy == 0 and log == done
+    finally:
+        st.close()
+    assert not any(t.name == "phx-wal-checkpoint" for t in threading.enumerate())
