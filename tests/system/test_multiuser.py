@@ -8,7 +8,9 @@ credential socket, the way a user on a cluster host would: no token, no setup, t
 the controller who they are (SO_PEERCRED).
 
 Interpreter access: the project's Python lives under /root (mode 700), where other users cannot
-reach it. For the module's duration /root gets o+x (search only: nobody can list it) and its
+reach it. For the module's duration /root (and any other directory on the way to the interpreter
+or the sources that others cannot search, e.g. a checkout in a mode-700 temporary directory)
+gets o+x (search only: nobody can list it) and its
 original mode is restored afterwards, even on failure. That suffices because everything under
 /root/.pyenv and /work/main/.venv is already world-readable (the fixture checks by running
 ``import phalanx`` as phxalice and fails with a clear message otherwise).
@@ -209,15 +211,35 @@ def one_error_line(p: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
+def _reach_dirs() -> list[Path]:
+    """Every directory above the interpreter (its real path under /root/.pyenv and the venv's
+    link) and above the project's sources: the ones other users must be able to search."""
+    import phalanx
+
+    out: list[Path] = []
+    for target in (Path(sys.executable), Path(sys.executable).resolve(), Path(phalanx.__file__)):
+        for d in target.parents:
+            if d not in out and d != Path("/"):
+                out.append(d)
+    return out
+
+
 @contextlib.contextmanager
 def _root_searchable() -> Iterator[None]:
-    """/root gets o+x for the block (so others reach the interpreter), then its old mode."""
-    before = stat.S_IMODE(os.stat("/root").st_mode)
-    os.chmod("/root", before | stat.S_IXOTH)
+    """/root, and any other directory on the way to the interpreter or the sources that others
+    may not search (a checkout under a mode-700 temporary directory), get o+x for the block
+    (search only: nobody can list them), then their old modes back."""
+    changed: list[tuple[Path, int]] = []
     try:
+        for d in _reach_dirs():
+            mode = stat.S_IMODE(d.stat().st_mode)
+            if not mode & stat.S_IXOTH:
+                os.chmod(d, mode | stat.S_IXOTH)
+                changed.append((d, mode))
         yield
     finally:
-        os.chmod("/root", before)
+        for d, mode in reversed(changed):
+            os.chmod(d, mode)
 
 
 @pytest.fixture(scope="module")
