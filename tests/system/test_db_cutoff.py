@@ -224,8 +224,8 @@ def long_spec(stream: Stream, i: int, node: str, go: Path) -> dict[str, Any]:
     spec = stream.spec(900 + i)
     spec["script"] = (
         "#!/bin/sh\n"
-        'echo "$PHX_JOB_ID $PHX_ATTEMPT"\n'
-        f'echo "$PHX_JOB_ID $PHX_ATTEMPT" >> {shlex.quote(str(stream.runs))}\n'
+        'echo "$PHX_JOB_ID $PHX_ATTEMPT_ID"\n'
+        f'echo "$PHX_JOB_ID $PHX_ATTEMPT_ID" >> {shlex.quote(str(stream.runs))}\n'
         f"while [ ! -e {shlex.quote(str(go))} ]; do sleep 0.2; done\n"
     )
     spec["nodelist"] = [node]
