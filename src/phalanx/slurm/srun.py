@@ -151,11 +151,24 @@ class StepIO:
         self.host = host or ""
         self.exits: dict[int, dict[str, Any]] = {}
         self.open_streams = 0
+        self.closed_streams = 0  # output connections that reached their end
         self.cond = threading.Condition()
         self.out_lock = threading.Lock()
         self._closing = False
         self._thread = threading.Thread(target=self._accept, name="srun-accept", daemon=True)
         self._thread.start()
+
+    def drain(self, opts: Any, timeout: float = DRAIN_S) -> None:
+        """Wait until the output of every task that started has arrived: each opened its
+        streams before it ran (stdout, and stderr unless -e), and an exit record can come in
+        before a stream's last bytes. Bounded: a lost task's streams may never close."""
+        per_task = 0 if opts.output else (1 if opts.error else 2)
+        with self.cond:
+            started = sum(1 for rec in self.exits.values() if rec.get("started_at"))
+            want = started * per_task
+            self.cond.wait_for(
+                lambda: self.closed_streams >= want and self.open_streams == 0, timeout=timeout
+            )
 
     def close(self) -> None:
         self._closing = True
@@ -205,6 +218,7 @@ class StepIO:
             finally:
                 with self.cond:
                     self.open_streams -= 1
+                    self.closed_streams += 1
                     self.cond.notify_all()
 
     def _copy(self, conn: socket.socket, sink: BinaryIO, task: int) -> None:
@@ -402,11 +416,7 @@ def _supervise(client: LeanClient, job: str, step: dict[str, Any], io: StepIO, o
                         for t in missing:
                             io.exits.setdefault(t, {"exit_code": None, "lost": True})
                         break
-        deadline = time.monotonic() + DRAIN_S
-        with io.cond:
-            io.cond.wait_for(
-                lambda: io.open_streams == 0, timeout=max(0.0, deadline - time.monotonic())
-            )
+        io.drain(opts)
         return worst_exit(io.exits.values())
     finally:
         for s, h in old.items():
@@ -509,12 +519,12 @@ def _outside(client: LeanClient, argv: list[str], opts: Any) -> int:
                 "set PHALANX_URL to the cluster's controllers"
             ) from None
         jid = str(res["job_id"])
-        return _follow(client, jid, io)
+        return _follow(client, jid, io, opts)
     finally:
         io.close()
 
 
-def _follow(client: LeanClient, jid: str, io: StepIO) -> int:
+def _follow(client: LeanClient, jid: str, io: StepIO, opts: Any) -> int:
     said_queued = False
     started = time.monotonic()
     last_int = {"at": 0.0}
@@ -543,8 +553,7 @@ def _follow(client: LeanClient, jid: str, io: StepIO) -> int:
                 break
             with io.cond:
                 io.cond.wait(timeout=POLL_S)
-        with io.cond:
-            io.cond.wait_for(lambda: io.open_streams == 0, timeout=DRAIN_S)
+        io.drain(opts)
         if io.exits:
             for task, rec in sorted(io.exits.items()):
                 bad = _describe(rec)
