@@ -16,6 +16,31 @@ from phalanx.store import schema as s
 # snapshots and state transitions never need it, only `get_job` does.
 JOB_SUMMARY = [c for c in s.jobs.c if c.name != "spec"]
 
+# What a node needs to know about one of its tasks (or step tasks) to start it: the task's
+# share of the node, its attempt and its job. Store.node_work and Store.node_step_work select
+# these (launch.build_launch and build_step_launch read them), each with its own additions.
+NODE_WORK_COLUMNS = (
+    s.tasks.c.rank,
+    s.tasks.c.cpus,
+    s.tasks.c.mem_mb,
+    s.tasks.c.gpu_ids,
+    s.attempts.c.token,
+    s.attempts.c.seq,
+    s.attempts.c.state.label("attempt_state"),
+    s.attempts.c.stop_reason,
+    s.attempts.c.nodes.label("attempt_nodes"),
+    s.attempts.c.partition.label("attempt_partition"),
+    s.attempts.c.fence_term,
+    s.jobs.c.id.label("job_id"),
+    s.jobs.c.name,
+    s.jobs.c.user,
+    s.jobs.c.array_job_id,
+    s.jobs.c.array_task_id,
+    s.jobs.c.time_limit_s,
+    s.jobs.c.cpus_per_node,
+    s.jobs.c.spec,
+)
+
 
 @dataclass(frozen=True)
 class Fence:

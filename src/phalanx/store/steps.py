@@ -20,6 +20,7 @@ from phalanx.domain.steps import AllocNode, StepRequest, plan_step, step_outcome
 from phalanx.errors import InvalidTransition, NotFound
 from phalanx.store import schema as s
 from phalanx.store.base import StoreBase
+from phalanx.store.sqlbits import NODE_WORK_COLUMNS
 from phalanx.store.sqlbits import now as _now
 
 RUNNING = "RUNNING"
@@ -147,26 +148,8 @@ class JobSteps(StoreBase):
                 s.steps.c.tasks.label("step_tasks"),
                 s.steps.c.spec.label("step_spec"),
                 s.steps.c.signals,
-                s.attempts.c.token,
-                s.attempts.c.seq,
-                s.attempts.c.state.label("attempt_state"),
-                s.attempts.c.stop_reason,
-                s.attempts.c.nodes.label("attempt_nodes"),
-                s.attempts.c.partition.label("attempt_partition"),
-                s.attempts.c.fence_term,
                 s.attempts.c.expected_end,
-                s.tasks.c.rank,
-                s.tasks.c.cpus,
-                s.tasks.c.mem_mb,
-                s.tasks.c.gpu_ids,
-                s.jobs.c.id.label("job_id"),
-                s.jobs.c.name,
-                s.jobs.c.user,
-                s.jobs.c.array_job_id,
-                s.jobs.c.array_task_id,
-                s.jobs.c.time_limit_s,
-                s.jobs.c.cpus_per_node,
-                s.jobs.c.spec,
+                *NODE_WORK_COLUMNS,
             )
             .join(
                 s.steps,

@@ -62,7 +62,7 @@ from phalanx.errors import InvalidSpec, InvalidTransition, NotFound
 from phalanx.store import schema as s
 from phalanx.store.rowinsert import RowInsert
 from phalanx.store.sqlbits import JOB_SUMMARY as _JOB_SUMMARY
-from phalanx.store.sqlbits import Fence
+from phalanx.store.sqlbits import NODE_WORK_COLUMNS, Fence
 from phalanx.store.sqlbits import active_tasks as _active_tasks
 from phalanx.store.sqlbits import chunks as _chunks
 from phalanx.store.sqlbits import now as _now
@@ -1209,26 +1209,8 @@ class Store(JobSteps, MaintenanceWindows):
         q = (
             select(
                 s.tasks.c.attempt_id,
-                s.tasks.c.rank,
-                s.tasks.c.cpus,
-                s.tasks.c.mem_mb,
-                s.tasks.c.gpu_ids,
                 s.tasks.c.state.label("task_state"),
-                s.attempts.c.token,
-                s.attempts.c.seq,
-                s.attempts.c.state.label("attempt_state"),
-                s.attempts.c.stop_reason,
-                s.attempts.c.nodes.label("attempt_nodes"),
-                s.attempts.c.partition.label("attempt_partition"),
-                s.attempts.c.fence_term,
-                s.jobs.c.id.label("job_id"),
-                s.jobs.c.name,
-                s.jobs.c.user,
-                s.jobs.c.array_job_id,
-                s.jobs.c.array_task_id,
-                s.jobs.c.time_limit_s,
-                s.jobs.c.cpus_per_node,
-                s.jobs.c.spec,
+                *NODE_WORK_COLUMNS,
                 s.jobs.c.checkpoint.label("job_checkpoint"),
                 s.attempts.c.progress.label("attempt_progress"),
                 s.attempts.c.signals.label("attempt_signals"),
