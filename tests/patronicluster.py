@@ -43,6 +43,7 @@ import os
 import pwd
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -165,6 +166,25 @@ def _kill_wait(proc: psutil.Process, sig: int, timeout: float) -> bool:
             return True
         time.sleep(0.02)
     return False
+
+
+def _silent_listener(port: int) -> socket.socket:
+    """A socket listening on loopback `port` that never accepts: connections to the port are
+    made by the kernel and then never answered (see `PatroniCluster.kill_host`)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the dead server's TIME_WAITs
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            sock.bind(("127.0.0.1", port))
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                sock.close()
+                raise
+            time.sleep(0.05)  # a backend of the killed server may still hold it for a moment
+    sock.listen(1024)
+    return sock
 
 
 # ---------------------------------------------------------------------- etcd
@@ -364,6 +384,7 @@ class PatroniCluster:
     dbname: str = DEFAULT_DBNAME
     startup_s: float = 0.0  # how long start() took (for the tests' reports)
     _stopped: bool = field(default=False, repr=False)
+    _silencers: list[socket.socket] = field(default_factory=list, repr=False)
 
     @classmethod
     def start(
@@ -519,8 +540,15 @@ class PatroniCluster:
             return f"({e})"
 
     # ------------------------------------------------------------------ faults
-    def kill_host(self, member: PatroniMember) -> None:
+    def kill_host(self, member: PatroniMember, *, silent: bool = True) -> None:
         """Kill `member` as the death of its host would: its PostgreSQL and its Patroni.
+
+        `silent`: its addresses then stay silent, as a dead host's do. A dead host sends no
+        "connection refused" (RST): a connection attempt to it waits for its timeout. Here each
+        of the member's ports (PostgreSQL's and its REST API's) is taken by a listening socket
+        that never accepts or answers, so a client's TCP connect succeeds (the kernel completes
+        handshakes for the backlog) but nothing ever answers it: libpq waits for its
+        `connect_timeout` before it tries the next host, as it would for a dead host.
 
         Patroni is frozen (SIGSTOP) first, then the postmaster is SIGKILLed, then Patroni is.
         Without the freeze, Patroni could notice the dead postmaster and start a new one in the
@@ -548,6 +576,9 @@ class PatroniCluster:
             f"{member.name}'s PostgreSQL processes to exit",
             lambda: str(_postgres_user_processes_in(member.data_dir)),
         )
+        if silent:
+            for port in (member.pg_port, member.api_port):
+                self._silencers.append(_silent_listener(port))
 
     # ------------------------------------------------------------------ shutdown
     def stop(self) -> None:
@@ -556,6 +587,8 @@ class PatroniCluster:
             return
         self._stopped = True
         atexit.unregister(self.stop)
+        for sock in self._silencers:
+            sock.close()
         try:
             procs = [p for m in self.members if (p := m.patroni_process()) is not None]
             for p in procs:  # Patroni stops its PostgreSQL on SIGTERM
