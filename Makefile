@@ -24,6 +24,7 @@ lint: install
 
 test: install lint
 	bash scripts/ensure-postgres.sh
+	bash scripts/ensure-etcd.sh
 	bash scripts/ensure-netns-tools.sh
 	$(BIN)/pytest -q
 

@@ -14,6 +14,15 @@ of a round trip that passed its deadline; the blocked call fails at once, SQLAlc
 connection, and the store raises `StoreUnavailable` (HTTP 503). A commit cut this way may or may
 not have been applied: that raises `StoreOutcomeUnknown` (HTTP 504), so that nobody retries a
 submission that might already exist.
+
+With a multi-host URL (a primary and its standbys, docs/patroni.md) libpq tries the hosts in
+order and waits `connect_timeout` for each. A dead host does not refuse (its kernel is gone: no
+RST), so every new connection would first wait for it, on the request's time: during a
+failover every request then outlasts its client's timeout, agents cannot tell "the database is
+away" from "I am cut off", and their jobs self-fence. `HostChooser` therefore gives each host
+`HOST_CONNECT_TIMEOUT` (libpq's smallest), tries the host that last served a session first, and
+leaves a host that timed out out of the list for `SILENT_HOST_RETRY` seconds while another
+remains to try.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,6 +93,133 @@ def describe_url(url: str) -> str:
         return unquote(make_url(_hosts_to_query(url)).render_as_string(hide_password=True))
     except Exception:
         return "<invalid url>"
+
+
+#: Seconds each host of a multi-host URL gets to accept a connection (libpq's smallest
+#: `connect_timeout`): longer only delays the next host, and a session that slow to start would
+#: not answer within `db_op_timeout` either.
+HOST_CONNECT_TIMEOUT = 2
+#: Seconds a host whose connection attempt timed out is left out of a multi-host URL's attempts
+#: (while another host remains): then one attempt tries it again.
+SILENT_HOST_RETRY = 30.0
+#: Seconds after which a host that an attempt in flight still waits for is left out of other
+#: attempts: when a host goes silent, one connection waits for it, not every one at once.
+SILENT_HOST_SUSPECT = 0.25
+
+_HOST_LINE = re.compile(r"^- host: '([^']*)', port: '([^']*)'(?:, hostaddr: '[^']*')?: (.*)$")
+_SERVER_PREFIX = re.compile(r"^connection failed: connection to server at .*?failed: ")
+
+
+def host_failures(message: str) -> list[tuple[str, str, str]]:
+    """(host, port, reason) of each host in psycopg's error for a multi-host connection."""
+    out = []
+    for line in message.splitlines():
+        m = _HOST_LINE.match(line.strip())
+        if m is not None:
+            out.append((m[1], m[2], _SERVER_PREFIX.sub("", m[3]).strip()))
+    return out
+
+
+class HostChooser:
+    """Which hosts of a multi-host URL a new connection tries, in which order.
+
+    The host that served the last session comes first (after a failover, the new primary: no
+    wait for the dead one); a host whose attempt timed out (a dead or frozen host: nothing
+    refused) is left out for `retry_after` seconds unless no other host is left, and so is,
+    meanwhile, a host that another attempt has been waiting for longer than
+    `SILENT_HOST_SUSPECT` (so that when a host goes silent one connection waits for it, not
+    every one at once). Refusals and "read-only" answers are quick and say nothing bad about a
+    host's reachability. `apply` and then `connected` or `failed` are called by one thread.
+    """
+
+    def __init__(
+        self,
+        hosts: list[str],
+        ports: list[str],
+        *,
+        retry_after: float = SILENT_HOST_RETRY,
+        clock: Any = time.monotonic,
+    ) -> None:
+        if len(ports) <= 1:
+            ports = [ports[0] if ports else ""] * len(hosts)
+        if len(ports) != len(hosts):
+            raise ValueError(f"{len(hosts)} hosts but {len(ports)} ports")
+        self.hosts = list(zip(hosts, ports, strict=True))
+        self.retry_after = retry_after
+        self.clock = clock
+        self.last_good: tuple[str, str] | None = None
+        self.silent_until: dict[tuple[str, str], float] = {}
+        # attempts in flight: thread -> (the host it tries first, so waits for, since when)
+        self.trying: dict[int, tuple[tuple[str, str], float]] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_params(cls, cparams: Mapping[str, Any]) -> HostChooser | None:
+        """A chooser for the connection parameters' `host` list, or None with one host (or a
+        `hostaddr` list, which would have to be kept in step)."""
+        hosts = str(cparams.get("host") or "").split(",")
+        if len(hosts) < 2 or "hostaddr" in cparams:
+            return None
+        ports = str(cparams.get("port") or "").split(",")
+        try:
+            return cls([h.strip() for h in hosts], [p.strip() for p in ports])
+        except ValueError:
+            return None
+
+    def order(self) -> list[tuple[str, str]]:
+        """The hosts to try now: the last good one first, then the others in the URL's order,
+        without those left out (all of them if every one is)."""
+        now = self.clock()
+        with self._lock:
+            first = [h for h in self.hosts if h == self.last_good]
+            ordered = first + [h for h in self.hosts if h != self.last_good]
+            waited = {h for h, t0 in self.trying.values() if now - t0 > SILENT_HOST_SUSPECT}
+            usable = [
+                h for h in ordered if self.silent_until.get(h, 0.0) <= now and h not in waited
+            ]
+        return usable or ordered
+
+    def apply(self, cparams: MutableMapping[str, Any]) -> list[tuple[str, str]]:
+        """Set `cparams`' host and port lists (and per-host timeout) to `order()`; return it."""
+        hosts = self.order()
+        cparams["host"] = ",".join(h for h, _ in hosts)
+        if any(p for _, p in hosts):
+            cparams["port"] = ",".join(p for _, p in hosts)
+        cparams["connect_timeout"] = HOST_CONNECT_TIMEOUT
+        return hosts
+
+    def attempt(self, cparams: MutableMapping[str, Any]) -> list[tuple[str, str]]:
+        """`apply`, for an attempt the calling thread makes now and ends with `connected` or
+        `failed`: meanwhile the host it waits for first counts as in flight."""
+        hosts = self.apply(cparams)
+        with self._lock:
+            self.trying[threading.get_ident()] = (hosts[0], self.clock())
+        return hosts
+
+    def connected(self, host: str, port: str) -> None:
+        with self._lock:
+            self.trying.pop(threading.get_ident(), None)
+            self.last_good = (host, port)
+            self.silent_until.pop((host, port), None)
+
+    def failed(self, message: str, tried: list[tuple[str, str]]) -> None:
+        """Leave out every host whose attempt timed out (psycopg names each host's failure;
+        with one host tried, its message is that host's)."""
+        each = [((h, p), why) for h, p, why in host_failures(message)]
+        if not each and len(tried) == 1:
+            each = [(tried[0], message)]
+        until = self.clock() + self.retry_after
+        with self._lock:
+            self.trying.pop(threading.get_ident(), None)
+            for key, why in each:
+                if "timeout" in why and key in self.hosts:
+                    self.silent_until[key] = until
+
+    def left_out(self) -> list[str]:
+        """`host:port` of the hosts left out now, for messages."""
+        now = self.clock()
+        with self._lock:
+            return [f"{h}:{p}" for (h, p), t in self.silent_until.items() if t > now]
 
 
 #: Default `op_timeout`: the longest a controller waits for PostgreSQL to answer one round trip
@@ -342,6 +478,7 @@ class Engines:
         self.op_timeout = op_timeout
         self.watchdog: Watchdog | None = None
         self.checkpointer: Checkpointer | None = None  # SQLite: WAL checkpoints off the commits
+        self.hosts: HostChooser | None = None  # PostgreSQL with several hosts
         self._local = threading.local()  # per thread: is a commit in flight?
         if self.dialect == "sqlite":
             db = u.database
@@ -365,6 +502,10 @@ class Engines:
             self.watchdog = Watchdog(op_timeout)
             self.write = self._postgres_engine(pool_size, connect_timeout, self.watchdog)
             self.read = self.write
+            # a multi-host URL: which hosts new connections try, in which order (HostChooser)
+            self.hosts = HostChooser.for_params(
+                self.write.dialect.create_connect_args(self.write.url)[1]
+            )
         else:
             raise StoreUnavailable(
                 f"unsupported database URL {describe_url(url)}: use sqlite:///PATH or postgresql://..."
@@ -389,12 +530,23 @@ class Engines:
         idle_ms = idle_in_transaction_ms(self.op_timeout)
 
         @event.listens_for(engine, "do_connect")
-        def _session_options(_d: Any, _rec: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
+        def _session_options(d: Any, _rec: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
             # The server ends a session of ours that sits in an open transaction this long: a
             # controller cut off (or frozen) mid-transaction would otherwise keep its row locks,
             # the lease row included, until TCP gives up (hours), and no peer could take over.
             extra = f"-c idle_in_transaction_session_timeout={idle_ms}"
             cparams["options"] = f"{cparams.get('options') or ''} {extra}".strip()
+            chooser = self.hosts
+            if chooser is None:
+                return None  # SQLAlchemy connects as usual
+            tried = chooser.attempt(cparams)
+            try:
+                conn = d.connect(*cargs, **cparams)
+            except Exception as e:
+                chooser.failed(str(e), tried)
+                raise
+            chooser.connected(str(conn.info.host), str(conn.info.port))
+            return conn
 
         @event.listens_for(engine, "connect")
         def _fresh(_dbapi_conn: Any, rec: Any) -> None:
@@ -540,6 +692,12 @@ class Engines:
                 if cut
                 else f"database unavailable ({describe_url(self.url)}): {_first_line(e)}"
             )
+            silent = self.hosts.left_out() if self.hosts is not None else []
+            if silent and not cut:
+                message += (
+                    f" (not tried: {', '.join(silent)}, which did not answer within "
+                    f"{HOST_CONNECT_TIMEOUT}s lately)"
+                )
             # an error answer to COMMIT means it was rolled back; a commit whose connection
             # broke, or was cut, may have been applied before the answer was lost
             lost = cut or e.connection_invalidated
@@ -558,6 +716,8 @@ class Engines:
         """What the pool passes to psycopg.connect, for a dedicated connection (LISTEN)."""
         cargs, cparams = self.write.dialect.create_connect_args(self.write.url)
         cparams.setdefault("connect_timeout", max(1, int(self.connect_timeout)))
+        if self.hosts is not None:
+            self.hosts.apply(cparams)  # the primary of the moment first, 2 s a host
         return list(cargs), dict(cparams)
 
     def dispose(self) -> None:
@@ -588,9 +748,6 @@ def _dbapi_of(conn: Connection) -> Any:
     return conn.connection.dbapi_connection
 
 
-_HOST_FAILURE = re.compile(r"^- host: '([^']*)', port: '([^']*)'.*failed: (.*)$")
-
-
 def _first_line(e: BaseException) -> str:
     """The database error in one line; with a multi-host URL, every host's failure.
 
@@ -598,8 +755,8 @@ def _first_line(e: BaseException) -> str:
     standby), which hides the one that matters after a failover (the primary refused)."""
     orig = getattr(e, "orig", None) or e
     lines = [ln.strip() for ln in str(orig).strip().splitlines()]
-    hosts = [m for m in map(_HOST_FAILURE.match, lines) if m is not None]
+    hosts = host_failures(str(orig))
     if len(hosts) > 1:
-        each = "; ".join(f"{m[1]}:{m[2]}: {m[3]}" for m in hosts)
+        each = "; ".join(f"{h}:{p}: {why}" for h, p, why in hosts)
         return f"no usable server among {len(hosts)} hosts: {each}"
     return (lines or [type(orig).__name__])[0]
