@@ -1,0 +1,251 @@
+"""Counts for `/metrics`: cluster-level figures read from the store in one read transaction.
+
+A mixin of `Store` (store/store.py), kept apart so the store's main module does not grow. Every
+figure here is derived from rows all controllers share (jobs, attempts, nodes, leases, events),
+so whichever controller is scraped answers the same numbers, and counters derived from events
+(GPU XIDs, ECC errors, requeues, lease takeovers) survive a controller's failover.
+
+Aggregation happens in SQL (GROUP BY, bucket sums with CASE), so a store of 100,000 jobs
+returns a few hundred rows; JSON fields of events are read with SQLAlchemy's JSON index
+operators (json_extract on SQLite, ->> on PostgreSQL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, and_, case, func, select
+
+from phalanx.domain.states import JobState
+from phalanx.store import schema as s
+from phalanx.store.base import StoreBase
+from phalanx.store.sqlbits import active_tasks
+
+# Event kinds this module counts (their `data` carries the labels).
+GPU_XID = "gpu.xid"  # data {"gpu": index, "xid": code, "key": dedup key}
+GPU_ECC = "gpu.ecc"  # data {"gpu": index, "count": new uncorrectable errors, "key": ...}
+REQUEUE_KINDS = ("job.requeue", "job.restart", "job.held")  # data {"why": kind, "retry": bool}
+CHECKPOINT = "job.checkpoint"  # data {"duration_s": seconds, ...}
+
+ACTIVE_JOB_STATES = (
+    JobState.PENDING.value,
+    JobState.HELD.value,
+    JobState.STARTING.value,
+    JobState.RUNNING.value,
+    JobState.COMPLETING.value,
+)
+
+
+@dataclass
+class Histo:
+    """A cumulative histogram read from the store: counts[i] observations <= bounds[i]."""
+
+    bounds: tuple[float, ...]
+    counts: list[int]
+    total: int
+    sum: float
+
+
+@dataclass
+class StoreFigures:
+    """What one refresh of the metrics cache reads (see controller/metrics.py)."""
+
+    db_now: float
+    jobs: list[tuple[str, str, int]] = field(default_factory=list)  # state, partition, n
+    pending_reasons: list[tuple[str | None, int]] = field(default_factory=list)
+    users: list[tuple[str, str, int]] = field(default_factory=list)  # user, state, n
+    queue_wait: Histo | None = None
+    submit_to_start: Histo | None = None
+    checkpoint_durations: Histo | None = None
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    busy_nodes: dict[str, int] = field(default_factory=dict)  # node -> cpus in use
+    leases: list[dict[str, Any]] = field(default_factory=list)
+    requeues: list[tuple[str, str, bool, int]] = field(default_factory=list)  # kind, why, retry, n
+    gpu_xid: list[tuple[str, int, int, int]] = field(default_factory=list)  # node, gpu, xid, n
+    gpu_ecc: list[tuple[str, int, int]] = field(default_factory=list)  # node, gpu, errors
+    checkpointing: list[dict[str, Any]] = field(default_factory=list)  # running jobs' rows
+
+
+def _histogram(
+    conn: Connection, value: Any, where: Any, bounds: Sequence[float], source: Any = None
+) -> Histo:
+    """One scan: how many `value`s fall at or under each bound, their count and sum."""
+    cols: list[Any] = [func.sum(case((value <= b, 1), else_=0)) for b in bounds]
+    cols += [func.count(), func.coalesce(func.sum(value), 0.0)]
+    q = select(*cols)
+    if source is not None:
+        q = q.select_from(source)
+    row = conn.execute(q.where(where)).one()
+    return Histo(
+        bounds=tuple(bounds),
+        counts=[int(x or 0) for x in row[: len(bounds)]],
+        total=int(row[len(bounds)] or 0),
+        sum=float(row[len(bounds) + 1] or 0.0),
+    )
+
+
+class MetricsQueries(StoreBase):
+    """`metrics_figures()`: the store's half of `/metrics`."""
+
+    def metrics_figures(
+        self,
+        *,
+        wait_bounds: Sequence[float],
+        checkpoint_bounds: Sequence[float],
+        with_events: bool = True,
+    ) -> StoreFigures:
+        """Every store-derived figure of `/metrics`, read in one transaction.
+
+        `with_events=False` skips the event-derived counters (a refresh may read them less
+        often: they scan the events table)."""
+        j = s.jobs
+        a = s.attempts
+        with self.db.begin(write=False) as conn:
+            db_now = float(conn.execute(select(self.db.db_now_sql())).scalar_one())
+            out = StoreFigures(db_now=db_now)
+            out.jobs = [
+                (r.state, (r.partition or (r.partitions or "").split(",")[0] or "-"), int(r.n))
+                for r in conn.execute(
+                    select(
+                        j.c.state, j.c.partition, j.c.partitions, func.count().label("n")
+                    ).group_by(j.c.state, j.c.partition, j.c.partitions)
+                )
+            ]
+            out.pending_reasons = [
+                (r.reason, int(r.n))
+                for r in conn.execute(
+                    select(j.c.reason, func.count().label("n"))
+                    .where(j.c.state == JobState.PENDING.value)
+                    .group_by(j.c.reason)
+                )
+            ]
+            out.users = [
+                (r.user, r.state, int(r.n))
+                for r in conn.execute(
+                    select(j.c.user, j.c.state, func.count().label("n"))
+                    .where(j.c.state.in_(ACTIVE_JOB_STATES))
+                    .group_by(j.c.user, j.c.state)
+                )
+            ]
+            # queue wait: from entering the queue (submission, or the end of the attempt
+            # before: a requeue) to being placed (the attempt's creation)
+            prev = a.alias("prev")
+            entered = func.coalesce(
+                select(prev.c.end_time)
+                .where(prev.c.job_id == a.c.job_id, prev.c.seq == a.c.seq - 1)
+                .scalar_subquery(),
+                select(j.c.submit_time).where(j.c.id == a.c.job_id).scalar_subquery(),
+            )
+            out.queue_wait = _histogram(
+                conn, a.c.created_at - entered, a.c.created_at.is_not(None), wait_bounds
+            )
+            first = a.alias("first")
+            start_delay = first.c.start_time - j.c.submit_time
+            row_filter = and_(first.c.seq == 0, first.c.start_time.is_not(None))
+            out.submit_to_start = _histogram(
+                conn, start_delay, row_filter, wait_bounds, first.join(j, j.c.id == first.c.job_id)
+            )
+            out.nodes = [dict(r) for r in conn.execute(select(s.nodes)).mappings()]
+            for r in conn.execute(
+                active_tasks(s.tasks.c.node, func.sum(s.tasks.c.cpus).label("cpus")).group_by(
+                    s.tasks.c.node
+                )
+            ):
+                out.busy_nodes[r.node] = int(r.cpus or 0)
+            valid = s.leases.c.expires_at > self.db.db_now_sql()
+            out.leases = [
+                dict(r)
+                for r in conn.execute(
+                    select(s.leases, valid.label("valid")).order_by(s.leases.c.name)
+                ).mappings()
+            ]
+            interval = j.c.spec["checkpoint_parsed"]["interval_s"]
+            out.checkpointing = [
+                dict(r)
+                for r in conn.execute(
+                    select(j.c.id, j.c.spec, j.c.nodes, j.c.nodelist_run).where(
+                        j.c.state == JobState.RUNNING.value,
+                        interval.as_string().is_not(None),
+                    )
+                ).mappings()
+            ]
+            if with_events:
+                self._event_counts(conn, out, checkpoint_bounds)
+        return out
+
+    def _event_counts(
+        self, conn: Connection, out: StoreFigures, checkpoint_bounds: Sequence[float]
+    ) -> None:
+        e = s.events
+        why = e.c.data["why"].as_string()
+        retry = e.c.data["retry"].as_boolean()
+        out.requeues = [
+            (r.kind, r.why or "other", bool(r.retry), int(r.n))
+            for r in conn.execute(
+                select(e.c.kind, why.label("why"), retry.label("retry"), func.count().label("n"))
+                .where(e.c.kind.in_(REQUEUE_KINDS))
+                .group_by(e.c.kind, why, retry)
+            )
+        ]
+        gpu = e.c.data["gpu"].as_integer()
+        xid = e.c.data["xid"].as_integer()
+        out.gpu_xid = [
+            (r.node or "-", int(r.gpu if r.gpu is not None else -1), int(r.xid or 0), int(r.n))
+            for r in conn.execute(
+                select(e.c.node, gpu.label("gpu"), xid.label("xid"), func.count().label("n"))
+                .where(e.c.kind == GPU_XID)
+                .group_by(e.c.node, gpu, xid)
+            )
+        ]
+        count = e.c.data["count"].as_integer()
+        out.gpu_ecc = [
+            (r.node or "-", int(r.gpu if r.gpu is not None else -1), int(r.n or 0))
+            for r in conn.execute(
+                select(e.c.node, gpu.label("gpu"), func.sum(count).label("n"))
+                .where(e.c.kind == GPU_ECC)
+                .group_by(e.c.node, gpu)
+            )
+        ]
+        duration = e.c.data["duration_s"].as_float()
+        out.checkpoint_durations = _histogram(
+            conn, duration, and_(e.c.kind == CHECKPOINT, duration.is_not(None)), checkpoint_bounds
+        )
+
+    def record_gpu_events(self, node: str, items: Sequence[dict[str, Any]]) -> int:
+        """Store an agent's GPU events (XIDs, new uncorrectable ECC errors) as events of the
+        node; return how many were new. Agents resend until a heartbeat reply confirms them,
+        so each carries a key and a key already stored for the node is skipped."""
+        if not items:
+            return 0
+        keys = [str(i.get("key")) for i in items]
+        e = s.events
+        with self.db.begin() as conn:
+            have = {
+                str(k)
+                for (k,) in conn.execute(
+                    select(e.c.data["key"].as_string()).where(
+                        e.c.node == node,
+                        e.c.kind.in_((GPU_XID, GPU_ECC)),
+                        e.c.data["key"].as_string().in_(keys),
+                    )
+                )
+            }
+            new = 0
+            for item, key in zip(items, keys, strict=True):
+                if key in have:
+                    continue
+                have.add(key)
+                gpu = int(item.get("gpu", -1))
+                if "xid" in item:
+                    xid = int(item["xid"])
+                    kind, msg = GPU_XID, f"GPU {gpu}: XID {xid}"
+                    data = {"gpu": gpu, "xid": xid, "key": key}
+                else:
+                    n = int(item.get("count", 0))
+                    kind, msg = GPU_ECC, f"GPU {gpu}: {n} new uncorrectable ECC errors"
+                    data = {"gpu": gpu, "count": n, "key": key}
+                self._event(conn, kind, msg, node=node, actor=node, data=data, ts=item.get("ts"))
+                new += 1
+        return new
