@@ -107,7 +107,7 @@ def test_gpu_events_are_counted_once_per_key_and_per_gpu(
     Agent(client, "g1").register(cpus=4, gpus=[[0, "h100"], [1, "h100"]])
     events = [
         {"key": "b1:1", "gpu": 1, "xid": 79},
-        {"key": "b1:2", "gpu": 1, "count": 3},
+        {"key": "b1:ecc:1:3", "gpu": 1, "count": 3, "total": 3, "boot": "b1"},
     ]
     for _ in range(2):  # an agent repeats events until a reply confirms them
         r = client.post(
@@ -115,13 +115,17 @@ def test_gpu_events_are_counted_once_per_key_and_per_gpu(
             json={"health": {"status": "ok", "checks": {}, "gpu_events": events}, "wait": 0},
         )
         assert r.status_code == 200, r.text
+    later = [  # two more on this boot; after a reboot the counter starts again at 0
+        {"key": "b1:ecc:1:5", "gpu": 1, "count": 2, "total": 5, "boot": "b1"},
+        {"key": "b2:ecc:1:1", "gpu": 1, "count": 1, "total": 1, "boot": "b2"},
+    ]
     client.post(
         "/v1/agents/g1/heartbeat",
-        json={"health": {"status": "ok", "gpu_events": [{"key": "b1:3", "gpu": 1, "count": 2}]}},
+        json={"health": {"status": "ok", "gpu_events": later}},
     )
     m = scrape(client)
     assert value(m, "phalanx_gpu_xid_errors_total", node="g1", gpu="1", xid="79") == 1
-    assert value(m, "phalanx_gpu_ecc_uncorrectable_errors_total", node="g1", gpu="1") == 5
+    assert value(m, "phalanx_gpu_ecc_uncorrectable_errors_total", node="g1", gpu="1") == 6
     # the events stay out of the node's stored health summary
     node = client.get("/v1/nodes/g1").json()
     assert "gpu_events" not in str(node)

@@ -25,7 +25,8 @@ from phalanx.store.sqlbits import active_tasks
 
 # Event kinds this module counts (their `data` carries the labels).
 GPU_XID = "gpu.xid"  # data {"gpu": index, "xid": code, "key": dedup key}
-GPU_ECC = "gpu.ecc"  # data {"gpu": index, "count": new uncorrectable errors, "key": ...}
+# data {"gpu", "count": new errors, "total": NVML's volatile counter (since boot), "boot", "key"}
+GPU_ECC = "gpu.ecc"
 REQUEUE_KINDS = ("job.requeue", "job.restart", "job.held")  # data {"why": kind, "retry": bool}
 CHECKPOINT = "job.checkpoint"  # data {"duration_s": seconds, ...}
 
@@ -199,15 +200,18 @@ class MetricsQueries(StoreBase):
                 .group_by(e.c.node, gpu, xid)
             )
         ]
-        count = e.c.data["count"].as_integer()
-        out.gpu_ecc = [
-            (r.node or "-", int(r.gpu if r.gpu is not None else -1), int(r.n or 0))
-            for r in conn.execute(
-                select(e.c.node, gpu.label("gpu"), func.sum(count).label("n"))
-                .where(e.c.kind == GPU_ECC)
-                .group_by(e.c.node, gpu)
-            )
-        ]
+        # the volatile counter's largest total per boot, summed over boots
+        total = e.c.data["total"].as_integer()
+        boot = e.c.data["boot"].as_string()
+        ecc: dict[tuple[str, int], int] = {}
+        for r in conn.execute(
+            select(e.c.node, gpu.label("gpu"), boot, func.max(total).label("n"))
+            .where(e.c.kind == GPU_ECC)
+            .group_by(e.c.node, gpu, boot)
+        ):
+            key = (r.node or "-", int(r.gpu if r.gpu is not None else -1))
+            ecc[key] = ecc.get(key, 0) + int(r.n or 0)
+        out.gpu_ecc = [(node, g, n) for (node, g), n in sorted(ecc.items())]
         duration = e.c.data["duration_s"].as_float()
         out.checkpoint_durations = _histogram(
             conn, duration, and_(e.c.kind == CHECKPOINT, duration.is_not(None)), checkpoint_bounds
@@ -243,9 +247,11 @@ class MetricsQueries(StoreBase):
                     kind, msg = GPU_XID, f"GPU {gpu}: XID {xid}"
                     data = {"gpu": gpu, "xid": xid, "key": key}
                 else:
-                    n = int(item.get("count", 0))
-                    kind, msg = GPU_ECC, f"GPU {gpu}: {n} new uncorrectable ECC errors"
-                    data = {"gpu": gpu, "count": n, "key": key}
+                    n, tot = int(item.get("count", 0)), int(item.get("total", 0))
+                    kind = GPU_ECC
+                    msg = f"GPU {gpu}: {n} new uncorrectable ECC errors ({tot} since boot)"
+                    boot = str(item.get("boot") or "")[:64]
+                    data = {"gpu": gpu, "count": n, "total": tot, "boot": boot, "key": key}
                 self._event(conn, kind, msg, node=node, actor=node, data=data, ts=item.get("ts"))
                 new += 1
         return new
