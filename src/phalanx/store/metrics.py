@@ -54,7 +54,7 @@ class StoreFigures:
     """What one refresh of the metrics cache reads (see controller/metrics.py)."""
 
     db_now: float
-    jobs: list[tuple[str, str, int]] = field(default_factory=list)  # state, partition, n
+    jobs: list[tuple[str, str, int]] = field(default_factory=list)  # state, first partition, n
     pending_reasons: list[tuple[str | None, int]] = field(default_factory=list)
     users: list[tuple[str, str, int]] = field(default_factory=list)  # user, state, n
     queue_wait: Histo | None = None
@@ -95,39 +95,30 @@ class MetricsQueries(StoreBase):
         *,
         wait_bounds: Sequence[float],
         checkpoint_bounds: Sequence[float],
-        with_events: bool = True,
     ) -> StoreFigures:
-        """Every store-derived figure of `/metrics`, read in one transaction.
-
-        `with_events=False` skips the event-derived counters (a refresh may read them less
-        often: they scan the events table)."""
+        """Every store-derived figure of `/metrics`, read in one transaction."""
         j = s.jobs
         a = s.attempts
         with self.db.begin(write=False) as conn:
             db_now = float(conn.execute(select(self.db.db_now_sql())).scalar_one())
             out = StoreFigures(db_now=db_now)
-            out.jobs = [
-                (r.state, (r.partition or (r.partitions or "").split(",")[0] or "-"), int(r.n))
-                for r in conn.execute(
-                    select(
-                        j.c.state, j.c.partition, j.c.partitions, func.count().label("n")
-                    ).group_by(j.c.state, j.c.partition, j.c.partitions)
+            # one scan of ix_jobs_state_partitions_user (covering): jobs by state, the
+            # partition they were submitted to (the first they list) and user
+            for r in conn.execute(
+                select(j.c.state, j.c.partitions, j.c.user, func.count().label("n")).group_by(
+                    j.c.state, j.c.partitions, j.c.user
                 )
-            ]
+            ):
+                part = (r.partitions or "").split(",")[0] or "-"
+                out.jobs.append((r.state, part, int(r.n)))
+                if r.state in ACTIVE_JOB_STATES:
+                    out.users.append((r.user, r.state, int(r.n)))
             out.pending_reasons = [
                 (r.reason, int(r.n))
                 for r in conn.execute(
                     select(j.c.reason, func.count().label("n"))
                     .where(j.c.state == JobState.PENDING.value)
                     .group_by(j.c.reason)
-                )
-            ]
-            out.users = [
-                (r.user, r.state, int(r.n))
-                for r in conn.execute(
-                    select(j.c.user, j.c.state, func.count().label("n"))
-                    .where(j.c.state.in_(ACTIVE_JOB_STATES))
-                    .group_by(j.c.user, j.c.state)
                 )
             ]
             # queue wait: from entering the queue (submission, or the end of the attempt
@@ -172,50 +163,61 @@ class MetricsQueries(StoreBase):
                     )
                 ).mappings()
             ]
-            if with_events:
-                self._event_counts(conn, out, checkpoint_bounds)
+            self._event_counts(conn, out, checkpoint_bounds)
         return out
 
     def _event_counts(
         self, conn: Connection, out: StoreFigures, checkpoint_bounds: Sequence[float]
     ) -> None:
+        """Requeues, GPU events and checkpoint durations: one scan of the events table (the
+        JSON fields are read only from the rows of these kinds), grouped in SQL."""
         e = s.events
-        why = e.c.data["why"].as_string()
-        retry = e.c.data["retry"].as_boolean()
-        out.requeues = [
-            (r.kind, r.why or "other", bool(r.retry), int(r.n))
-            for r in conn.execute(
-                select(e.c.kind, why.label("why"), retry.label("retry"), func.count().label("n"))
-                .where(e.c.kind.in_(REQUEUE_KINDS))
-                .group_by(e.c.kind, why, retry)
-            )
-        ]
-        gpu = e.c.data["gpu"].as_integer()
-        xid = e.c.data["xid"].as_integer()
-        out.gpu_xid = [
-            (r.node or "-", int(r.gpu if r.gpu is not None else -1), int(r.xid or 0), int(r.n))
-            for r in conn.execute(
-                select(e.c.node, gpu.label("gpu"), xid.label("xid"), func.count().label("n"))
-                .where(e.c.kind == GPU_XID)
-                .group_by(e.c.node, gpu, xid)
-            )
-        ]
-        # the volatile counter's largest total per boot, summed over boots
+        fields = {
+            "why": e.c.data["why"].as_string(),
+            "retry": e.c.data["retry"].as_boolean(),
+            "gpu": e.c.data["gpu"].as_integer(),
+            "xid": e.c.data["xid"].as_integer(),
+            "boot": e.c.data["boot"].as_string(),
+            # GPU events are per node; the others are counted cluster-wide
+            "node": case((e.c.kind.in_((GPU_XID, GPU_ECC)), e.c.node), else_=None),
+        }
         total = e.c.data["total"].as_integer()
-        boot = e.c.data["boot"].as_string()
-        ecc: dict[tuple[str, int], int] = {}
-        for r in conn.execute(
-            select(e.c.node, gpu.label("gpu"), boot, func.max(total).label("n"))
-            .where(e.c.kind == GPU_ECC)
-            .group_by(e.c.node, gpu, boot)
-        ):
-            key = (r.node or "-", int(r.gpu if r.gpu is not None else -1))
-            ecc[key] = ecc.get(key, 0) + int(r.n or 0)
-        out.gpu_ecc = [(node, g, n) for (node, g), n in sorted(ecc.items())]
         duration = e.c.data["duration_s"].as_float()
-        out.checkpoint_durations = _histogram(
-            conn, duration, and_(e.c.kind == CHECKPOINT, duration.is_not(None)), checkpoint_bounds
+        aggs: list[Any] = [
+            func.count().label("n"),
+            func.max(total).label("total"),
+            func.count(duration).label("d_n"),
+            func.coalesce(func.sum(duration), 0.0).label("d_sum"),
+        ]
+        aggs += [
+            func.sum(case((duration <= b, 1), else_=0)).label(f"d_{i}")
+            for i, b in enumerate(checkpoint_bounds)
+        ]
+        kinds = (*REQUEUE_KINDS, GPU_XID, GPU_ECC, CHECKPOINT)
+        q = (
+            select(e.c.kind, *(c.label(k) for k, c in fields.items()), *aggs)
+            .where(e.c.kind.in_(kinds))
+            .group_by(e.c.kind, *fields.values())
         )
+        ecc: dict[tuple[str, int], int] = {}
+        ckpt = Histo(tuple(checkpoint_bounds), [0] * len(checkpoint_bounds), 0, 0.0)
+        for r in conn.execute(q).mappings():
+            kind, n = r["kind"], int(r["n"])
+            node = r["node"] or "-"
+            gpu = int(r["gpu"]) if r["gpu"] is not None else -1
+            if kind in REQUEUE_KINDS:
+                out.requeues.append((kind, r["why"] or "other", bool(r["retry"]), n))
+            elif kind == GPU_XID:
+                out.gpu_xid.append((node, gpu, int(r["xid"] or 0), n))
+            elif kind == GPU_ECC:  # the volatile counter's largest total per boot, summed
+                ecc[(node, gpu)] = ecc.get((node, gpu), 0) + int(r["total"] or 0)
+            elif kind == CHECKPOINT:
+                ckpt.total += int(r["d_n"] or 0)
+                ckpt.sum += float(r["d_sum"] or 0.0)
+                for k in range(len(checkpoint_bounds)):
+                    ckpt.counts[k] += int(r[f"d_{k}"] or 0)
+        out.gpu_ecc = [(node, g, n) for (node, g), n in sorted(ecc.items())]
+        out.checkpoint_durations = ckpt
 
     def record_gpu_events(self, node: str, items: Sequence[dict[str, Any]]) -> int:
         """Store an agent's GPU events (XIDs, new uncorrectable ECC errors) as events of the

@@ -172,3 +172,28 @@ def test_a_store_outage_answers_the_last_values_and_store_up_0(
     assert time.monotonic() - t0 < 2.5
     assert value(slow, "phalanx_store_up") == 0
     assert value(slow, "phalanx_jobs", state="PENDING", partition="batch") == 1
+
+
+def test_requeues_and_retries_are_counted_by_reason(client: TestClient, ctl: Controller) -> None:
+    agent = Agent(client, "n1")
+    agent.register(cpus=4)
+    (jid,) = submit(client, retries=2, retry_on="exit:3")
+    start = run_to_start(ctl, agent)
+    agent.heartbeat([Agent.report(start, "exited", exit_code=3)])  # a retry (exit), backing off
+    assert client.get(f"/v1/jobs/{jid}").json()["jobs"][0]["retries"] == 1
+    (other,) = submit(client)
+    second = run_to_start(ctl, agent)
+    assert second["job_id"] == other
+    agent.heartbeat([Agent.report(second, "running")])
+    r = client.post("/v1/jobs/requeue", json={"jobs": [str(other)]}, headers=USER)
+    assert r.status_code == 200, r.text
+    agent.heartbeat([Agent.report(second, "exited", exit_code=0)])  # a planned requeue
+    m = scrape(client)
+    retried = {
+        dict(lab)["reason"]: v for (n, lab), v in m.items() if n == "phalanx_job_retries_total"
+    }
+    requeued = {
+        dict(lab)["reason"]: v for (n, lab), v in m.items() if n == "phalanx_job_requeues_total"
+    }
+    assert retried == {"exit": 1}
+    assert requeued == {"exit": 1, "planned": 1}
