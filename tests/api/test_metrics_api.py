@@ -197,3 +197,40 @@ def test_requeues_and_retries_are_counted_by_reason(client: TestClient, ctl: Con
     }
     assert retried == {"exit": 1}
     assert requeued == {"exit": 1, "planned": 1}
+
+
+def test_purging_finished_jobs_keeps_the_counters(
+    client: TestClient, ctl: Controller, store: Store
+) -> None:
+    agent = Agent(client, "n1")
+    agent.register(cpus=4)
+    (jid,) = submit(client, retries=2, retry_on="exit:3")
+    start = run_to_start(ctl, agent)
+    store.add_event("job.checkpoint", "checkpoint", job_id=jid, data={"duration_s": 2.0})
+    agent.heartbeat([Agent.report(start, "exited", exit_code=3)])
+    (kept,) = submit(client, hold=True)
+    store.add_event("job.checkpoint", "checkpoint", job_id=kept, data={"duration_s": 20.0})
+
+    def figures() -> tuple[Any, ...]:
+        m = scrape(client)
+        return (
+            value(m, "phalanx_job_retries_total", reason="exit"),
+            value(m, "phalanx_job_requeues_total", reason="exit"),
+            value(m, "phalanx_checkpoint_duration_seconds_count"),
+            value(m, "phalanx_checkpoint_duration_seconds_bucket", le="5.0"),
+            value(m, "phalanx_checkpoint_duration_seconds_sum"),
+        )
+
+    before = figures()
+    assert before == (1, 1, 2, 1, 22.0)
+    client.post("/v1/jobs/cancel", json={"jobs": [str(jid)]}, headers=USER)
+    assert store.purge_finished(time.time() + 60) == 1
+    assert client.get(f"/v1/jobs/{jid}").status_code == 404
+    assert figures() == before
+    # a second purge adds to the counts kept from the first
+    (again,) = submit(client, retries=2, retry_on="exit:3")
+    start = run_to_start(ctl, agent)
+    agent.heartbeat([Agent.report(start, "exited", exit_code=3)])
+    client.post("/v1/jobs/cancel", json={"jobs": [str(again)]}, headers=USER)
+    assert store.purge_finished(time.time() + 60) == 1
+    assert figures()[:2] == (2, 2)

@@ -35,6 +35,7 @@ from phalanx.domain.states import JobState, node_display_state
 from phalanx.domain.steps import StepRequest
 from phalanx.domain.values import format_duration, parse_dependency, parse_duration
 from phalanx.errors import Forbidden, InvalidSpec, NotFound, PhalanxError
+from phalanx.store.metrics import CHECKPOINT_BUCKETS
 from phalanx.store.steps import StepReport
 from phalanx.store.store import TaskReport
 
@@ -486,7 +487,7 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
     cluster_metrics.register(
         metrics.ClusterMetrics(
             lambda: ctl.store.metrics_figures(
-                wait_bounds=metrics.WAIT_BUCKETS, checkpoint_bounds=metrics.CHECKPOINT_BUCKETS
+                wait_bounds=metrics.WAIT_BUCKETS, checkpoint_bounds=CHECKPOINT_BUCKETS
             ),
             ctl.config.metrics,
             intervals=ctl.metrics_intervals,

@@ -58,7 +58,6 @@ disable_created_metrics()
 OTHER = "other"
 # queue wait and submit-to-start: seconds to days
 WAIT_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 4 * 3600.0, 86400.0)
-CHECKPOINT_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
 INTERVAL_BUCKETS = (60.0, 300.0, 600.0, 1800.0, 3600.0, 2 * 3600.0, 6 * 3600.0, 86400.0)
 LAG_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0)
 PLACEMENT_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)

@@ -12,11 +12,11 @@ operators (json_extract on SQLite, ->> on PostgreSQL).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, and_, case, func, select
+from sqlalchemy import Connection, and_, case, func, select, update
 
 from phalanx.domain.states import JobState
 from phalanx.store import schema as s
@@ -29,6 +29,10 @@ GPU_XID = "gpu.xid"  # data {"gpu": index, "xid": code, "key": dedup key}
 GPU_ECC = "gpu.ecc"
 REQUEUE_KINDS = ("job.requeue", "job.restart", "job.held")  # data {"why": kind, "retry": bool}
 CHECKPOINT = "job.checkpoint"  # data {"duration_s": seconds, ...}
+# One event (no job) holding what purged jobs' events had added to the requeue and checkpoint
+# figures, so accounting retention never makes those counters go down (purge_finished).
+CARRY = "metrics.carry"
+CHECKPOINT_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
 
 ACTIVE_JOB_STATES = (
     JobState.PENDING.value,
@@ -167,10 +171,15 @@ class MetricsQueries(StoreBase):
         return out
 
     def _event_counts(
-        self, conn: Connection, out: StoreFigures, checkpoint_bounds: Sequence[float]
+        self,
+        conn: Connection,
+        out: StoreFigures,
+        checkpoint_bounds: Sequence[float],
+        job_ids: Sequence[int] | None = None,
     ) -> None:
         """Requeues, GPU events and checkpoint durations: one scan of the events table (the
-        JSON fields are read only from the rows of these kinds), grouped in SQL."""
+        JSON fields are read only from the rows of these kinds), grouped in SQL; plus what
+        purged jobs carried over (`CARRY`). With `job_ids`: only these jobs' events."""
         e = s.events
         fields = {
             "why": e.c.data["why"].as_string(),
@@ -194,9 +203,10 @@ class MetricsQueries(StoreBase):
             for i, b in enumerate(checkpoint_bounds)
         ]
         kinds = (*REQUEUE_KINDS, GPU_XID, GPU_ECC, CHECKPOINT)
+        where = e.c.kind.in_(kinds) if job_ids is None else e.c.job_id.in_(job_ids)
         q = (
             select(e.c.kind, *(c.label(k) for k, c in fields.items()), *aggs)
-            .where(e.c.kind.in_(kinds))
+            .where(where)
             .group_by(e.c.kind, *fields.values())
         )
         ecc: dict[tuple[str, int], int] = {}
@@ -218,6 +228,41 @@ class MetricsQueries(StoreBase):
                     ckpt.counts[k] += int(r[f"d_{k}"] or 0)
         out.gpu_ecc = [(node, g, n) for (node, g), n in sorted(ecc.items())]
         out.checkpoint_durations = ckpt
+        if job_ids is None:
+            carry = self._carry_row(conn)
+            if carry is not None:
+                _add_carry(out, carry[1])
+
+    def _carry_row(self, conn: Connection) -> tuple[int, dict[str, Any]] | None:
+        e = s.events
+        row = conn.execute(
+            select(e.c.id, e.c.data).where(e.c.kind == CARRY).order_by(e.c.id).limit(1)
+        ).first()
+        return (int(row.id), dict(row.data or {})) if row is not None else None
+
+    def carry_purged(self, conn: Connection, job_ids: Sequence[int]) -> None:
+        """Before these jobs' events are deleted (accounting retention): add what they count
+        in the requeue and checkpoint figures to the one `CARRY` event, so the counters of
+        /metrics never go down when old jobs are purged."""
+        gone = StoreFigures(db_now=0.0)
+        self._event_counts(conn, gone, CHECKPOINT_BUCKETS, job_ids)
+        ck = gone.checkpoint_durations
+        if not gone.requeues and (ck is None or not ck.total):
+            return
+        have = self._carry_row(conn)
+        data = have[1] if have is not None else {}
+        merged = StoreFigures(db_now=0.0, checkpoint_durations=None)
+        _add_carry(merged, data)
+        merged.requeues += gone.requeues
+        _add_histo(merged, ck)
+        new = {
+            "requeues": [list(r) for r in _sum_requeues(merged.requeues)],
+            "checkpoint": _histo_data(merged.checkpoint_durations),
+        }
+        if have is None:
+            self._event(conn, CARRY, "counts kept from purged jobs (for /metrics)", data=new)
+        else:
+            conn.execute(update(s.events).where(s.events.c.id == have[0]).values(data=new))
 
     def record_gpu_events(self, node: str, items: Sequence[dict[str, Any]]) -> int:
         """Store an agent's GPU events (XIDs, new uncorrectable ECC errors) as events of the
@@ -257,3 +302,44 @@ class MetricsQueries(StoreBase):
                 self._event(conn, kind, msg, node=node, actor=node, data=data, ts=item.get("ts"))
                 new += 1
         return new
+
+
+def _sum_requeues(rows: Sequence[tuple[str, str, bool, int]]) -> list[tuple[str, str, bool, int]]:
+    sums: dict[tuple[str, str, bool], int] = {}
+    for kind, why, retry, n in rows:
+        sums[(kind, why, retry)] = sums.get((kind, why, retry), 0) + n
+    return [(k, w, r, n) for (k, w, r), n in sorted(sums.items())]
+
+
+def _histo_data(h: Histo | None) -> dict[str, Any] | None:
+    if h is None:
+        return None
+    return {"bounds": list(h.bounds), "counts": h.counts, "total": h.total, "sum": h.sum}
+
+
+def _add_histo(out: StoreFigures, h: Histo | None) -> None:
+    """Add `h` to out.checkpoint_durations (bounds must agree; otherwise only +Inf and sum)."""
+    if h is None:
+        return
+    cur = out.checkpoint_durations
+    if cur is None:
+        out.checkpoint_durations = Histo(h.bounds, list(h.counts), h.total, h.sum)
+        return
+    if tuple(cur.bounds) == tuple(h.bounds):
+        cur.counts = [a + b for a, b in zip(cur.counts, h.counts, strict=True)]
+    cur.total += h.total
+    cur.sum += h.sum
+
+
+def _add_carry(out: StoreFigures, data: Mapping[str, Any]) -> None:
+    """Add a `CARRY` event's counts to figures read from the events still stored."""
+    for kind, why, retry, n in data.get("requeues") or []:
+        out.requeues.append((str(kind), str(why), bool(retry), int(n)))
+    ck = data.get("checkpoint")
+    if ck:
+        bounds = tuple(float(b) for b in ck.get("bounds") or ())
+        counts = [int(c) for c in ck.get("counts") or ()]
+        if len(bounds) == len(counts):
+            _add_histo(
+                out, Histo(bounds, counts, int(ck.get("total") or 0), float(ck.get("sum") or 0))
+            )

@@ -694,6 +694,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries):
             ]
             if not ids:
                 return 0
+            self.carry_purged(conn, ids)  # /metrics counters must not go down (store/metrics.py)
             for table, rows_of in JOB_ROWS:
                 conn.execute(delete(table).where(rows_of(ids)))
             conn.execute(delete(s.jobs).where(s.jobs.c.id.in_(ids)))
