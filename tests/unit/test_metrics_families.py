@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from phalanx.agent.health import FakeGpu, FakeNvml, GpuCheck
@@ -14,6 +14,7 @@ from phalanx.controller.metrics import (
     OTHER,
     build_families,
     drain_kind,
+    observe_placements,
     reason_code,
     top_n,
 )
@@ -47,8 +48,6 @@ def _figures() -> StoreFigures:
         jobs=[("PENDING", "batch", 2), ("PENDING", "batch", 1), ("RUNNING", "gpu", 1)],
         pending_reasons=[("Resources", 2), ("Dependency (afterok:1)", 1), (None, 4)],
         users=[("u1", "PENDING", 5), ("u2", "PENDING", 1), ("u3", "RUNNING", 1)],
-        queue_wait=h,
-        submit_to_start=h,
         checkpoint_durations=h,
         nodes=[
             {
@@ -104,8 +103,8 @@ def test_cluster_families_from_figures() -> None:
     assert m[("phalanx_user_jobs", (("state", "PENDING"), ("user", "u1")))] == 5
     assert m[("phalanx_user_jobs", (("state", "PENDING"), ("user", OTHER)))] == 1
     assert m[("phalanx_user_jobs", (("state", "RUNNING"), ("user", OTHER)))] == 1
-    assert m[("phalanx_job_queue_wait_seconds_bucket", (("le", "10.0"),))] == 3
-    assert m[("phalanx_job_queue_wait_seconds_count", ())] == 4
+    assert m[("phalanx_checkpoint_duration_seconds_bucket", (("le", "10.0"),))] == 3
+    assert m[("phalanx_checkpoint_duration_seconds_count", ())] == 4
     assert m[("phalanx_nodes", (("state", "DRAINING"),))] == 1
     assert m[("phalanx_nodes", (("state", "DOWN"),))] == 1
     assert m[("phalanx_nodes_drained", (("kind", "health"),))] == 1
@@ -160,3 +159,22 @@ def test_agent_collector_shows_the_loops_figures() -> None:
     assert m[("phalanx_agent_health_check_status", (("check", "disk"), ("status", "warn")))] == 1
     assert m[("phalanx_agent_health_check_status", (("check", "disk"), ("status", "ok")))] == 0
     assert m[("phalanx_agent_gpu_temperature_celsius", (("gpu", "0"),))] == 55
+
+
+def test_placements_feed_queue_wait_and_submit_to_start() -> None:
+    def counts() -> tuple[float, float, float]:
+        get = REGISTRY.get_sample_value
+        return (
+            get("phalanx_job_queue_wait_seconds_count") or 0,
+            get("phalanx_job_queue_wait_seconds_bucket", {"le": "5.0"}) or 0,
+            get("phalanx_job_submit_to_start_seconds_count") or 0,
+        )
+
+    before = counts()
+    first = {"id": 1, "submit_time": 1000.0, "restart_count": 0}  # waited 100 s
+    again = {"id": 2, "submit_time": 0.0, "restart_count": 1}  # requeued at 1097: waited 3 s
+    observe_placements([first, again], 1100.0, {2: 1097.0})
+    after = counts()
+    # both are attempts placed; only the first is a job's first start; the requeued one
+    # waited since its requeue, not since its submission
+    assert (after[0] - before[0], after[1] - before[1], after[2] - before[2]) == (2, 1, 1)

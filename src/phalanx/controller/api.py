@@ -486,9 +486,7 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
     cluster_metrics = CollectorRegistry(auto_describe=False)
     cluster_metrics.register(
         metrics.ClusterMetrics(
-            lambda: ctl.store.metrics_figures(
-                wait_bounds=metrics.WAIT_BUCKETS, checkpoint_bounds=CHECKPOINT_BUCKETS
-            ),
+            lambda: ctl.store.metrics_figures(checkpoint_bounds=CHECKPOINT_BUCKETS),
             ctl.config.metrics,
             intervals=ctl.metrics_intervals,
         )

@@ -75,6 +75,17 @@ SCHED_PASS_PLACEMENTS = Histogram(
     "Jobs placed (attempts started) by one scheduling pass of this controller",
     buckets=PLACEMENT_BUCKETS,
 )
+QUEUE_WAIT = Histogram(
+    "phalanx_job_queue_wait_seconds",
+    "Attempts this controller's scheduler placed, by time since the job entered the queue "
+    "(its submission, or the end of its previous attempt)",
+    buckets=WAIT_BUCKETS,
+)
+SUBMIT_TO_START = Histogram(
+    "phalanx_job_submit_to_start_seconds",
+    "Jobs this controller's scheduler started for the first time, by time since submission",
+    buckets=WAIT_BUCKETS,
+)
 FENCED_REFUSED = Counter(
     "phalanx_fenced_writes_refused_total",
     "Writes of this controller the store refused because its lease term was no longer current",
@@ -90,6 +101,20 @@ GPU_EVENTS_RECORDED = Counter(
     "phalanx_gpu_events_recorded_total",
     "GPU events (XIDs, ECC error increases) agents reported to this controller and it stored",
 )
+
+
+def observe_placements(
+    started: Iterable[dict[str, Any]], now: float, requeued_at: Mapping[int, float]
+) -> None:
+    """Queue wait and submit-to-start of the jobs a scheduling pass started (`started`: their
+    pending rows; `requeued_at`: when the restarted ones entered the queue again)."""
+    for job in started:
+        jid, submitted = int(job["id"]), float(job["submit_time"])
+        if int(job.get("restart_count") or 0) == 0:
+            SUBMIT_TO_START.observe(max(0.0, now - submitted))
+            QUEUE_WAIT.observe(max(0.0, now - submitted))
+        else:
+            QUEUE_WAIT.observe(max(0.0, now - requeued_at.get(jid, submitted)))
 
 
 # ---------------------------------------------------------------- pure helpers
@@ -207,27 +232,16 @@ def build_families(
         users.add_metric([user, state], n)
     fams.append(users)
 
-    for name, doc, histo in (
-        (
-            "phalanx_job_queue_wait_seconds",
-            "Attempts by time from entering the queue (submission or requeue) to placement",
-            fig.queue_wait,
-        ),
-        (
-            "phalanx_job_submit_to_start_seconds",
-            "Jobs by time from submission to their first attempt running",
-            fig.submit_to_start,
-        ),
-        (
-            "phalanx_checkpoint_duration_seconds",
-            "Checkpoints by measured duration (job.checkpoint events)",
-            fig.checkpoint_durations,
-        ),
-    ):
-        if histo is not None:
-            fams.append(
-                HistogramMetricFamily(name, doc, buckets=_buckets(histo), sum_value=histo.sum)
+    if fig.checkpoint_durations is not None:
+        h = fig.checkpoint_durations
+        fams.append(
+            HistogramMetricFamily(
+                "phalanx_checkpoint_duration_seconds",
+                "Checkpoints by measured duration (job.checkpoint events)",
+                buckets=_buckets(h),
+                sum_value=h.sum,
             )
+        )
 
     fams.append(
         GaugeHistogramMetricFamily(

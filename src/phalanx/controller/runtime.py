@@ -36,6 +36,7 @@ from phalanx.controller.metrics import (
     GPU_EVENTS_RECORDED,
     SCHED_PASS_PLACEMENTS,
     SCHED_PASS_SECONDS,
+    observe_placements,
 )
 from phalanx.domain import checkpointing, scheduling, values
 from phalanx.domain.checkpointing import IntervalDecision
@@ -388,6 +389,7 @@ class Controller:
                 started += self.store.start_attempts(starts, fence)
             STARTED.inc(len(started))
             self._placed = len(started)
+            self._observe_starts(snap.pending, started)
             self.waiters.notify(sorted({n for p in plan.starts for n in p.nodes}))
         current = {int(j["id"]): j["reason"] for j in snap.pending}
         changed = {jid: r for jid, r in plan.reasons.items() if current.get(jid) != r}
@@ -397,6 +399,18 @@ class Controller:
         return plan.sentence() + (
             f" (applied {len(started)})" if len(started) != len(plan.starts) else ""
         )
+
+    def _observe_starts(self, pending: list[dict[str, Any]], started: list[int]) -> None:
+        """Queue-wait and submit-to-start histograms of /metrics (controller/metrics.py)."""
+        now = time.time()
+        ids = set(started)
+        rows = [j for j in pending if int(j["id"]) in ids]
+        again = [int(j["id"]) for j in rows if int(j.get("restart_count") or 0) > 0]
+        requeued_at: dict[int, float] = {}
+        if again:
+            with contextlib.suppress(PhalanxError):
+                requeued_at = self.store.queue_entries(again)
+        observe_placements(rows, now, requeued_at)
 
     # ------------------------------------------------------------------ cluster duty
     def cluster_tick(self) -> str:

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, and_, case, func, select, update
+from sqlalchemy import Connection, case, func, select, update
 
 from phalanx.domain.states import JobState
 from phalanx.store import schema as s
@@ -61,8 +61,6 @@ class StoreFigures:
     jobs: list[tuple[str, str, int]] = field(default_factory=list)  # state, first partition, n
     pending_reasons: list[tuple[str | None, int]] = field(default_factory=list)
     users: list[tuple[str, str, int]] = field(default_factory=list)  # user, state, n
-    queue_wait: Histo | None = None
-    submit_to_start: Histo | None = None
     checkpoint_durations: Histo | None = None
     nodes: list[dict[str, Any]] = field(default_factory=list)
     busy_nodes: dict[str, int] = field(default_factory=dict)  # node -> cpus in use
@@ -97,12 +95,10 @@ class MetricsQueries(StoreBase):
     def metrics_figures(
         self,
         *,
-        wait_bounds: Sequence[float],
         checkpoint_bounds: Sequence[float],
     ) -> StoreFigures:
         """Every store-derived figure of `/metrics`, read in one transaction."""
         j = s.jobs
-        a = s.attempts
         with self.db.begin(write=False) as conn:
             db_now = float(conn.execute(select(self.db.db_now_sql())).scalar_one())
             out = StoreFigures(db_now=db_now)
@@ -125,24 +121,6 @@ class MetricsQueries(StoreBase):
                     .group_by(j.c.reason)
                 )
             ]
-            # queue wait: from entering the queue (submission, or the end of the attempt
-            # before: a requeue) to being placed (the attempt's creation)
-            prev = a.alias("prev")
-            entered = func.coalesce(
-                select(prev.c.end_time)
-                .where(prev.c.job_id == a.c.job_id, prev.c.seq == a.c.seq - 1)
-                .scalar_subquery(),
-                select(j.c.submit_time).where(j.c.id == a.c.job_id).scalar_subquery(),
-            )
-            out.queue_wait = _histogram(
-                conn, a.c.created_at - entered, a.c.created_at.is_not(None), wait_bounds
-            )
-            first = a.alias("first")
-            start_delay = first.c.start_time - j.c.submit_time
-            row_filter = and_(first.c.seq == 0, first.c.start_time.is_not(None))
-            out.submit_to_start = _histogram(
-                conn, start_delay, row_filter, wait_bounds, first.join(j, j.c.id == first.c.job_id)
-            )
             out.nodes = [dict(r) for r in conn.execute(select(s.nodes)).mappings()]
             for r in conn.execute(
                 active_tasks(s.tasks.c.node, func.sum(s.tasks.c.cpus).label("cpus")).group_by(
@@ -263,6 +241,20 @@ class MetricsQueries(StoreBase):
             self._event(conn, CARRY, "counts kept from purged jobs (for /metrics)", data=new)
         else:
             conn.execute(update(s.events).where(s.events.c.id == have[0]).values(data=new))
+
+    def queue_entries(self, job_ids: Sequence[int]) -> dict[int, float]:
+        """When these (requeued) jobs entered the queue again: their last attempt's end."""
+        a = s.attempts
+        out: dict[int, float] = {}
+        with self.db.begin(write=False) as conn:
+            for r in conn.execute(
+                select(a.c.job_id, func.max(a.c.end_time).label("ended"))
+                .where(a.c.job_id.in_(list(job_ids)))
+                .group_by(a.c.job_id)
+            ):
+                if r.ended is not None:
+                    out[int(r.job_id)] = float(r.ended)
+        return out
 
     def record_gpu_events(self, node: str, items: Sequence[dict[str, Any]]) -> int:
         """Store an agent's GPU events (XIDs, new uncorrectable ECC errors) as events of the
