@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from promql import alert_exprs, dashboard_exprs, exposed_names, metric_names
-from system.harness import Cluster, free_port, wait_for
+from system.harness import Cluster, free_port, phalanx_cmd, wait_for
 
 pytestmark = [pytest.mark.system, pytest.mark.postgres]
 
@@ -196,3 +198,41 @@ def test_live_cluster_metrics(
         lambda: total(scrape(urls[1])[1], "phalanx_store_up") == 1,
         what="phalanx_store_up 1 once the store is back",
     )
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("problem", ["port in use", "not a number"])
+def test_an_agent_that_cannot_serve_metrics_says_why(
+    make_cluster: Callable[..., Cluster], tmp_path: Path, problem: str
+) -> None:
+    cluster = make_cluster()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = str(busy.getsockname()[1]) if problem == "port in use" else "ninety"
+        proc = subprocess.run(
+            phalanx_cmd(
+                "agent",
+                "--name",
+                "node01",
+                "--state-dir",
+                str(cluster.agent_dir("node01")),
+                "--url",
+                "http://127.0.0.1:9",
+                *cluster.agent_auth_args("node01"),
+            ),
+            env=cluster.env(
+                PHALANX_METRICS_AGENT_PORT=port, PHALANX_METRICS_AGENT_HOST="127.0.0.1"
+            ),
+            capture_output=True,
+            text=True,
+            timeout=90,
+            stdin=subprocess.DEVNULL,
+        )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("phalanx agent:"), last
+    assert "metrics.agent_port" in last, last
+    if problem == "port in use":
+        assert port in last
