@@ -112,17 +112,20 @@ def bench_scrape(http: httpx.Client, state: Path, samples: int, cache_s: float) 
     }
 
 
-def submit_rate(api: Api, n: int) -> float:
-    """Submissions/s, one held job per POST /v1/jobs (as bench/submit.py's `single`); the jobs
-    are cancelled afterwards, outside the timed window."""
+def submit_rate(api: Api, n: int, state: Path) -> tuple[float, float]:
+    """Submissions/s, one held job per POST /v1/jobs (as bench/submit.py's `single`), and the
+    controller's CPU ms per submission over the same window (scrapes included); the jobs are
+    cancelled afterwards, outside the timed window."""
     body = spec(hold=True)
     ids = []
+    c0 = controller_cpu(state)
     t0 = time.perf_counter()
     for _ in range(n):
         ids.append(api.post("/v1/jobs", body)["job_id"])
     rate = n / (time.perf_counter() - t0)
+    cpu = (controller_cpu(state) - c0) / n * 1000
     api.cancel(ids)
-    return rate
+    return rate, cpu
 
 
 class Scraper:
@@ -178,15 +181,20 @@ def main() -> int:
         with httpx.Client(base_url=url, timeout=60) as http:
             scrape = bench_scrape(http, state, args.samples, args.cache)
         log(f"scrape: {scrape}")
-        without, with_, scrapes = [], [], 0
+        without, with_, cpu_without, cpu_with, scrapes = [], [], [], [], 0
         for k in range(args.pairs):
-            without.append(submit_rate(api, args.submits))
+            rate, cpu = submit_rate(api, args.submits, state)
+            without.append(rate)
+            cpu_without.append(cpu)
             with Scraper(url, args.every) as s:
-                with_.append(submit_rate(api, args.submits))
+                rate, cpu = submit_rate(api, args.submits, state)
+            with_.append(rate)
+            cpu_with.append(cpu)
             scrapes += s.count
             log(f"pair {k + 1}: {without[-1]:.0f}/s without, {with_[-1]:.0f}/s with scraping")
     a, b = statistics.median(without), statistics.median(with_)
     ratio = b / a
+    ca, cb = statistics.median(cpu_without), statistics.median(cpu_with)
     print(f"/metrics with {args.jobs} jobs in the store (median of {args.samples}):")
     print(
         f"  cold (read from the store): {scrape['cold_ms']:.1f} ms (max {scrape['cold_max_ms']:.1f}),"
@@ -198,6 +206,11 @@ def main() -> int:
         f"submit rate, 1 job/request (median of {args.pairs}): {a:.0f}/s without scraping, "
         f"{b:.0f}/s with a scrape every {args.every:g} s ({scrapes} scrapes): ratio {ratio:.3f}; "
         f"bar |1 - ratio| < 5%: {'OK' if abs(1 - ratio) < 0.05 else 'MISSED'}"
+    )
+    print(
+        f"controller CPU per submission: {ca:.2f} ms without, {cb:.2f} ms with scraping "
+        f"(ratio {cb / ca if ca else float('nan'):.3f}); a cold scrape every {args.every:g} s "
+        f"costs {scrape['cold_cpu_ms'] / args.every / 10:.2f}% of one core"
     )
     print(host_line(load_before, os.getloadavg()[0]))
     return 0
