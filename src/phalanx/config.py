@@ -446,6 +446,43 @@ class IsolationConfig(BaseModel):
     )
 
 
+class MetricsConfig(BaseModel):
+    """Prometheus exposition (docs/metrics.md): the controllers' `/metrics` cache and bounds,
+    the agents' own `/metrics` listener."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cache_seconds: float = Field(
+        5.0,
+        gt=0,
+        le=300,
+        description="seconds a controller reuses the store figures of /metrics before reading "
+        "them again (N controllers scraped every 15 s cost the store one read each per period)",
+    )
+    scrape_wait: float = Field(
+        2.0,
+        gt=0,
+        le=60,
+        description="seconds a scrape waits for fresh store figures before it answers the last "
+        "ones with phalanx_store_up 0 (keep it under Prometheus' scrape_timeout)",
+    )
+    max_users: int = Field(
+        20, ge=1, le=10_000, description="users with series of their own; the rest are 'other'"
+    )
+    max_reasons: int = Field(
+        20,
+        ge=1,
+        le=10_000,
+        description="pending reasons with series of their own; the rest are 'other'",
+    )
+    agent_port: int = Field(
+        0, ge=0, le=65535, description="port of each agent's /metrics (0: not served)"
+    )
+    agent_host: str = Field(
+        "0.0.0.0", min_length=1, max_length=256, description="address the agent's /metrics binds"
+    )
+
+
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -456,6 +493,7 @@ class Config(BaseModel):
     limits: LimitsConfig = Field(default_factory=lambda: LimitsConfig())
     isolation: IsolationConfig = Field(default_factory=lambda: IsolationConfig())
     accounting: AccountingConfig = Field(default_factory=lambda: AccountingConfig())
+    metrics: MetricsConfig = Field(default_factory=lambda: MetricsConfig())
 
     def failure_policy(self) -> FailurePolicy:
         return FailurePolicy(
@@ -494,6 +532,13 @@ def load_config(
                 raise ConfigError(f"PHALANX_TIMING_{key.upper()}={env!r} is not a number") from None
     if timing:
         data["timing"] = timing
+    metrics = dict(data.get("metrics", {}))
+    for key in MetricsConfig.model_fields:
+        env = os.environ.get(f"PHALANX_METRICS_{key.upper()}")
+        if env is not None:  # validated (and explained) with the rest below
+            metrics[key] = env
+    if metrics:
+        data["metrics"] = metrics
     root_jobs = os.environ.get("PHALANX_AUTH_ALLOW_ROOT_JOBS")
     if root_jobs is not None:  # `phalanx up` run by root: its owner may run jobs as root
         if root_jobs not in ("0", "1"):

@@ -187,6 +187,8 @@ class Cluster:
     timing: dict[str, float] = field(default_factory=dict)
     daemons: dict[str, Daemon] = field(default_factory=dict)
     extra_pids: set[int] = field(default_factory=set)
+    # added to every daemon's environment (e.g. PHALANX_METRICS_CACHE_SECONDS)
+    extra_env: dict[str, str] = field(default_factory=dict)
     _client: Client | None = None
 
     def __post_init__(self) -> None:
@@ -241,7 +243,7 @@ class Cluster:
         timing = {f"PHALANX_TIMING_{k.upper()}": str(v) for k, v in self.timing.items()}
         # the tests' jobs run as root, the user running the tests
         extra.setdefault("PHALANX_AUTH_ALLOW_ROOT_JOBS", "1")
-        return base_env(self.root, **timing, **extra)
+        return base_env(self.root, **timing, **{**self.extra_env, **extra})
 
     def start_controller(
         self, cid: str = "ctl-1", *, wait: bool = True, port: int | None = None

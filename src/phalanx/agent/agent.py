@@ -28,7 +28,8 @@ from phalanx import __version__
 from phalanx.agent import cgroups, shepherd
 from phalanx.agent.files import read_json as _read_json
 from phalanx.agent.files import write_json as _write_json
-from phalanx.agent.health import HealthMonitor, IsolationCheck, Status
+from phalanx.agent.health import GpuCheck, HealthMonitor, IsolationCheck, Status
+from phalanx.agent.metrics import AgentFigures
 from phalanx.agent.resources import NodeResources
 from phalanx.agent.steps import StepRunner
 from phalanx.client import Client
@@ -40,6 +41,7 @@ log = logging.getLogger("phalanx.agent")
 WATCH_INTERVAL = 0.05  # how often the watcher looks for new exit files (seconds)
 FORGOTTEN_MAX = 100_000  # forgotten attempt ids remembered (never launched again)
 HEARTBEAT_GRACE_MIN = 0.5  # seconds; see heartbeat_grace()
+MAX_GPU_EVENTS = 256  # GPU events one heartbeat carries (controller/runtime.py takes as many)
 CGROUP_SWEEP_INTERVAL = 5.0  # how often leftover cgroups of ended attempts are looked for (s)
 # the cluster's [isolation] settings until the first register reply (config.IsolationConfig)
 DEFAULT_ISOLATION: dict[str, Any] = {"pids_max": 4096, "require_cgroups": True}
@@ -99,6 +101,10 @@ class Agent:
         self._task_cpus: dict[str, list[int]] = {}
         self._gpu_devices: list[tuple[int, int, int]] = []
         self._swept_at = 0.0
+        # what /metrics shows (agent/metrics.py): replaced whole by each heartbeat's snapshot
+        self.figures = AgentFigures()
+        self._fenced: set[int] = set()  # attempts whose shepherd stopped them by self-fencing
+        self._fenced_before = 0
         # job steps (srun) on this node: agent/steps.py
         self.steps = StepRunner(
             state_dir / "steps",
@@ -330,6 +336,11 @@ class Agent:
         with self._lock:
             tasks = self.snapshot()
             steps = self.steps.snapshot()
+        self._note_figures(tasks, steps)
+        health = self.health.summary() if self.health else None
+        gpu_events = self.gpu_events()
+        if health is not None and gpu_events:  # stored by the controller (docs/metrics.md)
+            health["gpu_events"] = gpu_events
         # Heartbeats are level-triggered, so retrying one on another controller is safe; the
         # timeout is short so a hung controller does not hold the agent past its fence timeout.
         reply = self.client.post(
@@ -339,15 +350,50 @@ class Agent:
                 "steps": steps,
                 "taken_at": taken_at,
                 "wait": wait,
-                "health": self.health.summary() if self.health else None,
+                "health": health,
             },
             idempotent=True,
             timeout=wait + heartbeat_grace(float(self.timing["heartbeat_interval"])),
         )
+        if gpu_events:
+            self._confirm_gpu_events({str(e["key"]) for e in gpu_events})
         self._freshen_fence_file()
         with self._lock:
             self.apply(reply)
         return reply
+
+    # ------------------------------------------------------------------ metrics
+    def _gpu_checks(self) -> list[GpuCheck]:
+        return [c for c in (self.health.checks if self.health else []) if isinstance(c, GpuCheck)]
+
+    def gpu_events(self) -> list[dict[str, Any]]:
+        """GPU events (XIDs, ECC increases) no controller has confirmed yet."""
+        return [e for c in self._gpu_checks() for e in c.pending_events()][:MAX_GPU_EVENTS]
+
+    def _confirm_gpu_events(self, keys: set[str]) -> None:
+        for c in self._gpu_checks():
+            c.confirm(keys)
+
+    def gpu_readings(self) -> dict[int, dict[str, float]]:
+        out: dict[int, dict[str, float]] = {}
+        for c in self._gpu_checks():
+            out.update(c.readings)
+        return out
+
+    def _note_figures(self, tasks: list[dict[str, Any]], steps: list[dict[str, Any]]) -> None:
+        states: dict[str, int] = {}
+        for rep in tasks:
+            states[rep["state"]] = states.get(rep["state"], 0) + 1
+            if (rep.get("exit") or {}).get("fenced"):
+                self._fenced.add(int(rep["attempt_id"]))
+        if len(self._fenced) > FORGOTTEN_MAX:  # long forgotten by the controller: keep a count
+            self._fenced_before += len(self._fenced)
+            self._fenced.clear()
+        self.figures = AgentFigures(
+            tasks=states,
+            steps=sum(1 for s in steps if s.get("state") in ("starting", "running")),
+            fenced_total=self._fenced_before + len(self._fenced),
+        )
 
     def _control_plane_down(self) -> None:
         """Every controller's host refused the connection (no controller process is running),

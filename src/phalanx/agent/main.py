@@ -12,6 +12,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from phalanx.agent import metrics as agent_metrics
 from phalanx.agent.agent import Agent
 from phalanx.agent.health import build_monitor
 from phalanx.agent.resources import detect, parse_gpu_override
@@ -102,6 +103,27 @@ def run_agent(
             "PHALANX_URL": ",".join(client.urls),
         },
     )
+
+    monitor.observe = agent_metrics.observe_check
+    try:
+        agent_metrics.serve(
+            config.metrics.agent_port,
+            config.metrics.agent_host,
+            agent_metrics.AgentCollector(
+                name,
+                lambda: agent.figures,
+                lambda: monitor.summary(),
+                agent.gpu_readings,
+            ),
+        )
+    except OSError as e:
+        creds.close()
+        print(
+            f"phalanx agent: cannot serve /metrics on {config.metrics.agent_host}:"
+            f"{config.metrics.agent_port}: {e.strerror or e} (metrics.agent_port; 0 turns it off)",
+            file=sys.stderr,
+        )
+        return 2
 
     def _stop(_sig: int, _frame: FrameType | None) -> None:
         agent.stop()

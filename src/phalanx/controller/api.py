@@ -16,16 +16,16 @@ from typing import Any, Literal
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.requests import HTTPConnection
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from phalanx import __version__
 from phalanx.auth.keys import KeySet
 from phalanx.auth.tokens import Identity, Verifier, mint_token
-from phalanx.controller import access, maint_api
+from phalanx.controller import access, maint_api, metrics
 from phalanx.controller.launch import default_output, expand_pattern, job_layout
 from phalanx.controller.runtime import Controller
 from phalanx.domain import checkpointing
@@ -35,6 +35,7 @@ from phalanx.domain.states import JobState, node_display_state
 from phalanx.domain.steps import StepRequest
 from phalanx.domain.values import format_duration, parse_dependency, parse_duration
 from phalanx.errors import Forbidden, InvalidSpec, NotFound, PhalanxError
+from phalanx.store.metrics import CHECKPOINT_BUCKETS
 from phalanx.store.steps import StepReport
 from phalanx.store.store import TaskReport
 
@@ -433,6 +434,7 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         lifespan=lifespan,
         dependencies=[Depends(authorize)],
     )
+    app.add_middleware(metrics.RequestMetrics)  # API requests by route template and status
 
     @app.exception_handler(PhalanxError)
     async def _phalanx_error(_req: Request, e: PhalanxError) -> JSONResponse:
@@ -481,9 +483,20 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         body = {"ready": not problems, "controller": ctl.cid, "problems": problems}
         return JSONResponse(body, status_code=503 if problems else 200)
 
-    @app.get("/metrics")
-    async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(generate_latest().decode(), media_type=CONTENT_TYPE_LATEST)
+    cluster_metrics = CollectorRegistry(auto_describe=False)
+    cluster_metrics.register(
+        metrics.ClusterMetrics(
+            lambda: ctl.store.metrics_figures(checkpoint_bounds=CHECKPOINT_BUCKETS),
+            ctl.config.metrics,
+            intervals=ctl.metrics_intervals,
+        )
+    )
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def prometheus_metrics() -> Response:
+        """Prometheus exposition (docs/metrics.md). A plain `def`: a scrape may wait (at most
+        metrics.scrape_wait) for the store, in a worker thread, never on the event loop."""
+        return Response(metrics.exposition(cluster_metrics), media_type=CONTENT_TYPE_LATEST)
 
     # ---------------------------------------------------------------- jobs
     @app.post("/v1/jobs", status_code=201, response_model=SubmitOut)

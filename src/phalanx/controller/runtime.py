@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter
 
 from phalanx.config import Config
 from phalanx.controller.exchange import (
@@ -31,6 +31,13 @@ from phalanx.controller.exchange import (
 from phalanx.controller.launch import build_launch, build_step_launch
 from phalanx.controller.leases import LeaseKeeper
 from phalanx.controller.maintenance import MaintenanceDuty
+from phalanx.controller.metrics import (
+    FENCED_REFUSED,
+    GPU_EVENTS_RECORDED,
+    SCHED_PASS_PLACEMENTS,
+    SCHED_PASS_SECONDS,
+    observe_placements,
+)
 from phalanx.domain import checkpointing, scheduling, values
 from phalanx.domain.checkpointing import IntervalDecision
 from phalanx.domain.detector import silent_nodes
@@ -45,7 +52,6 @@ log = logging.getLogger("phalanx.controller")
 
 SUBMITTED = Counter("phalanx_jobs_submitted_total", "Jobs (array tasks count one each) accepted")
 STARTED = Counter("phalanx_jobs_started_total", "Attempts started by this controller's scheduler")
-SCHED_SECONDS = Histogram("phalanx_sched_cycle_seconds", "Duration of one scheduling pass")
 HEARTBEATS = Counter("phalanx_heartbeats_total", "Agent heartbeats received by this controller")
 LOOP_ERRORS = Counter("phalanx_loop_errors_total", "Ticks that ended in an error", ["loop"])
 
@@ -54,6 +60,7 @@ MAX_VERDICTS = 1024  # request shapes whose satisfiability is remembered per cac
 CHECKPOINT_INPUT_TTL = 10.0  # seconds a job's measured checkpoint cost is reused
 FAILURE_HISTORY_TTL = 60.0  # seconds the cluster's failure history (node MTBF) is reused
 CLUSTER_LEASE = "cluster"
+MAX_GPU_EVENTS = 256  # GPU events one heartbeat may report (the rest wait for the next)
 PURGE_EVERY = 60.0  # seconds between two accounting-retention purges of the cluster duty
 # Seconds between polls of nodes.work_gen for long-polling agents whose work another controller
 # changed: fast while no LISTEN/NOTIFY wakes us (SQLite, database outage), a slow safety net
@@ -156,6 +163,7 @@ class Controller:
         self._ckpt_cost_cache: dict[int, tuple[float, float | None]] = {}
         self._failure_history: tuple[float, tuple[float, int]] | None = None
         self._last_purge: float | None = None  # monotonic time of the last retention purge
+        self._placed = 0  # attempts the current scheduling pass started (for /metrics)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -215,6 +223,7 @@ class Controller:
                 log.warning("%s: store unavailable: %s", name, e.message)
             except Fenced as e:
                 LOOP_ERRORS.labels(name).inc()
+                FENCED_REFUSED.labels(name).inc()
                 log.warning("%s: fenced, stepping down: %s", name, e.message)
             except Exception:
                 LOOP_ERRORS.labels(name).inc()
@@ -332,8 +341,13 @@ class Controller:
         fences = self._sched_fences()
         if not fences:
             return "idle"
-        with SCHED_SECONDS.time():
+        start = time.perf_counter()
+        self._placed = 0
+        try:
             return self._schedule(fences)
+        finally:
+            SCHED_PASS_SECONDS.observe(time.perf_counter() - start)
+            SCHED_PASS_PLACEMENTS.observe(self._placed)
 
     def _sched_fences(self) -> dict[str, Fence]:
         out = {}
@@ -374,6 +388,8 @@ class Controller:
                     continue
                 started += self.store.start_attempts(starts, fence)
             STARTED.inc(len(started))
+            self._placed = len(started)
+            self._observe_starts(snap.pending, started)
             self.waiters.notify(sorted({n for p in plan.starts for n in p.nodes}))
         current = {int(j["id"]): j["reason"] for j in snap.pending}
         changed = {jid: r for jid, r in plan.reasons.items() if current.get(jid) != r}
@@ -383,6 +399,18 @@ class Controller:
         return plan.sentence() + (
             f" (applied {len(started)})" if len(started) != len(plan.starts) else ""
         )
+
+    def _observe_starts(self, pending: list[dict[str, Any]], started: list[int]) -> None:
+        """Queue-wait and submit-to-start histograms of /metrics (controller/metrics.py)."""
+        now = time.time()
+        ids = set(started)
+        rows = [j for j in pending if int(j["id"]) in ids]
+        again = [int(j["id"]) for j in rows if int(j.get("restart_count") or 0) > 0]
+        requeued_at: dict[int, float] = {}
+        if again:
+            with contextlib.suppress(PhalanxError):
+                requeued_at = self.store.queue_entries(again)
+        observe_placements(rows, now, requeued_at)
 
     # ------------------------------------------------------------------ cluster duty
     def cluster_tick(self) -> str:
@@ -539,26 +567,33 @@ class Controller:
             addr=info.get("addr"),
             boot_id=info.get("boot_id"),
             version=info.get("version"),
-            health=info.get("health"),
+            health=stored_health(info.get("health")),
         )
         self.seen(node)
         self._views_cache = None
         health = info.get("health")
         if health:  # applied with the registration; remember it so heartbeats compare to it
-            self._health[node] = (health.get("status"), health.get("check"), health.get("reason"))
+            self._health[node] = health_key(health)
         else:
             self._health.pop(node, None)
         self.kick()
         return row
 
+    def record_gpu_events(self, node: str, items: list[dict[str, Any]]) -> None:
+        """Store the GPU events (XIDs, ECC error increases) an agent reports with its health:
+        events of the node, so every controller counts the same ones (docs/metrics.md).
+        Agents repeat an event until a reply confirms it; the store skips repeats by key."""
+        valid = [i for i in items if isinstance(i, dict) and i.get("key")][:MAX_GPU_EVENTS]
+        GPU_EVENTS_RECORDED.inc(self.store.record_gpu_events(node, valid))
+
     def update_health(self, node: str, summary: dict[str, Any] | None) -> None:
         """Apply an agent's health summary when it changed (the store acts on transitions)."""
         if not summary:
             return
-        key = (summary.get("status"), summary.get("check"), summary.get("reason"))
+        key = health_key(summary)
         if self._health.get(node) == key:
             return
-        said = self.store.apply_health(node, summary)
+        said = self.store.apply_health(node, stored_health(summary) or {})
         self._health[node] = key
         if said:
             log.info("health: %s", said)
@@ -574,6 +609,8 @@ class Controller:
     ) -> tuple[Reply, StepReply]:
         """Apply an agent's report and compute its reply (runs in a worker thread)."""
         self.update_health(node, health)
+        if health and health.get("gpu_events"):
+            self.record_gpu_events(node, health["gpu_events"])
         # Step reports first: when a task's end ends its attempt, the steps it ends with are
         # those the node has not already seen end (a step that completed stays COMPLETED).
         if any(r.state != "starting" for r in step_reports or []):
@@ -663,6 +700,16 @@ class Controller:
             minimum_s=t.checkpoint_interval_min_s,
         )
 
+    def metrics_intervals(self, rows: list[dict[str, Any]]) -> list[float]:
+        """Periodic checkpoint intervals in force for these running jobs (for /metrics)."""
+        out = []
+        for row in rows:
+            with contextlib.suppress(PhalanxError, KeyError, TypeError, ValueError):
+                seconds = self.checkpoint_interval(row).seconds
+                if seconds:
+                    out.append(float(seconds))
+        return out
+
     def launch_specs(self, reply: Reply, node: str) -> list[dict[str, Any]]:
         return [
             build_launch(
@@ -695,6 +742,25 @@ class Controller:
             if self._listener is not None and self._listener.healthy
             else "poll",
         }
+
+
+def health_key(summary: dict[str, Any]) -> tuple[Any, ...]:
+    """What makes a health summary worth a store write: the verdict, and each check's status
+    (so `/metrics` counts per check stay true; a reason's wording alone is not a change)."""
+    checks = summary.get("checks") or {}
+    per_check = tuple(
+        sorted((str(c), str((v or {}).get("status"))) for c, v in checks.items())
+        if isinstance(checks, dict)
+        else ()
+    )
+    return (summary.get("status"), summary.get("check"), summary.get("reason"), per_check)
+
+
+def stored_health(summary: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The summary as the node row keeps it: without the GPU events that rode along."""
+    if not summary:
+        return summary
+    return {k: v for k, v in summary.items() if k != "gpu_events"}
 
 
 def partition_rows(config: Config) -> list[dict[str, Any]]:

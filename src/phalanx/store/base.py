@@ -140,6 +140,7 @@ class StoreBase:
         term: int | None = None,
         event_kind: str | None = None,
         message: str | None = None,
+        data: dict[str, Any] | None = None,
     ) -> bool:
         """Conditional transition: only if the job is still in the state we read."""
         old = JobState(job["state"])
@@ -161,7 +162,7 @@ class StoreBase:
             job_id=job["id"],
             actor=actor,
             term=term,
-            data={"from": old.value, "to": new.value},
+            data={"from": old.value, "to": new.value, **(data or {})},
         )
         return True
 

@@ -42,12 +42,25 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+from prometheus_client import Counter, Histogram
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from phalanx.errors import StoreOutcomeUnknown, StoreUnavailable
+
+# Process-local (docs/metrics.md): every transaction this process ran, and those that failed
+# because the database could not be reached or answered too late.
+STORE_SECONDS = Histogram(
+    "phalanx_store_transaction_seconds",
+    "Duration of store transactions (begin to commit), this process",
+    ["mode"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+STORE_ERRORS = Counter(
+    "phalanx_store_errors_total", "Store transactions that failed: database unavailable", ["mode"]
+)
 
 log = logging.getLogger(__name__)
 
@@ -660,6 +673,8 @@ class Engines:
         """
         engine = self.write if write else self.read
         watch = self.watchdog
+        mode = "write" if write else "read"
+        started = time.perf_counter()
         self._local.committing = False
         if watch is not None:
             watch.forget_cut()
@@ -671,7 +686,9 @@ class Engines:
                 yield conn
             if write and self.checkpointer is not None:
                 self.checkpointer.wrote()  # committed: the WAL has something to checkpoint
+            STORE_SECONDS.labels(mode).observe(time.perf_counter() - started)
         except sa_exc.TimeoutError as e:  # the pool: every connection busy for pool_timeout
+            STORE_ERRORS.labels(mode).inc()
             raise StoreUnavailable(
                 f"database unavailable ({describe_url(self.url)}): no free connection within "
                 f"{self.connect_timeout:g}s ({_first_line(e)})"
@@ -686,6 +703,7 @@ class Engines:
                 and "database is locked" not in str(e.orig)
             ):
                 raise
+            STORE_ERRORS.labels(mode).inc()
             what = "commit" if self._local.committing else "statement"
             message = (
                 self._no_answer(what)

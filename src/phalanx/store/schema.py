@@ -77,6 +77,8 @@ jobs = Table(
 Index("ix_jobs_state", jobs.c.state)
 Index("ix_jobs_array", jobs.c.array_job_id)
 Index("ix_jobs_name_user", jobs.c.name, jobs.c.user)
+# /metrics (store/metrics.py): jobs by state, partition and user, counted from the index alone
+Index("ix_jobs_state_partitions_user", jobs.c.state, jobs.c.partitions, jobs.c.user)
 
 attempts = Table(
     "attempts",

@@ -60,6 +60,7 @@ from phalanx.domain.states import (
 )
 from phalanx.errors import InvalidSpec, InvalidTransition, NotFound
 from phalanx.store import schema as s
+from phalanx.store.metrics import MetricsQueries
 from phalanx.store.rowinsert import RowInsert
 from phalanx.store.sqlbits import JOB_SUMMARY as _JOB_SUMMARY
 from phalanx.store.sqlbits import NODE_WORK_COLUMNS, Fence
@@ -140,7 +141,7 @@ class SchedSnapshot:
 MAX_ID = 2**63 - 1  # the largest id an INTEGER column holds (SQLite and PostgreSQL)
 
 
-class Store(JobSteps, MaintenanceWindows):
+class Store(JobSteps, MaintenanceWindows, MetricsQueries):
     """The store's one interface (see the module docstring)."""
 
     # ------------------------------------------------------------------ leases
@@ -583,7 +584,7 @@ class Store(JobSteps, MaintenanceWindows):
                             f"{state.value} -> {new.value}: {why}",
                             job_id=jid,
                             actor=actor,
-                            data={"from": state.value, "to": new.value},
+                            data={"from": state.value, "to": new.value, "why": "user"},
                         )
                     out[jid] = "requeued and held" if hold else "requeued"
                 else:
@@ -693,6 +694,7 @@ class Store(JobSteps, MaintenanceWindows):
             ]
             if not ids:
                 return 0
+            self.carry_purged(conn, ids)  # /metrics counters must not go down (store/metrics.py)
             for table, rows_of in JOB_ROWS:
                 conn.execute(delete(table).where(rows_of(ids)))
             conn.execute(delete(s.jobs).where(s.jobs.c.id.in_(ids)))
@@ -1569,6 +1571,8 @@ class Store(JobSteps, MaintenanceWindows):
             verdict.reason,
             extra=extra,
             event_kind="job.requeue" if verdict.action is Action.REQUEUE else "job.held",
+            # why, for /metrics (requeues and retries by reason): the failure kind, or planned
+            data={"why": verdict.kind.value if verdict.kind else "planned", "retry": verdict.retry},
         )
 
     def _runs_on_all_nodes(self, conn: Connection, job_id: int) -> bool:
@@ -1678,6 +1682,7 @@ class Store(JobSteps, MaintenanceWindows):
             why,
             extra=extra,
             event_kind="job.restart",
+            data={"why": "node_fail", "retry": True},
             message=f"{job['state']} -> PENDING: {why}; reserved {','.join(layout)} for "
             f"{self.restart_reservation:g}s",
         )

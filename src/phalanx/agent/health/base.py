@@ -119,6 +119,8 @@ class HealthMonitor:
         self._lock = threading.Lock()  # guards _states and _running (summary() vs run_due())
         self._run_lock = threading.Lock()  # one run_due()/preflight() at a time
         self._running: tuple[Check, float] | None = None
+        # called with (check name, seconds) after every run: the agent's /metrics histogram
+        self.observe: Callable[[str, float], None] | None = None
 
     def add_check(self, check: Check) -> None:
         """Add a check (before `preflight`); its name must be new."""
@@ -182,6 +184,7 @@ class HealthMonitor:
         with self._lock:
             self._states[check.name].last_run = started
             self._running = (check, started)
+        began = time.monotonic()
         try:
             result = check.run()
             if not isinstance(result, CheckResult):
@@ -196,6 +199,8 @@ class HealthMonitor:
         with self._lock:
             self._running = None
             self._record(result)
+        if self.observe is not None:
+            self.observe(check.name, time.monotonic() - began)
         return result
 
     def _record(self, result: CheckResult) -> None:

@@ -103,6 +103,16 @@ class NvmlLike(Protocol):
         """(GPU index, XID) for critical-XID events since the last call; -1 if unknown GPU."""
 
 
+MAX_PENDING_EVENTS = 1024  # GPU events kept for the controllers while none confirms them
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "noboot"
+
+
 # ---------------------------------------------------------------------------------- the check
 class GpuCheck:
     """Probe every GPU through `nvml`; see the module docstring for the verdicts.
@@ -137,6 +147,14 @@ class GpuCheck:
         self.name = name
         self._clock = clock or time.monotonic
         self._held: dict[int, tuple[float, str]] = {}  # gpu -> (seen at, reason)
+        # For /metrics (agent/metrics.py, controller/metrics.py): the last readings per GPU,
+        # and GPU events not yet confirmed by a controller (XIDs; ECC counter increases)
+        self.readings: dict[int, dict[str, float]] = {}
+        self._outbox: list[dict[str, Any]] = []
+        self._outbox_lock = threading.Lock()
+        self._ecc_seen: dict[int, int] = {}  # gpu -> volatile counter last reported
+        self._run_id = os.urandom(6).hex()  # keys of XID events: unique per agent process
+        self._seq = 0
 
     def run(self) -> CheckResult:
         self.nvml.refresh()
@@ -166,6 +184,8 @@ class GpuCheck:
         now = self._clock()
         out: list[tuple[Status, str]] = []
         for gpu, xid in self.nvml.xid_events():
+            self._seq += 1
+            self._emit({"key": f"{self._run_id}:{self._seq}", "gpu": gpu, "xid": xid})
             meaning = self.critical_xids.get(xid)
             if meaning is None:
                 log.info("GPU %s: XID %s (not a node fault; ignored)", gpu, xid)
@@ -199,6 +219,11 @@ class GpuCheck:
                 continue
             if value is None:  # not supported on this GPU
                 continue
+            if what in ("temperature", "ECC counters"):
+                key = "temperature" if what == "temperature" else "ecc_uncorrectable"
+                self.readings.setdefault(i, {})[key] = float(value)
+            if what == "ECC counters":
+                self._note_ecc(i, int(value))
             if what == "temperature":
                 temps.append(int(value))
                 if value >= self.temp_fail_c:
@@ -225,6 +250,41 @@ class GpuCheck:
 
     def _result(self, status: Status, reason: str) -> CheckResult:
         return CheckResult(self.name, status, one_line(reason))
+
+    # ------------------------------------------------------------------ events for /metrics
+    def _emit(self, event: dict[str, Any]) -> None:
+        with self._outbox_lock:
+            if len(self._outbox) < MAX_PENDING_EVENTS:  # a controller outage: keep the first
+                self._outbox.append({**event, "ts": time.time()})
+
+    def _note_ecc(self, gpu: int, count: int) -> None:
+        """A change of the volatile counter is an event carrying its total since boot: the
+        controllers count the largest total per boot (so an agent restarted mid-boot, which
+        reports the total again, adds nothing twice; its key names boot and value)."""
+        last = self._ecc_seen.get(gpu)
+        self._ecc_seen[gpu] = count
+        if count > 0 and count != last:
+            boot = _boot_id()
+            new = count if last is None or count < last else count - last
+            self._emit(
+                {
+                    "key": f"{boot}:ecc:{gpu}:{count}",
+                    "gpu": gpu,
+                    "count": new,
+                    "total": count,
+                    "boot": boot,
+                }
+            )
+
+    def pending_events(self) -> list[dict[str, Any]]:
+        """GPU events to report with the next heartbeat (until `confirm`ed)."""
+        with self._outbox_lock:
+            return list(self._outbox)
+
+    def confirm(self, keys: set[str]) -> None:
+        """A controller stored these events: stop reporting them."""
+        with self._outbox_lock:
+            self._outbox = [e for e in self._outbox if e["key"] not in keys]
 
 
 # ------------------------------------------------------------------------------ real adapter
