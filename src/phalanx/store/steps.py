@@ -126,6 +126,12 @@ class JobSteps(StoreBase):
                 data={"step_id": step_id, "nodes": plan.nodes, "tasks": plan.tasks},
             )
             self._bump_gen(conn, plan.nodes)
+            gens = {
+                str(r.name): int(r.work_gen)
+                for r in conn.execute(
+                    select(s.nodes.c.name, s.nodes.c.work_gen).where(s.nodes.c.name.in_(plan.nodes))
+                )
+            }
         return {
             "job_id": job_id,
             "step_id": step_id,
@@ -133,6 +139,7 @@ class JobSteps(StoreBase):
             "nodes": plan.nodes,
             "tasks": plan.tasks,
             "task_ids": plan.task_ids,
+            "work_gens": gens,  # for the caller's wakeups (Controller.woke), not the API
         }
 
     def node_step_work(self, node: str) -> list[dict[str, Any]]:
