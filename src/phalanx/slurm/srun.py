@@ -166,6 +166,7 @@ class Caller:
     err: Sink
     # install a signal forwarder for the step's life; returns what undoes it
     on_signals: Callable[[Callable[[int], None]], Callable[[], None]] = field(repr=False)
+    threaded: bool = False  # signals are forwarded from another thread than the step's
 
     @classmethod
     def this_process(cls) -> Caller:
@@ -418,17 +419,24 @@ def _supervise(
     state = {"last_int": 0.0, "killed": False}
 
     def forward(signum: int) -> None:
-        # a client of its own: this runs in a signal handler or the helper's relay thread,
-        # while the loop below may be in the middle of a request on `client`
         now = time.monotonic()
+        # The helper relays signals from another thread, while the loop below may be in the
+        # middle of a request on `client`: there a client of its own.  srun's own handler
+        # keeps using `client`, as before the helper existed: a request it interrupts makes
+        # that forward fail, and one flow depends on it (a --signal without B: kills a batch
+        # shell without a trap; its srun then gets SIGTERM as a straggler, and a forward that
+        # worked would kill the step's `scontrol requeue`: tests/system/test_submitit.py).
+        own = LeanClient(",".join(client.urls)) if caller.threaded else client
         try:
-            with LeanClient(",".join(client.urls)) as own:
-                if signum == signal.SIGINT and now - state["last_int"] < 1.0:
-                    own.post(f"/v1/jobs/{job}/steps/cancel", {"step_id": sid, "reason": "srun ^C"})
-                else:
-                    own.post(f"/v1/jobs/{job}/steps/signal", {"step_id": sid, "signal": signum})
+            if signum == signal.SIGINT and now - state["last_int"] < 1.0:
+                own.post(f"/v1/jobs/{job}/steps/cancel", {"step_id": sid, "reason": "srun ^C"})
+            else:
+                own.post(f"/v1/jobs/{job}/steps/signal", {"step_id": sid, "signal": signum})
         except PhalanxError as e:
             caller.say(f"{PROG}: error: cannot forward signal {signum}: {e.message}\n")
+        finally:
+            if own is not client:
+                own.close()
         if signum == signal.SIGINT:
             state["last_int"] = now
 
