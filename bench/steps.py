@@ -11,8 +11,9 @@ measures with the shell's own clock (`$EPOCHREALTIME`) and writes what it saw to
   start     time from just before `srun -N 4 ...` to the moment every one of its 4 tasks is
             running (each task writes `$EPOCHREALTIME` first thing; the latest of the four,
             minus the time before srun), `--samples` times per run. This includes srun's own
-            start-up (a Python process), the step's creation on the controller, the agents'
-            wakeup (long-poll), one shepherd per task and the task's exec.
+            start-up (a Python process, the thin client), the job's srun helper, the step's
+            creation on the controller, the agents' wakeup (long-poll), one shepherd per task
+            and the task's exec.
   loop      trivial steps per second: a loop of `--loop` x `srun true` (4 tasks, one per node,
             the job's layout), each srun waited for; and the same with `srun -n 1 true`.
 
