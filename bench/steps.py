@@ -11,10 +11,20 @@ measures with the shell's own clock (`$EPOCHREALTIME`) and writes what it saw to
   start     time from just before `srun -N 4 ...` to the moment every one of its 4 tasks is
             running (each task writes `$EPOCHREALTIME` first thing; the latest of the four,
             minus the time before srun), `--samples` times per run. This includes srun's own
-            start-up (a Python process), the step's creation on the controller, the agents'
-            wakeup (long-poll), one shepherd per task and the task's exec.
+            start-up (a Python process, the thin client), the job's srun helper, the step's
+            creation on the controller, the agents' wakeup (long-poll), one shepherd per task
+            and the task's exec.
   loop      trivial steps per second: a loop of `--loop` x `srun true` (4 tasks, one per node,
             the job's layout), each srun waited for; and the same with `srun -n 1 true`.
+
+The job's first srun (`srun -n 1 true`, not measured) also starts the job's srun helper on the
+batch host (docs/slurm.md, "srun's helper"): every measured srun is the thin client that hands
+its step to it.  For each loop the benchmark also reports the CPU time spent per step by each
+kind of process, read from /proc around the loop (the script waits for a go file before each
+loop, so the sampling is outside the timed part): the controller, the 4 agents, the srun helper,
+and "srun+shell" (the batch shell and the sruns it waited for).  The shepherds and tasks are not
+in it (they are new processes each step).  On a shared machine these CPU figures are what to
+compare; the rates are the idle-machine figures the bars are about.
 
 Results are the median (min, max) over `--runs` runs beside the bars of issue 10 (a step on 4
 nodes starts in under 0.2 s; at least 20 trivial steps/s). Slurm 22.05 was not measured here
@@ -50,20 +60,89 @@ SCRIPT = """#!/bin/bash
 #SBATCH -N 4
 #SBATCH --ntasks-per-node=1
 out={out}
-srun -n 1 true   # warm the nodes' page cache: not measured
+echo $$ > $out/shell
+srun -n 1 true   # warm the nodes' page cache, start the srun helper: not measured
 for i in $(seq {samples}); do
   d=$out/start.$i; mkdir -p $d
   t0=$EPOCHREALTIME
   srun -N 4 bash -c 'echo $EPOCHREALTIME > '$d'/$SLURM_PROCID'
   echo "$t0" > $d/t0
 done
+await() {{ touch $out/ready.$1; while [ ! -e $out/go.$1 ]; do sleep 0.02; done; }}
+await 1
 t0=$EPOCHREALTIME
 for i in $(seq {loop}); do srun true; done
 t1=$EPOCHREALTIME
+await 2
+t1b=$EPOCHREALTIME
 for i in $(seq {loop}); do srun -n 1 true; done
 t2=$EPOCHREALTIME
-echo "$t0 $t1 $t2" > $out/loop
+echo "$t0 $t1 $t1b $t2" > $out/loop
+await 3   # alive until its CPU time is read
 """
+
+KINDS = ("controller", "agents", "srun helper", "srun+shell")
+
+
+def _cpu_s(pid: int, children: bool) -> float:
+    """utime+stime (and the waited-for children's, for the batch shell) of a live process."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12])
+    if children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _cluster_processes(state: Path) -> dict[str, list[int]]:
+    """The cluster's processes by kind, found by the state dir in their command lines."""
+    found: dict[str, list[int]] = {k: [] for k in KINDS}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if str(state) not in cmd:
+            continue
+        if " controller " in cmd:
+            found["controller"].append(int(d))
+        elif " agent " in cmd:
+            found["agents"].append(int(d))
+        elif "phalanx.slurm.srund" in cmd:
+            found["srun helper"].append(int(d))
+    return found
+
+
+def _cpu_by_kind(procs: dict[str, list[int]]) -> dict[str, float]:
+    return {k: sum(_cpu_s(p, k == "srun+shell") for p in pids) for k, pids in procs.items()}
+
+
+def _await_file(path: Path, deadline: float, what: str) -> None:
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def _loop_cpu(out: Path, state: Path, loop: int, deadline: float) -> dict[str, dict[str, float]]:
+    """Release each loop of the script in turn; CPU ms per step by kind, and the load."""
+    res: dict[str, dict[str, float]] = {}
+    for n, name in ((1, "loop"), (2, "loop1")):
+        _await_file(out / f"ready.{n}", deadline, f"the job's loop {n}")
+        procs = _cluster_processes(state)
+        procs["srun+shell"] = [int((out / "shell").read_text())]  # the batch shell
+        before = _cpu_by_kind(procs)
+        (out / f"go.{n}").touch()
+        _await_file(out / f"ready.{n + 1}", deadline, f"the end of the job's loop {n}")
+        after = _cpu_by_kind(procs)
+        res[name] = {k: (after[k] - before[k]) / loop * 1000 for k in KINDS}
+        res[name]["load"] = os.getloadavg()[0]
+    (out / "go.3").touch()
+    return res
 
 
 def one_run(i: int, args: argparse.Namespace, bindir: str) -> dict[str, Any]:
@@ -107,6 +186,7 @@ def one_run(i: int, args: argparse.Namespace, bindir: str) -> dict[str, Any]:
         jid = sub.stdout.strip().split()[-1]
         api = common.Api(url, timeout=30.0)
         deadline = time.monotonic() + args.timeout
+        cpu = _loop_cpu(out, state, args.loop, deadline)
         while True:
             job = api.job(int(jid))
             if job["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
@@ -124,17 +204,24 @@ def one_run(i: int, args: argparse.Namespace, bindir: str) -> dict[str, Any]:
             t0 = float((d / "t0").read_text())
             tasks = [float((d / str(t)).read_text()) for t in range(4)]
             starts.append(max(tasks) - t0)
-        t0, t1, t2 = (float(x) for x in (out / "loop").read_text().split())
+        t0, t1, t1b, t2 = (float(x) for x in (out / "loop").read_text().split())
         res = {
             "start_s": statistics.median(starts),
             "start_samples": starts,
             "loop_per_s": args.loop / (t1 - t0),
-            "loop1_per_s": args.loop / (t2 - t1),
+            "loop1_per_s": args.loop / (t2 - t1b),
+            "cpu_ms_per_step": cpu,
         }
         log(
             f"run {i}: start median {res['start_s']:.3f}s (min {min(starts):.3f}), "
             f"{res['loop_per_s']:.1f} steps/s (4 tasks), {res['loop1_per_s']:.1f} steps/s (1 task)"
         )
+        for name, per in cpu.items():
+            log(
+                f"  {name}: CPU ms/step "
+                + ", ".join(f"{k} {per[k]:.1f}" for k in KINDS)
+                + f" (load average {per['load']:.1f})"
+            )
         return res
 
 
@@ -166,6 +253,13 @@ def main() -> int:
             f"{sign}{bar:>6g}  {'yes' if ok else 'NO'}"
         )
         out[key] = {"median": med, "min": min(vals), "max": max(vals), "bar": bar, "ok": ok}
+    for name, label in (("loop", "srun true (4 tasks)"), ("loop1", "srun -n 1 true")):
+        per = {k: statistics.median(r["cpu_ms_per_step"][name][k] for r in runs) for k in KINDS}
+        print(
+            f"CPU ms per step, {label}: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in per.items())
+            + f" (total {sum(per.values()):.1f}, shepherds and tasks not counted)"
+        )
     print("Slurm 22.05: not measured on this machine (no slurmctld); run the same script there")
     print(host_line(before, after))
     if args.json:

@@ -328,6 +328,16 @@ def node_view(n: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _fast_json(body: dict[str, Any]) -> Any:
+    """The body as a ready JSON response, skipping FastAPI's jsonable_encoder (a walk of every
+    value in Python: the largest cost of a heartbeat reply that carries launch specs). A
+    value plain JSON cannot take falls back to the encoder."""
+    try:
+        return JSONResponse(body)
+    except (TypeError, ValueError):
+        return body
+
+
 def _error(e: PhalanxError) -> JSONResponse:
     headers = {}
     if e.details.get("retry_after") is not None:
@@ -762,8 +772,9 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         name = body.name or os.path.basename(body.argv[0])
         step = ctl.store.create_step(int(row["id"]), req, spec, name, ident.actor)
         # this controller's long-polling agents start it at once (SQLite has no NOTIFY, and
-        # the work_gen poll would cost up to GEN_POLL per step)
-        ctl.waiters.notify(list(step["nodes"]))
+        # the work_gen poll would cost up to GEN_POLL per step); the poll is told, so it does
+        # not wake them a second time for the same step
+        ctl.woke(step.pop("work_gens"))
         return step
 
     @app.get("/v1/jobs/{ref}/steps/{step_id}")
@@ -911,21 +922,23 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
                 break
             read_at = time.monotonic()
             reply, steps = await run_in_threadpool(ctl.exchange, *args)
-        return {
-            "start": await run_in_threadpool(ctl.launch_specs, reply, node),
-            "stop": reply.stop,
-            "forget": reply.forget,
-            "steps": {
-                "start": ctl.step_launch_specs(steps, node),
-                "stop": steps.stop,
-                "signal": steps.signal,
-                "forget": steps.forget,
-            },
-            **({"checkpoint": reply.checkpoint} if reply.checkpoint is not None else {}),
-            **({"signal": reply.signals} if reply.signals else {}),
-            "controller": ctl.cid,
-            "terms": ctl.leases.terms(),
-        }
+        return _fast_json(
+            {
+                "start": await run_in_threadpool(ctl.launch_specs, reply, node),
+                "stop": reply.stop,
+                "forget": reply.forget,
+                "steps": {
+                    "start": ctl.step_launch_specs(steps, node),
+                    "stop": steps.stop,
+                    "signal": steps.signal,
+                    "forget": steps.forget,
+                },
+                **({"checkpoint": reply.checkpoint} if reply.checkpoint is not None else {}),
+                **({"signal": reply.signals} if reply.signals else {}),
+                "controller": ctl.cid,
+                "terms": ctl.leases.terms(),
+            }
+        )
 
     app.include_router(maint_api.router(ctl))
     return app

@@ -544,6 +544,14 @@ class Controller:
             return max(GEN_POLL_LISTENING, self.timing.heartbeat_interval)
         return GEN_POLL
 
+    def woke(self, gens: dict[str, int]) -> None:
+        """Wake these nodes' long-polls for work this controller has just committed, whose
+        work generations are `gens`: gen_tick then takes them as seen.  Without this, its next
+        poll finds the generations changed and wakes the same agents again, each of which
+        answers with a whole exchange (a few per job step, the largest cost of a short step)."""
+        self._gens.update(gens)
+        self.waiters.notify(sorted(gens))
+
     def gen_tick(self) -> str:
         """Wake this controller's long-polls when another controller gave their nodes work
         (the fallback for LISTEN/NOTIFY: see gen_poll_interval)."""

@@ -20,6 +20,13 @@ def run(command: str, argv: list[str]) -> int:
             f"phalanx: '{command}' is not a Slurm command known here ({', '.join(COMMANDS)})\n"
         )
         return 1
+    if command == "srun":
+        # the job's resident helper runs the step when it can: no heavy imports here
+        from phalanx.slurm import srun_fast
+
+        code = srun_fast.main(argv)
+        if code is not None:
+            return code
     module = importlib.import_module(f"phalanx.slurm.{command}")
     return int(module.main(argv) or 0)
 

@@ -24,8 +24,9 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any, BinaryIO
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from phalanx.domain import hostlist
 from phalanx.errors import ControllerUnavailable, PhalanxError
@@ -118,7 +119,8 @@ def main(argv: Sequence[str]) -> int:
     return run_command(PROG, _main, argv)
 
 
-def _main(argv: list[str]) -> int:
+def prepare(argv: list[str]) -> Any:
+    """srun's options, checked: SlurmUsageError for anything srun refuses."""
     for arg in argv:
         if arg.split("=", 1)[0] in UNSUPPORTED:
             raise SlurmUsageError(
@@ -132,18 +134,73 @@ def _main(argv: list[str]) -> int:
         raise SlurmUsageError("no command given: srun [OPTIONS] COMMAND [ARGS...]")
     if opts.exclude:
         raise SlurmUsageError("--exclude is not supported inside an allocation; use --nodelist")
+    return opts
+
+
+def _main(argv: list[str]) -> int:
+    opts = prepare(argv)
     job = os.environ.get("SLURM_JOB_ID") or os.environ.get("PHX_JOB_ID")
     with LeanClient() as client:
         if job:
-            return _step(client, job, opts)
+            if not os.environ.get(ATTACH_ENV):
+                from phalanx.slurm import srun_fast
+
+                srun_fast.start_helper()  # later sruns of this job go through it
+            return _step(client, job, opts, Caller.this_process())
         return _outside(client, argv, opts)
+
+
+class Sink(Protocol):
+    def write(self, data: bytes, /) -> Any: ...
+    def flush(self) -> Any: ...
+
+
+@dataclass
+class Caller:
+    """Who runs a step: the srun process itself, or a thin srun served by the job's helper
+    (srund.py), which passes its environment, directory and stdout/stderr along."""
+
+    env: Mapping[str, str]
+    cwd: str
+    out: Sink
+    err: Sink
+    # install a signal forwarder for the step's life; returns what undoes it
+    on_signals: Callable[[Callable[[int], None]], Callable[[], None]] = field(repr=False)
+    threaded: bool = False  # signals are forwarded from another thread than the step's
+
+    @classmethod
+    def this_process(cls) -> Caller:
+        def install(forward: Callable[[int], None]) -> Callable[[], None]:
+            old = {s: signal.signal(s, lambda n, _f: forward(n)) for s in FORWARDED}
+
+            def undo() -> None:
+                for s, h in old.items():
+                    signal.signal(s, h)
+
+            return undo
+
+        return cls(os.environ, os.getcwd(), sys.stdout.buffer, sys.stderr.buffer, install)
+
+    def say(self, text: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.err.write(text.encode(errors="replace"))
+            self.err.flush()
 
 
 # ----------------------------------------------------------------------------- step I/O
 class StepIO:
     """The listening end of a step: task streams in, exit records collected."""
 
-    def __init__(self, *, label: bool, host: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        label: bool,
+        host: str | None = None,
+        out: Sink | None = None,
+        err: Sink | None = None,
+    ) -> None:
+        self.out: Sink = out if out is not None else sys.stdout.buffer
+        self.err: Sink = err if err is not None else sys.stderr.buffer
         self.cookie = os.urandom(16).hex()  # (not `secrets`: ~10 ms of imports per srun)
         self.label = label
         self.server = socket.create_server(("", 0), backlog=1024)
@@ -210,7 +267,7 @@ class StepIO:
                     self.exits[task] = record
                     self.cond.notify_all()
                 return
-            sink = sys.stderr.buffer if what == "err" else sys.stdout.buffer
+            sink = self.err if what == "err" else self.out
             with self.cond:
                 self.open_streams += 1
             try:
@@ -221,7 +278,7 @@ class StepIO:
                     self.closed_streams += 1
                     self.cond.notify_all()
 
-    def _copy(self, conn: socket.socket, sink: BinaryIO, task: int) -> None:
+    def _copy(self, conn: socket.socket, sink: Sink, task: int) -> None:
         prefix = f"{task}: ".encode()
         partial = b""
         while True:
@@ -241,13 +298,13 @@ class StepIO:
             if lines:
                 self._write(sink, b"".join(prefix + line + b"\n" for line in lines))
 
-    def _write(self, sink: BinaryIO, data: bytes) -> None:
+    def _write(self, sink: Sink, data: bytes) -> None:
         with self.out_lock:
             try:
                 sink.write(data)
                 sink.flush()
-            except (BrokenPipeError, ValueError):
-                pass
+            except (OSError, ValueError):
+                pass  # the reader went away (srun | head): the tasks run on
 
 
 def _read_line(conn: socket.socket, limit: int = 512) -> str:
@@ -260,10 +317,10 @@ def _read_line(conn: socket.socket, limit: int = 512) -> str:
     return data.decode(errors="replace").strip()
 
 
-def advertised_host(urls: list[str]) -> str:
+def advertised_host(urls: list[str], env: Mapping[str, str] | None = None) -> str:
     """The address tasks on other nodes reach this srun at: $PHX_SRUN_HOST, else the local
     address this host uses to reach the first controller (no packet is sent)."""
-    given = os.environ.get("PHX_SRUN_HOST")
+    given = (os.environ if env is None else env).get("PHX_SRUN_HOST")
     if given:
         return given
     from urllib.parse import urlsplit
@@ -278,8 +335,11 @@ def advertised_host(urls: list[str]) -> str:
         return "127.0.0.1"
 
 
-def _body(opts: Any, host: str, cookie: str, port: int) -> dict[str, Any]:
-    env = dict(os.environ)
+def _body(
+    opts: Any, host: str, cookie: str, port: int, caller: Caller | None = None
+) -> dict[str, Any]:
+    caller = caller or Caller.this_process()
+    env = dict(caller.env)
     export = (opts.export or "ALL").split(",")
     if export[0].upper() == "NONE":
         keep = {"PATH", "HOME", "USER", "LOGNAME", "LANG", "TERM", "SHELL"}
@@ -296,7 +356,7 @@ def _body(opts: Any, host: str, cookie: str, port: int) -> dict[str, Any]:
     body: dict[str, Any] = {
         "argv": list(opts.command),
         "env": env,
-        "cwd": opts.chdir or os.getcwd(),
+        "cwd": opts.chdir or caller.cwd,
         "name": opts.job_name,
         "nodes": opts.nodes,
         "ntasks": opts.ntasks,
@@ -310,7 +370,7 @@ def _body(opts: Any, host: str, cookie: str, port: int) -> dict[str, Any]:
         "label": bool(opts.label),
         "open_mode": opts.open_mode
         or (
-            open_mode(os.environ["SLURM_OPEN_MODE"]) if os.environ.get("SLURM_OPEN_MODE") else None
+            open_mode(caller.env["SLURM_OPEN_MODE"]) if caller.env.get("SLURM_OPEN_MODE") else None
         ),
         "host": host,
         "port": port,
@@ -320,16 +380,16 @@ def _body(opts: Any, host: str, cookie: str, port: int) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- inside a job
-def _step(client: LeanClient, job: str, opts: Any) -> int:
-    attach = os.environ.get(ATTACH_ENV)
+def _step(client: LeanClient, job: str, opts: Any, caller: Caller, host: str | None = None) -> int:
+    attach = caller.env.get(ATTACH_ENV)
     if attach:
         return _inner(client, job, opts, attach)
-    io = StepIO(label=bool(opts.label))
+    io = StepIO(label=bool(opts.label), out=caller.out, err=caller.err)
     try:
-        host = advertised_host(client.urls)
-        body = _body(opts, host, io.cookie, io.port)
+        host = host or advertised_host(client.urls, caller.env)
+        body = _body(opts, host, io.cookie, io.port, caller)
         step = client.post(f"/v1/jobs/{job}/steps", body)
-        return _supervise(client, job, step, io, opts)
+        return _supervise(client, job, step, io, opts, caller)
     finally:
         io.close()
 
@@ -349,26 +409,38 @@ def _inner(client: LeanClient, job: str, opts: Any, attach: str) -> int:
         time.sleep(POLL_S)
 
 
-def _supervise(client: LeanClient, job: str, step: dict[str, Any], io: StepIO, opts: Any) -> int:
+def _supervise(
+    client: LeanClient, job: str, step: dict[str, Any], io: StepIO, opts: Any, caller: Caller
+) -> int:
     sid = int(step["step_id"])
     expected = {t for ids in step["task_ids"] for t in ids}
     nodes_of = {t: n for n, ids in zip(step["nodes"], step["task_ids"], strict=False) for t in ids}
     kill_on_bad = opts.kill_on_bad_exit not in (None, "0")
     state = {"last_int": 0.0, "killed": False}
 
-    def forward(signum: int, _frame: object) -> None:
+    def forward(signum: int) -> None:
         now = time.monotonic()
+        # The helper relays signals from another thread, while the loop below may be in the
+        # middle of a request on `client`: there a client of its own.  srun's own handler
+        # keeps using `client`, as before the helper existed: a request it interrupts makes
+        # that forward fail, and one flow depends on it (a --signal without B: kills a batch
+        # shell without a trap; its srun then gets SIGTERM as a straggler, and a forward that
+        # worked would kill the step's `scontrol requeue`: tests/system/test_submitit.py).
+        own = LeanClient(",".join(client.urls)) if caller.threaded else client
         try:
             if signum == signal.SIGINT and now - state["last_int"] < 1.0:
-                client.post(f"/v1/jobs/{job}/steps/cancel", {"step_id": sid, "reason": "srun ^C"})
+                own.post(f"/v1/jobs/{job}/steps/cancel", {"step_id": sid, "reason": "srun ^C"})
             else:
-                client.post(f"/v1/jobs/{job}/steps/signal", {"step_id": sid, "signal": signum})
+                own.post(f"/v1/jobs/{job}/steps/signal", {"step_id": sid, "signal": signum})
         except PhalanxError as e:
-            sys.stderr.write(f"{PROG}: error: cannot forward signal {signum}: {e.message}\n")
+            caller.say(f"{PROG}: error: cannot forward signal {signum}: {e.message}\n")
+        finally:
+            if own is not client:
+                own.close()
         if signum == signal.SIGINT:
             state["last_int"] = now
 
-    old = {s: signal.signal(s, forward) for s in FORWARDED}
+    undo = caller.on_signals(forward)
     try:
         reported: set[int] = set()
         next_poll = time.monotonic() + POLL_S
@@ -383,12 +455,10 @@ def _supervise(client: LeanClient, job: str, step: dict[str, Any], io: StepIO, o
                 reported.add(task)
                 bad = _describe(rec)
                 if bad:
-                    sys.stderr.write(
-                        f"{PROG}: error: {nodes_of.get(task, '?')}: task {task}: {bad}\n"
-                    )
+                    caller.say(f"{PROG}: error: {nodes_of.get(task, '?')}: task {task}: {bad}\n")
                     if kill_on_bad and not state["killed"]:
                         state["killed"] = True
-                        sys.stderr.write(f"{PROG}: error: terminating step {job}.{sid}\n")
+                        caller.say(f"{PROG}: error: terminating step {job}.{sid}\n")
                         with contextlib.suppress(PhalanxError):
                             client.post(
                                 f"/v1/jobs/{job}/steps/cancel",
@@ -409,7 +479,7 @@ def _supervise(client: LeanClient, job: str, step: dict[str, Any], io: StepIO, o
                     ended_at = ended_at or time.monotonic()
                     if time.monotonic() - ended_at > DRAIN_S:
                         missing = sorted(expected - reported)
-                        sys.stderr.write(
+                        caller.say(
                             f"{PROG}: error: step {job}.{sid} ended {st['state']}; no exit from "
                             f"task(s) {','.join(map(str, missing))}\n"
                         )
@@ -419,8 +489,7 @@ def _supervise(client: LeanClient, job: str, step: dict[str, Any], io: StepIO, o
         io.drain(opts)
         return worst_exit(io.exits.values())
     finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+        undo()
 
 
 def _describe(rec: dict[str, Any]) -> str | None:

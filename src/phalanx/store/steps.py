@@ -9,11 +9,12 @@ the signals asked of them; the agents report what runs.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, func, insert, select, update
+from sqlalchemy import Connection, Select, bindparam, func, insert, select, update
 
 from phalanx.domain.states import AttemptState, JobState
 from phalanx.domain.steps import AllocNode, StepRequest, plan_step, step_outcome
@@ -126,6 +127,12 @@ class JobSteps(StoreBase):
                 data={"step_id": step_id, "nodes": plan.nodes, "tasks": plan.tasks},
             )
             self._bump_gen(conn, plan.nodes)
+            gens = {
+                str(r.name): int(r.work_gen)
+                for r in conn.execute(
+                    select(s.nodes.c.name, s.nodes.c.work_gen).where(s.nodes.c.name.in_(plan.nodes))
+                )
+            }
         return {
             "job_id": job_id,
             "step_id": step_id,
@@ -133,40 +140,13 @@ class JobSteps(StoreBase):
             "nodes": plan.nodes,
             "tasks": plan.tasks,
             "task_ids": plan.task_ids,
+            "work_gens": gens,  # for the caller's wakeups (Controller.woke), not the API
         }
 
     def node_step_work(self, node: str) -> list[dict[str, Any]]:
         """Every step of a live attempt with tasks on this node not yet recorded as ended."""
-        q = (
-            select(
-                s.step_nodes.c.attempt_id,
-                s.step_nodes.c.step_id,
-                s.step_nodes.c.state.label("node_state"),
-                s.steps.c.state.label("step_state"),
-                s.steps.c.stop_reason.label("step_stop_reason"),
-                s.steps.c.nodes.label("step_nodes"),
-                s.steps.c.tasks.label("step_tasks"),
-                s.steps.c.spec.label("step_spec"),
-                s.steps.c.signals,
-                s.attempts.c.expected_end,
-                *NODE_WORK_COLUMNS,
-            )
-            .join(
-                s.steps,
-                (s.steps.c.attempt_id == s.step_nodes.c.attempt_id)
-                & (s.steps.c.step_id == s.step_nodes.c.step_id),
-            )
-            .join(s.attempts, s.attempts.c.id == s.step_nodes.c.attempt_id)
-            .join(
-                s.tasks,
-                (s.tasks.c.attempt_id == s.step_nodes.c.attempt_id)
-                & (s.tasks.c.node == s.step_nodes.c.node),
-            )
-            .join(s.jobs, s.jobs.c.id == s.steps.c.job_id)
-            .where(s.step_nodes.c.node == node, s.step_nodes.c.state.in_(_LIVE_NODE))
-        )
         with self.db.begin(write=False) as c:
-            return [dict(r) for r in c.execute(q).mappings()]
+            return [dict(r) for r in c.execute(_node_step_work_query(), {"node": node}).mappings()]
 
     def apply_step_reports(self, node: str, reports: Sequence[StepReport]) -> bool:
         """Record what an agent says about its step tasks; end steps whose every node is done.
@@ -455,3 +435,37 @@ def step_view(row: dict[str, Any]) -> dict[str, Any]:
         "exit_signal": row["exit_signal"],
         "stop_reason": row["stop_reason"],
     }
+
+
+@functools.cache
+def _node_step_work_query() -> Select[Any]:
+    """JobSteps.node_step_work's query, built once with the node as a parameter (every
+    heartbeat runs it: see store._node_work_query)."""
+    return (
+        select(
+            s.step_nodes.c.attempt_id,
+            s.step_nodes.c.step_id,
+            s.step_nodes.c.state.label("node_state"),
+            s.steps.c.state.label("step_state"),
+            s.steps.c.stop_reason.label("step_stop_reason"),
+            s.steps.c.nodes.label("step_nodes"),
+            s.steps.c.tasks.label("step_tasks"),
+            s.steps.c.spec.label("step_spec"),
+            s.steps.c.signals,
+            s.attempts.c.expected_end,
+            *NODE_WORK_COLUMNS,
+        )
+        .join(
+            s.steps,
+            (s.steps.c.attempt_id == s.step_nodes.c.attempt_id)
+            & (s.steps.c.step_id == s.step_nodes.c.step_id),
+        )
+        .join(s.attempts, s.attempts.c.id == s.step_nodes.c.attempt_id)
+        .join(
+            s.tasks,
+            (s.tasks.c.attempt_id == s.step_nodes.c.attempt_id)
+            & (s.tasks.c.node == s.step_nodes.c.node),
+        )
+        .join(s.jobs, s.jobs.c.id == s.steps.c.job_id)
+        .where(s.step_nodes.c.node == bindparam("node"), s.step_nodes.c.state.in_(_LIVE_NODE))
+    )

@@ -20,6 +20,7 @@ so a paused old leader can never write after its lease was taken over.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from typing import Any
 
 from sqlalchemy import (
     Connection,
+    Select,
     Table,
     and_,
     bindparam,
@@ -1208,27 +1210,11 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries):
 
     def node_work(self, node: str, conn: Connection | None = None) -> list[dict[str, Any]]:
         """Every task of a not-yet-ended attempt on this node, with its job, for the agent."""
-        q = (
-            select(
-                s.tasks.c.attempt_id,
-                s.tasks.c.state.label("task_state"),
-                *NODE_WORK_COLUMNS,
-                s.jobs.c.checkpoint.label("job_checkpoint"),
-                s.attempts.c.progress.label("attempt_progress"),
-                s.attempts.c.signals.label("attempt_signals"),
-            )
-            .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
-            .join(s.jobs, s.jobs.c.id == s.attempts.c.job_id)
-            .where(
-                s.tasks.c.node == node,
-                s.attempts.c.state != AttemptState.ENDED.value,
-                s.tasks.c.spare.is_(False),  # a hot spare runs nothing: the agent never sees it
-            )
-        )
+        q, params = _node_work_query(), {"node": node}
         if conn is not None:
-            return [dict(r) for r in conn.execute(q).mappings()]
+            return [dict(r) for r in conn.execute(q, params).mappings()]
         with self.db.begin(write=False) as c:
-            return [dict(r) for r in c.execute(q).mappings()]
+            return [dict(r) for r in c.execute(q, params).mappings()]
 
     def finished_attempts(self, attempt_ids: Sequence[int]) -> set[int]:
         """Which of these attempts the store has fully recorded (ENDED) or never heard of."""
@@ -2252,3 +2238,27 @@ def _outcome(
     if bad:
         return JobState.FAILED, f"task on {bad[0]['node']} {_describe_exit(bad[0])}", code, sig
     return JobState.COMPLETED, None, 0, None
+
+
+@functools.cache
+def _node_work_query() -> Select[Any]:
+    """Store.node_work's query, built once with the node as a parameter: every heartbeat runs
+    it, and building a statement of this size (and its cache key) costs about as much as
+    running it on SQLite."""
+    return (
+        select(
+            s.tasks.c.attempt_id,
+            s.tasks.c.state.label("task_state"),
+            *NODE_WORK_COLUMNS,
+            s.jobs.c.checkpoint.label("job_checkpoint"),
+            s.attempts.c.progress.label("attempt_progress"),
+            s.attempts.c.signals.label("attempt_signals"),
+        )
+        .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
+        .join(s.jobs, s.jobs.c.id == s.attempts.c.job_id)
+        .where(
+            s.tasks.c.node == bindparam("node"),
+            s.attempts.c.state != AttemptState.ENDED.value,
+            s.tasks.c.spare.is_(False),  # a hot spare runs nothing: the agent never sees it
+        )
+    )
