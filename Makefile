@@ -25,6 +25,7 @@ lint: install
 test: install lint
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-netns-tools.sh
+	bash scripts/ensure-chromium.sh
 	$(BIN)/pytest -q
 
 bench: install
