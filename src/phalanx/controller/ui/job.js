@@ -12,13 +12,15 @@ export function title(ref) {
 
 /** A timeline class for an event kind: requeues, node failures, health drains stand out. */
 export function eventClass(e) {
-  const k = `${e.kind} ${e.message || ""}`.toLowerCase();
-  if (k.includes("requeue") || k.includes("restart")) return "k-requeue";
-  if (k.includes("retry")) return "k-retry";
-  if (k.includes("health") || k.includes("drain") || k.includes("xid")) return "k-health";
-  if (k.includes("node_fail") || k.includes("node.down") || k.includes("lost") || k.includes("failed")) return "k-node";
-  if (k.includes("running") || k.includes("starting")) return "k-start";
-  if (/(completed|cancelled|timeout|out_of_memory)/.test(k)) return "k-end";
+  const kind = (e.kind || "").toLowerCase();
+  const msg = (e.message || "").toLowerCase();
+  if (kind.includes("requeue") || kind.includes("restart")) return "k-requeue";
+  if (kind.includes("retry")) return "k-retry";
+  if (kind.includes("health") || kind.includes("drain") || /\bhealth\b|\bxid\b/.test(msg)) return "k-health";
+  if (/node_fail|node\.down|lost|spare_lost/.test(kind) || /node .*(down|failed|lost)/.test(msg)) return "k-node";
+  if (/failed|timeout|out_of_memory/.test(kind)) return "k-fail";
+  if (/completed|cancelled/.test(kind)) return "k-end";
+  if (/running|starting/.test(kind)) return "k-start";
   return "";
 }
 
