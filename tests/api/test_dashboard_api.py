@@ -89,7 +89,9 @@ def test_the_dashboard_is_served_without_a_credential_and_loads_nothing_from_out
             assert imp.startswith("./") and (dashboard.ASSETS / imp[2:]).is_file(), imp
 
 
-@pytest.mark.parametrize("name", ["..%2Fapi.py", ".hidden.js", "api.py", "nope.js", "%2Fetc%2Fpasswd"])
+@pytest.mark.parametrize(
+    "name", ["..%2Fapi.py", ".hidden.js", "api.py", "nope.js", "%2Fetc%2Fpasswd"]
+)
 def test_only_shipped_assets_are_served(app: tuple[TestClient, Controller], name: str) -> None:
     c, _ = app
     r = c.get(f"/ui/{name}", headers=ANONYMOUS)

@@ -20,7 +20,7 @@ import errno
 import os
 import pwd
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from phalanx.controller import access
 from phalanx.domain.hostlist import compress_hostlist
 from phalanx.domain.states import JobState
 from phalanx.errors import InvalidSpec, NotFound
+from phalanx.store.queue import queue_page
 
 ASSETS = Path(__file__).parent / "ui"
 # what a page may load: only this controller (no CDN, no inline script): a cluster without
@@ -55,51 +56,25 @@ TYPES = {
 
 ACTIVE = ("PENDING", "HELD", "STARTING", "RUNNING", "COMPLETING")
 MAX_PAGE = 500
-MAX_SCAN = 200_000  # jobs one queue request folds at most (it says so when there are more)
+MAX_OFFSET = 10_000_000
 TAIL_DEFAULT = 16 * 1024
 TAIL_MAX = 256 * 1024
 
 
 # ---------------------------------------------------------------------- the queue, folded
-@dataclass(frozen=True)
-class QueuePage:
-    rows: list[dict[str, Any]]
-    total_rows: int  # folded rows matching the filters
-    total_jobs: int  # jobs matching the filters
-    by_state: dict[str, int]
+def folded_row(view: dict[str, Any], count: int, tasks: list[int] | None) -> dict[str, Any]:
+    """A queue row: a plain job as it is, or an array's tasks of one state and partition as
+    squeue folds them (`123_[4-99]`): 10,000 tasks of one array are one line.
 
-
-def fold(jobs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per plain job, and one per (array, state, partition) for array tasks, as
-    squeue folds pending tasks into `123_[4-99]`: 10,000 tasks of one array are one line.
-
-    `jobs` are job_view dicts in id order; rows keep the order of their first job."""
-    rows: list[dict[str, Any]] = []
-    groups: dict[tuple[int, str, str], dict[str, Any]] = {}
-    for j in jobs:
-        arr = j.get("array_job_id")
-        if arr is None:
-            rows.append({**j, "array": False, "count": 1, "ids": [j["id"]]})
-            continue
-        key = (int(arr), str(j["state"]), str(j["partition"]))
-        row = groups.get(key)
-        if row is None:
-            row = {**j, "array": True, "count": 0, "ids": [], "tasks": []}
-            groups[key] = row
-            rows.append(row)
-        row["count"] += 1
-        row["ids"].append(j["id"])
-        row["tasks"].append(j["array_task_id"])
-    for row in rows:
-        tasks = row.pop("tasks", None)
-        row["ref"] = row["job_id"]  # what a link to the job page names: one job or task
-        if tasks is None:
-            continue
-        row["job_id"] = f"{row['array_job_id']}_{task_ranges(tasks)}"
-        row["task_ids"] = tasks
-        if row["count"] > 1:  # one node list or start time would describe only one task
-            row["nodelist"] = None
-    return rows
+    `view` is the job_view of the group's first job (the lowest id)."""
+    row = {**view, "array": tasks is not None, "count": count, "ref": view["job_id"]}
+    if tasks is None:
+        return row
+    row["job_id"] = f"{view['array_job_id']}_{task_ranges(tasks)}"
+    row["task_ids"] = tasks[:1000]  # what a fold-out lists; the count says how many
+    if count > 1:  # one node list would describe only one task
+        row["nodelist"] = None
+    return row
 
 
 def task_ranges(tasks: Sequence[int]) -> str:
@@ -117,19 +92,6 @@ def task_ranges(tasks: Sequence[int]) -> str:
         if t is not None:
             start = prev = t
     return "[" + ",".join(parts) + "]"
-
-
-def page_of(jobs: list[dict[str, Any]], offset: int, limit: int) -> QueuePage:
-    by_state: dict[str, int] = {}
-    for j in jobs:
-        by_state[j["state"]] = by_state.get(j["state"], 0) + 1
-    rows = fold(jobs)
-    page = rows[offset : offset + limit]
-    for r in page:  # what a fold-out lists; the count says how many there are
-        r["ids"] = r["ids"][:1000]
-        if "task_ids" in r:
-            r["task_ids"] = r["task_ids"][:1000]
-    return QueuePage(page, len(rows), len(jobs), by_state)
 
 
 def parse_states(raw: Sequence[str] | None) -> list[str]:
@@ -233,25 +195,27 @@ def router(ctl: Any) -> APIRouter:
         ),
         user: str | None = Query(default=None, max_length=128),
         partition: str | None = Query(default=None, max_length=64),
-        offset: int = Query(default=0, ge=0, le=MAX_SCAN),
+        offset: int = Query(default=0, ge=0, le=MAX_OFFSET),
         limit: int = Query(default=100, ge=1, le=MAX_PAGE),
     ) -> dict[str, Any]:
         """The queue folded (array tasks: one row per array, state and partition) and paged."""
         states = parse_states(state)
-        rows = ctl.store.list_jobs(
-            states=states, user=user or None, partition=partition or None, limit=MAX_SCAN + 1
+        page = queue_page(
+            ctl.store,
+            states=states,
+            user=user or None,
+            partition=partition or None,
+            offset=offset,
+            limit=limit,
         )
-        more = len(rows) > MAX_SCAN
-        page = page_of([job_view(x) for x in rows[:MAX_SCAN]], offset, limit)
         return {
-            "rows": page.rows,
+            "rows": [folded_row(job_view(g.first), g.count, g.tasks) for g in page.groups],
             "offset": offset,
             "limit": limit,
             "total_rows": page.total_rows,
-            "total_jobs": page.total_jobs,
+            "total_jobs": sum(page.by_state.values()),
             "by_state": page.by_state,
             "states": states or "all",
-            "truncated": more,
         }
 
     @r.get("/v1/jobs/{ref}/output")

@@ -73,7 +73,6 @@ export function mount(main, _arg, params, ctx) {
     replace(
       summary,
       `${q.total_jobs} jobs in ${q.total_rows} rows${counts ? ` (${counts})` : ""}`,
-      q.truncated ? " — more jobs match than one page of the queue folds: narrow the filter" : "",
     );
     const pages = Math.max(1, Math.ceil(q.total_rows / PAGE_SIZE));
     const pageNo = Math.floor(f.offset / PAGE_SIZE) + 1;
