@@ -4,7 +4,8 @@ Every route of the API is in `RULES`, keyed by (method, path template). A route 
 there is refused (and `tests/api/test_access_table.py` walks the OpenAPI document to keep the
 table complete). Rules:
 
-* ``public``: no credential needed (health checks for load balancers, Prometheus metrics).
+* ``public``: no credential needed (health checks for load balancers, Prometheus metrics,
+  the dashboard's static files: they hold no data, the page calls the API with a token).
 * ``user``: any verified user, operator or admin (never an agent); routes that act on jobs
   also check ownership per job (`check_owner`): a user acts only on their own jobs,
   operators and admins on any.
