@@ -12,6 +12,7 @@ browser downloads are never used. Without a browser the tests skip, except under
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -292,3 +293,33 @@ def test_the_queue_page_with_10000_jobs(
     page.fill("#f-user", "nobody")
     page.press("#f-user", "Enter")
     page.wait_for_selector("#queue-summary:has-text('0 jobs in 0 rows')")
+
+
+@pytest.mark.timeout(180)
+def test_stuck_browser_connections_hold_no_worker(make_cluster: Callable[..., Cluster]) -> None:
+    """More stalled connections than the controller has worker threads (40): requests whose
+    headers never end, and whole requests whose replies are never read. The dashboard's own
+    routes still answer at once: a stuck browser holds a connection, never a worker."""
+    cluster = make_cluster()
+    cluster.start_controller()
+    auth = f"Authorization: Bearer {cluster.admin_token}\r\n".encode()
+    stalled: list[socket.socket] = []
+    try:
+        for _ in range(100):
+            s = socket.create_connection(("127.0.0.1", cluster.port), timeout=10)
+            s.sendall(b"GET /v1/queue HTTP/1.1\r\nHost: ui\r\n" + auth)  # no blank line
+            stalled.append(s)
+        for path in ("/v1/queue?state=all", "/ui/app.js") * 25:
+            s = socket.create_connection(("127.0.0.1", cluster.port), timeout=10)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: ui\r\n".encode() + auth + b"\r\n")
+            stalled.append(s)  # the reply is never read
+        started = time.monotonic()
+        for path in ("/v1/queue", "/v1/cluster", "/ui"):
+            r = httpx.get(cluster.url + path, headers=cluster.admin_headers, timeout=30)
+            assert r.status_code == 200, (path, r.text[:200])
+        took = time.monotonic() - started
+        assert took < 10, f"the dashboard's routes took {took:.1f} s behind stalled connections"
+    finally:
+        for s in stalled:
+            s.close()
