@@ -77,6 +77,40 @@ def open_as(browser: Browser, cluster: Cluster, token: str, where: str = "cluste
     return page
 
 
+JS_RULES = """async () => {
+  const cluster = await import('/ui/cluster.js');
+  const job = await import('/ui/job.js');
+  const dom = await import('/ui/dom.js');
+  const names = (g) => g.groups.map(([k, ns]) => [k, ns.map((n) => n.name)]);
+  const racked = [
+    {name: 'gpu01', features: ['rack=r2']},
+    {name: 'cpu01', features: ['rack:r1', 'ib']},
+    {name: 'cpu02', features: []},
+  ];
+  const plain = [...racked.map((n) => ({name: n.name, features: []})), {name: 'login1', features: []}];
+  const parts = [
+    {name: 'gpu', nodes: 'gpu*'},
+    {name: 'all', nodes: '[cg]pu*'},
+    {name: 'two', nodes: 'cpu0[2-3], x'},
+  ];
+  const events = [
+    {kind: 'job.requeue', message: 'node07 failed'},
+    {kind: 'job.node_fail', message: ''},
+    {kind: 'node.drain', message: 'health: XID 79'},
+    {kind: 'job.completed', message: 'RUNNING -> COMPLETED'},
+    {kind: 'job.running', message: 'running on node01'},
+    {kind: 'job.timeout', message: 'RUNNING -> TIMEOUT'},
+  ];
+  return {
+    racks: names(cluster.groups(racked, parts)),
+    partitions: names(cluster.groups(plain, parts)),
+    classes: events.map(job.eventClass),
+    words: ['Priority', 'BeginTime (not before 15:00)', 'SomethingNew'].map(
+      (r) => dom.reasonWords(r, 'PENDING')),
+  };
+}"""
+
+
 def notice(page: Page, contains: str) -> str:
     page.wait_for_function(
         "t => document.getElementById('notice').textContent.includes(t)", arg=contains
@@ -115,6 +149,21 @@ def test_pages_live_updates_and_actions(
     assert "(this one)" in str(admin.text_content('[data-controller="ctl-1"]'))
     assert admin.text_content("#count-nodes") == "2 nodes"
     shots(admin, "cluster")
+    # the page's own rules, in the page: racks before partitions, partition globs, words
+    rules = admin.evaluate(JS_RULES)
+    assert rules["racks"] == [["(no rack)", ["cpu02"]], ["r1", ["cpu01"]], ["r2", ["gpu01"]]]
+    assert rules["partitions"] == [
+        ["gpu", ["gpu01"]],
+        ["all", ["gpu01", "cpu01", "cpu02"]],
+        ["two", ["cpu02"]],
+        ["(in no partition)", ["login1"]],
+    ]
+    assert rules["classes"] == ["k-requeue", "k-node", "k-health", "k-end", "k-start", "k-fail"]
+    assert rules["words"] == [
+        "waiting behind jobs of higher priority (Priority)",
+        "not allowed to start yet (--begin) (BeginTime (not before 15:00))",
+        "SomethingNew",
+    ]
 
     # ---- the job page follows the job without a reload, the owner (root) sees its output
     admin.goto(f"{cluster.url}/ui#/job/{jid}")
