@@ -175,7 +175,10 @@ def test_a_pending_jobs_output_is_not_there_yet(app: tuple[TestClient, Controlle
     r = c.get(f"/v1/jobs/{jid}/output", headers=ALICE)
     assert r.status_code == 200, r.text
     out = r.json()
-    assert out["available"] is False and "has not started" in out["why"]
+    assert out["available"] is False and out["why"] == "no output yet: not started"
+    c.post("/v1/jobs/cancel", json={"jobs": [str(jid)]}, headers=ALICE)
+    out = c.get(f"/v1/jobs/{jid}/output", headers=ALICE).json()
+    assert out["why"] == "the job never ran: it has no output"
 
 
 def test_output_is_for_its_owner_and_operators(app: tuple[TestClient, Controller]) -> None:

@@ -126,6 +126,7 @@ def test_pages_live_updates_and_actions(
     make_cluster: Callable[..., Cluster], browser: Browser, shots: Any, tmp_path: Path
 ) -> None:
     cluster = make_cluster()
+    cluster.timing["checkpoint_grace"] = 1.0  # a drain "now" requeues its job at once
     cluster.start(nodes=2)
     c = cluster.client()
     go = tmp_path / "go"
@@ -143,7 +144,10 @@ def test_pages_live_updates_and_actions(
     admin = open_as(browser, cluster, cluster.admin_token)
     # ---- the cluster page: nodes, controllers, leases and terms, counts
     admin.wait_for_selector('[data-node="node01"]')
-    assert admin.get_attribute('[data-node="node02"]', "data-state") == "IDLE"
+    assert {admin.get_attribute(f'[data-node="node0{i}"]', "data-state") for i in (1, 2)} == {
+        "IDLE",
+        "MIXED",
+    }
     admin.wait_for_selector('[data-group="batch"]')
     assert "ctl-1" in str(admin.text_content('[data-lease="cluster"]'))
     assert "(this one)" in str(admin.text_content('[data-controller="ctl-1"]'))
@@ -165,13 +169,28 @@ def test_pages_live_updates_and_actions(
         "SomethingNew",
     ]
 
-    # ---- the job page follows the job without a reload, the owner (root) sees its output
+    # ---- the job page follows the job without a reload, the owner (root) sees its output.
+    # An operator drains its node "now" from another tab: the requeue and the node's drain
+    # join the job's timeline, the job runs again on the other node, then ends.
+    first = c.job(jid)[0]["batch_host"]
     admin.goto(f"{cluster.url}/ui#/job/{jid}")
     admin.wait_for_selector('#job-state[data-state="RUNNING"]')
     admin.wait_for_selector('#output-text:has-text("started-marker")')
     admin.wait_for_selector('#timeline li[data-kind="job.running"]')
     admin.evaluate("window.__sameDocument = true")
     shots(admin, "job-running")
+    ops = open_as(browser, cluster, cluster.admin_token, f"node/{first}")
+    ops.wait_for_selector("#node-state")
+    ops.fill("#drain-reason", "PSU swap")
+    ops.check("#drain-now")
+    ops.click("#act-drain")
+    ops.wait_for_selector("#node-state:has-text('DRAIN')")
+    admin.wait_for_selector('#job-attempts tr[data-attempt="1"]')
+    admin.wait_for_selector("#timeline li.k-requeue")
+    admin.wait_for_selector('#timeline li.k-health[data-kind="node.drain"]:has-text("PSU swap")')
+    admin.wait_for_selector('#job-state[data-state="RUNNING"]')
+    wait_for(lambda: c.job(jid)[0]["batch_host"] not in (None, first), what="the job to rerun")
+    shots(admin, "job-requeued")
     go.touch()
     admin.wait_for_selector('#job-state[data-state="COMPLETED"]')
     assert admin.evaluate("window.__sameDocument === true"), "the page was reloaded"
@@ -179,6 +198,15 @@ def test_pages_live_updates_and_actions(
     assert "COMPLETED" in str(admin.text_content("h1"))
     assert admin.is_disabled("#act-cancel")
     shots(admin, "job-completed")
+    # the cluster grid says why the node is drained; the operator resumes it
+    ops.goto(f"{cluster.url}/ui#/cluster")
+    ops.wait_for_selector(f'[data-node="{first}"] .why:has-text("PSU swap")')
+    shots(ops, "cluster-drained")
+    ops.goto(f"{cluster.url}/ui#/node/{first}")
+    ops.wait_for_selector("#node-state")
+    ops.click("#act-resume")
+    ops.wait_for_selector("#node-state:text-is('IDLE')")
+    wait_for(lambda: not any(n["drain"] for n in c.nodes()), what=f"{first} to resume")
 
     # ---- the queue: filters live in the URL
     admin.goto(f"{cluster.url}/ui#/queue?state=all")
@@ -227,21 +255,6 @@ def test_pages_live_updates_and_actions(
     shots(alice, "drain-refused")
     assert not any(n["drain"] for n in c.nodes())
     assert alice.query_selector("#maint-form") is None  # no operator forms for users
-
-    # ---- an operator drains one, the cluster grid shows why, and resumes it
-    admin.goto(f"{cluster.url}/ui#/node/node02")
-    admin.wait_for_selector("#node-state")
-    admin.fill("#drain-reason", "PSU swap")
-    admin.click("#act-drain")
-    admin.wait_for_selector("#node-state:has-text('DRAIN')")
-    admin.goto(f"{cluster.url}/ui#/cluster")
-    admin.wait_for_selector('[data-node="node02"] .why:has-text("PSU swap")')
-    shots(admin, "cluster-drained")
-    admin.goto(f"{cluster.url}/ui#/node/node02")
-    admin.wait_for_selector("#node-state")
-    admin.click("#act-resume")
-    admin.wait_for_selector("#node-state:text-is('IDLE')")
-    wait_for(lambda: not any(n["drain"] for n in c.nodes()), what="node02 to resume")
 
     # ---- maintenance windows
     admin.goto(f"{cluster.url}/ui#/maintenance")

@@ -241,7 +241,9 @@ def router(ctl: Any) -> APIRouter:
         node = view["batch_host"]
         out: dict[str, Any] = {"job": view["job_id"], "stream": stream, "path": path, "node": node}
         if not row["nodelist_run"]:
-            return {**out, "available": False, "why": "the job has not started: no output yet"}
+            ended = JobState(row["state"]).terminal
+            never = "the job never ran: it has no output" if ended else "no output yet: not started"
+            return {**out, "available": False, "why": never}
         tail = read_tail(path, uid_of(row["user"]), nbytes)
         why = tail.why
         if not tail.available:

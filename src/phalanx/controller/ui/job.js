@@ -5,6 +5,7 @@ import { ago, duration, facts, h, jobLink, nodeLink, reasonWords, replace, state
 
 const TERMINAL = new Set(["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"]);
 let explainRoute = true; // false once this controller answered that it has no explain route
+let nodeCache = new Map(); // node name -> its recent events, for the job page shown
 
 export function title(ref) {
   return `Job ${ref}`;
@@ -66,6 +67,7 @@ export function mount(main, ref, _params, ctx) {
   );
   const enc = encodeURIComponent(ref);
   let outputDone = false;
+  nodeCache = new Map();
 
   return async () => {
     const shown = await api(`/v1/jobs/${enc}`);
@@ -94,13 +96,52 @@ export function mount(main, ref, _params, ctx) {
     replace(steps, (j.steps || []).length ? stepsTable(j.steps) : h("p", { class: "muted" }, j.private ? "Private to its owner." : "No steps."));
     renderCheckpoints(ckpt, j);
     if (ev instanceof ApiError) replace(events, h("p", { class: "muted" }, ev.message));
-    else replace(events, timeline(ev.events || []));
+    else replace(events, timeline(mergeEvents(ev.events || [], await nodeEventsOf(j.attempts || []))));
     if (out !== null) {
       renderOutput(output, out);
       // a finished job's output does not change: read it once more after the end, then stop
       outputDone = TERMINAL.has(j.state) && !(out instanceof ApiError && out.outage);
     }
   };
+}
+
+const NODE_KINDS = /^node\.(drain|down)|health/;
+const MAX_NODES = 16;
+
+/** The drains and failures of the nodes an ended attempt ran on, while it ran: the health
+ * drain or node failure behind a requeue is the node's event, not the job's. Read once per
+ * node (an ended attempt does not change), only for jobs with more than one attempt or one
+ * that did not end well, and for 16 nodes at most. */
+async function nodeEventsOf(atts) {
+  const ended = atts.filter(
+    (a) => a.end_time && (atts.length > 1 || !["COMPLETED", "CANCELLED"].includes(a.result)),
+  );
+  const names = [...new Set(ended.flatMap((a) => a.nodes || []))].slice(0, MAX_NODES);
+  await Promise.all(
+    names
+      .filter((n) => !nodeCache.has(n))
+      .map((n) =>
+        api(`/v1/nodes/${encodeURIComponent(n)}`)
+          .then((v) => nodeCache.set(n, v.events || []))
+          .catch(() => null),
+      ),
+  );
+  const out = [];
+  for (const a of ended) {
+    const from = (a.start_time || a.created_at || 0) - 60;
+    for (const n of a.nodes || []) {
+      for (const e of nodeCache.get(n) || []) {
+        if (NODE_KINDS.test(e.kind) && e.ts >= from && e.ts <= a.end_time + 60) out.push(e);
+      }
+    }
+  }
+  return out;
+}
+
+function mergeEvents(own, fromNodes) {
+  const byId = new Map();
+  for (const e of [...own, ...fromNodes]) byId.set(e.id, e);
+  return [...byId.values()].sort((a, b) => a.ts - b.ts || a.id - b.id);
 }
 
 function tasksTable(jobs) {
