@@ -256,6 +256,22 @@ def test_pages_live_updates_and_actions(
     assert not any(n["drain"] for n in c.nodes())
     assert alice.query_selector("#maint-form") is None  # no operator forms for users
 
+    # ---- a bad token is refused at the login form, an expired one brings the form back,
+    # each with the API's own message
+    bad = browser.new_context().new_page()
+    bad.goto(f"{cluster.url}/ui")
+    bad.fill("#token", "not-a-jwt")
+    bad.click("#login-form button[type=submit]")
+    bad.wait_for_selector("#login-error:not(:empty)")
+    refusal = httpx.get(
+        f"{cluster.url}/v1/whoami", headers={"Authorization": "Bearer not-a-jwt"}
+    ).json()["error"]["message"]
+    assert bad.text_content("#login-error") == refusal
+    # expired 15 s ago: the controller's 30 s clock-skew allowance accepts it 15 s more
+    brief = open_as(browser, cluster, cluster.token("alice", lifetime=-15), "queue")
+    brief.wait_for_selector("#login-form", timeout=WAIT_MS)  # the queue polls every 5 s
+    assert "expired" in str(brief.text_content("#login-error"))
+
     # ---- maintenance windows
     admin.goto(f"{cluster.url}/ui#/maintenance")
     admin.fill("#mw-nodes", "node01")
