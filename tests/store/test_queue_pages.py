@@ -32,6 +32,8 @@ def test_arrays_fold_and_pages_follow_the_first_id(store: Store) -> None:
     second = queue_page(store, states=[], user=None, partition=None, offset=2, limit=2)
     assert [g.first["id"] for g in second.groups] == plain[:2]
     assert second.total_rows == 5
+    past = queue_page(store, states=[], user=None, partition=None, offset=10, limit=2)
+    assert past.groups == [] and past.total_rows == 5
 
     pending = queue_page(store, states=["PENDING"], user="bob", partition=None, offset=0, limit=9)
     assert [g.first["id"] for g in pending.groups] == [plain[0], plain[2]]

@@ -337,33 +337,46 @@ def test_the_queue_page_with_10000_jobs(
         f"ms wall per request (load average {os.getloadavg()[0]:.1f})"
     )
 
+    # the controller's own cost, whatever the load: the queue used to fold every job in
+    # Python (750 ms of CPU per page of 10,000 jobs); in SQL it is 60-90 ms
+    assert cpu < 0.4, f"{cpu * 1000:.0f} ms of controller CPU per queue page"
+
     page = open_as(browser, cluster, cluster.admin_token, "queue")
     page.wait_for_selector("#queue-table tbody tr")
-    # a fresh load of the page, to time it from navigation to the first rendered table
-    page.goto("about:blank")
-    page.goto(f"{cluster.url}/ui#/queue")
-    page.wait_for_function("() => performance.getEntriesByName('queue-rendered').length > 0")
-    timing = page.evaluate(
-        """() => ({
-            rendered: performance.getEntriesByName('queue-rendered')[0].startTime,
-            own: performance.getEntriesByName('queue-fetch-render')[0].duration,
-            rows: document.querySelectorAll('#queue-table tbody tr').length,
-        })"""
-    )
+    # fresh loads of the page, each timed from navigation to the first rendered table; the
+    # best of three (the noise of a shared machine only ever adds time)
+    timings = []
+    for _ in range(3):
+        page.goto("about:blank")
+        page.goto(f"{cluster.url}/ui#/queue")
+        page.wait_for_function("() => performance.getEntriesByName('queue-rendered').length > 0")
+        timings.append(
+            page.evaluate(
+                """() => ({
+                    rendered: performance.getEntriesByName('queue-rendered')[0].startTime,
+                    own: performance.getEntriesByName('queue-fetch-render')[0].duration,
+                    rows: document.querySelectorAll('#queue-table tbody tr').length,
+                })"""
+            )
+        )
+    timing = min(timings, key=lambda t: t["rendered"])
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
     print(
         f"queue page with 10,000 jobs: first table {timing['rendered']:.0f} ms after navigation "
-        f"start, of which {timing['own']:.0f} ms its request and rendering "
-        f"(load average {os.getloadavg()[0]:.1f})"
+        f"start (best of {[round(t['rendered']) for t in timings]}), of which "
+        f"{timing['own']:.0f} ms its request and rendering (load {load:.1f} per CPU)"
     )
     shots(page, "queue-10000")
     assert timing["rows"] == 100, "one page of rows, not 10,000"
     assert "10000 jobs in 10000 rows" in str(page.text_content("#queue-summary"))
     assert page.text_content("#page-no") == "page 1 of 100"
     assert page.get_attribute("#queue-table tbody tr", "data-job") == str(ids[0])
-    # The issue asks for under 1 s to render; this bound leaves twice that for a loaded CI
-    # machine (8 test runs on 2 cores measured 0.9 s) and still catches a page that walks
-    # every job (5 s, when the controller folded 10,000 rows in Python)
-    assert timing["rendered"] < 2000, timing
+    # The issue asks for under 1 s to render. The bound leaves twice that on a quiet machine
+    # and grows with the load beyond 2 runnable processes per CPU (8 developers' tests on 2
+    # cores measured 0.9 s at 6 per CPU, 4.3 s at 12); the CPU bound above is the one the
+    # load cannot excuse
+    bound = 2000 * max(1.0, load / 2)
+    assert timing["rendered"] < bound, (timing, f"bound {bound:.0f} ms at load {load:.1f}")
 
     page.click("#next")
     page.wait_for_selector("#page-no:text-is('page 2 of 100')")

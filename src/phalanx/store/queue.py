@@ -69,8 +69,19 @@ def queue_page(
                 select(j.state, func.count().label("n")).where(where).group_by(j.state)
             )
         }
-        total = conn.execute(select(func.count()).select_from(grouped.subquery())).scalar_one()
-        page = conn.execute(grouped.order_by("first").offset(offset).limit(limit)).all()
+        # the number of groups comes with the page (one grouping pass, not two); a page past
+        # the end has no row to carry it, and counts them apart
+        page = conn.execute(
+            grouped.add_columns(func.count().over().label("groups"))
+            .order_by("first")
+            .offset(offset)
+            .limit(limit)
+        ).all()
+        total = (
+            int(page[0].groups)
+            if page
+            else conn.execute(select(func.count()).select_from(grouped.subquery())).scalar_one()
+        )
         firsts = [int(r.first) for r in page]
         rows = {
             int(r["id"]): dict(r)

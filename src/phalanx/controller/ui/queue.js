@@ -52,14 +52,14 @@ export function mount(main, _arg, params, ctx) {
   const users = h("datalist", { id: "users" });
   replace(main, h("h1", {}, "Queue"), form, users, summary, pager, body);
 
-  api("/v1/cluster")
-    .then((c) => {
-      for (const p of c.partitions || []) {
-        if (p.name !== f.partition) part.append(h("option", { value: p.name }, p.name));
-      }
-    })
-    .catch(() => {});
-
+  const loadPartitions = () =>
+    api("/v1/cluster")
+      .then((c) => {
+        for (const p of c.partitions || []) {
+          if (p.name !== f.partition) part.append(h("option", { value: p.name }, p.name));
+        }
+      })
+      .catch(() => {});
   let first = true;
   const opened = new Set(); // folds the user opened stay open across refreshes
   return async () => {
@@ -94,6 +94,7 @@ export function mount(main, _arg, params, ctx) {
       // what the page's own work cost: request, reply, table (tests read these marks)
       performance.mark("queue-rendered");
       performance.measure("queue-fetch-render", { start: t0, end: performance.now() });
+      loadPartitions(); // after the first table: it does not compete with it
     }
   };
 }
