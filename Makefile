@@ -26,6 +26,7 @@ test: install lint
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-etcd.sh
 	bash scripts/ensure-netns-tools.sh
+	bash scripts/ensure-chromium.sh
 	$(BIN)/pytest -q
 
 bench: install

@@ -147,7 +147,11 @@ BODIES: dict[tuple[str, str], tuple[str, Any]] = {
     ("GET", "/healthz/live"): ("/healthz/live", None),
     ("GET", "/healthz/ready"): ("/healthz/ready", None),
     ("GET", "/metrics"): ("/metrics", None),
+    ("GET", "/ui"): ("/ui", None),
+    ("GET", "/ui/{asset}"): ("/ui/app.js", None),
     ("GET", "/v1/whoami"): ("/v1/whoami", None),
+    ("GET", "/v1/queue"): ("/v1/queue?state=all&user=alice", None),
+    ("GET", "/v1/jobs/{ref}/output"): ("/v1/jobs/{job}/output", None),
     ("POST", "/v1/jobs"): ("/v1/jobs", JOB),
     ("POST", "/v1/jobs/batch"): ("/v1/jobs/batch", {"jobs": [JOB, JOB]}),
     ("GET", "/v1/jobs"): ("/v1/jobs", None),
@@ -193,6 +197,7 @@ BODIES: dict[tuple[str, str], tuple[str, Any]] = {
 # (route, caller) pairs that the role allows but ownership or private data refuses
 OWNER_REFUSALS = {
     (("GET", "/v1/jobs/{ref}/events"), "bob"),  # private_data: her events are hers
+    (("GET", "/v1/jobs/{ref}/output"), "bob"),  # her output is hers, private_data or not
     (("POST", "/v1/jobs/cancel"), "bob"),
     (("POST", "/v1/jobs/hold"), "bob"),
     (("POST", "/v1/jobs/signal"), "bob"),
@@ -250,7 +255,7 @@ def test_the_body_table_covers_every_rule() -> None:
 # the policy, written out once more by hand: the matrix below derives its expectations from
 # RULES, so a route moved to a weaker level there must also fail here
 POLICY = {
-    "public": {"/healthz", "/healthz/live", "/healthz/ready", "/metrics"},
+    "public": {"/healthz", "/healthz/live", "/healthz/ready", "/metrics", "/ui", "/ui/{asset}"},
     "operator": {
         "POST /v1/nodes/{name}/drain",
         "POST /v1/nodes/{name}/resume",
@@ -264,6 +269,7 @@ POLICY = {
 OWNED = {
     "GET /v1/jobs/{ref}",
     "GET /v1/jobs/{ref}/events",
+    "GET /v1/jobs/{ref}/output",
     "POST /v1/jobs/cancel",
     "POST /v1/jobs/hold",
     "POST /v1/jobs/release",

@@ -4,7 +4,8 @@ Every route of the API is in `RULES`, keyed by (method, path template). A route 
 there is refused (and `tests/api/test_access_table.py` walks the OpenAPI document to keep the
 table complete). Rules:
 
-* ``public``: no credential needed (health checks for load balancers, Prometheus metrics).
+* ``public``: no credential needed (health checks for load balancers, Prometheus metrics,
+  the dashboard's static files: they hold no data, the page calls the API with a token).
 * ``user``: any verified user, operator or admin (never an agent); routes that act on jobs
   also check ownership per job (`check_owner`): a user acts only on their own jobs,
   operators and admins on any.
@@ -42,12 +43,17 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/healthz/live"): Rule(PUBLIC, "reading liveness"),
     ("GET", "/healthz/ready"): Rule(PUBLIC, "reading readiness"),
     ("GET", "/metrics"): Rule(PUBLIC, "reading metrics"),
+    # the dashboard's static files (no data: the page calls the API with the user's token)
+    ("GET", "/ui"): Rule(PUBLIC, "loading the dashboard"),
+    ("GET", "/ui/{asset}"): Rule(PUBLIC, "loading the dashboard"),
     ("GET", "/v1/whoami"): Rule(USER, "asking who you are"),
     ("POST", "/v1/jobs"): Rule(USER, "submitting a job"),
     ("POST", "/v1/jobs/batch"): Rule(USER, "submitting jobs"),
     ("GET", "/v1/jobs"): Rule(USER, "listing jobs"),
     ("GET", "/v1/jobs/{ref}"): Rule(USER, "showing a job", owner=True),
     ("GET", "/v1/jobs/{ref}/events"): Rule(USER, "reading a job's events", owner=True),
+    ("GET", "/v1/jobs/{ref}/output"): Rule(USER, "reading a job's output", owner=True),
+    ("GET", "/v1/queue"): Rule(USER, "listing the queue"),
     ("POST", "/v1/jobs/cancel"): Rule(USER, "cancelling jobs", owner=True),
     ("POST", "/v1/jobs/signal"): Rule(USER, "signalling jobs", owner=True),
     ("POST", "/v1/jobs/hold"): Rule(USER, "holding jobs", owner=True),

@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from phalanx import __version__
 from phalanx.auth.keys import KeySet
 from phalanx.auth.tokens import Identity, Verifier, mint_token
-from phalanx.controller import access, maint_api, metrics
+from phalanx.controller import access, dashboard, maint_api, metrics
 from phalanx.controller.launch import default_output, expand_pattern, job_layout
 from phalanx.controller.runtime import Controller
 from phalanx.domain import checkpointing
@@ -941,4 +941,5 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         )
 
     app.include_router(maint_api.router(ctl))
+    app.include_router(dashboard.router(ctl))
     return app
