@@ -1,0 +1,219 @@
+"""Multifactor job priority as Slurm's priority/multifactor plugin computes it, and the order
+of the pending queue that follows.
+
+Each factor is a number from 0 to 1; the priority is the weighted sum, less the job's nice::
+
+    priority = round(w_age * age + w_fairshare * fairshare + w_jobsize * jobsize
+                     + w_partition * partition + w_qos * qos) - nice
+
+* age: time since the job became eligible (its submit time or --begin), over `max_age`,
+  capped at 1;
+* fairshare: the user association's Fair Tree factor (domain/fairshare.py);
+* jobsize: the larger of the job's share of the cluster's nodes and of its CPUs (with
+  `favor_small`, one less that: small jobs first);
+* partition: the partition's priority over the highest partition priority;
+* qos: the QOS's priority over the highest QOS priority.
+
+The job's own ``--priority`` (any user may set it, Phalanx's habit since before multifactor) is
+kept as it was: the first sort key, so a job with a higher --priority still goes before every job
+with a lower one, and jobs with the same (default 0) are ordered by the multifactor priority,
+then by id. `explain` writes the numbers as arithmetic a user can follow (`phalanx priority`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from phalanx.domain import limits as lim
+
+J = TypeVar("J", bound=Mapping[str, Any])
+
+FACTORS = ("age", "fairshare", "jobsize", "partition", "qos")
+
+
+@dataclass(frozen=True)
+class Weights:
+    age: int = 1000
+    fairshare: int = 10000
+    jobsize: int = 1000
+    partition: int = 1000
+    qos: int = 1000
+    max_age_s: float = 7 * 86400.0
+    favor_small: bool = False
+
+    def of(self, name: str) -> int:
+        return int(getattr(self, name))
+
+
+@dataclass(frozen=True)
+class ClusterSize:
+    """What the job size factor is measured against."""
+
+    nodes: int
+    cpus: int
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """One job's priority, factor by factor."""
+
+    job_id: int
+    factors: dict[str, float]  # name -> 0..1
+    weights: dict[str, int]
+    nice: int
+    total: int  # the multifactor priority
+    explicit: int  # the job's own --priority (first sort key)
+
+    def products(self) -> dict[str, float]:
+        return {k: self.weights[k] * self.factors[k] for k in FACTORS}
+
+    def explain(self) -> list[str]:
+        """The arithmetic, one line per factor, then the sum."""
+        lines = []
+        for k in FACTORS:
+            lines.append(
+                f"{k:<10} {self.weights[k]:>6} x {self.factors[k]:.6f} = "
+                f"{self.weights[k] * self.factors[k]:12.2f}"
+            )
+        terms = " + ".join(f"{v:.2f}" for v in self.products().values())
+        lines.append(
+            f"priority = round({terms}) - nice {self.nice} = {self.total}"
+            + (f"; --priority={self.explicit} sorts before it" if self.explicit else "")
+        )
+        return lines
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "factors": self.factors,
+            "weights": self.weights,
+            "products": self.products(),
+            "nice": self.nice,
+            "priority": self.total,
+            "explicit_priority": self.explicit,
+            "explain": self.explain(),
+        }
+
+
+def clamp01(x: float) -> float:
+    return 0.0 if x < 0 else 1.0 if x > 1 else x
+
+
+def breakdown(
+    job: Mapping[str, Any],
+    now: float,
+    weights: Weights,
+    *,
+    fairshare: float,
+    size: ClusterSize,
+    partition_priority: Mapping[str, int],
+    qos_priority: Mapping[str, int],
+) -> Breakdown:
+    """The factors of one pending job (a job row: id, submit_time, eligible_time, nodes,
+    cpus_per_node, partitions, qos, nice, priority)."""
+    since = job.get("eligible_time") or job["submit_time"]
+    age = clamp01((now - float(since)) / weights.max_age_s) if weights.max_age_s > 0 else 1.0
+    nodes = int(job["nodes"])
+    cpus = nodes * int(job["cpus_per_node"])
+    frac = max(
+        nodes / size.nodes if size.nodes > 0 else 0.0,
+        cpus / size.cpus if size.cpus > 0 else 0.0,
+    )
+    jobsize = clamp01(1.0 - frac) if weights.favor_small else clamp01(frac)
+    top_part = max(partition_priority.values(), default=0)
+    first = str(job["partitions"]).split(",")[0]
+    part = partition_priority.get(first, 0) / top_part if top_part > 0 else 0.0
+    top_qos = max(qos_priority.values(), default=0)
+    qos = qos_priority.get(job.get("qos") or "", 0) / top_qos if top_qos > 0 else 0.0
+    factors = {
+        "age": age,
+        "fairshare": clamp01(fairshare),
+        "jobsize": jobsize,
+        "partition": clamp01(part),
+        "qos": clamp01(qos),
+    }
+    ws = {k: weights.of(k) for k in FACTORS}
+    nice = int(job.get("nice") or 0)
+    total = round(sum(ws[k] * factors[k] for k in FACTORS)) - nice
+    return Breakdown(
+        job_id=int(job["id"]),
+        factors=factors,
+        weights=ws,
+        nice=nice,
+        total=total,
+        explicit=int(job.get("priority") or 0),
+    )
+
+
+def order(pending: Sequence[J], score: Callable[[Mapping[str, Any]], Breakdown]) -> list[J]:
+    """Pending jobs in scheduling order: --priority, then multifactor priority (both highest
+    first), then job id (oldest first)."""
+    keyed = []
+    for job in pending:
+        b = score(job)
+        keyed.append(((-b.explicit, -b.total, int(job["id"])), job))
+    keyed.sort(key=lambda kv: kv[0])
+    return [job for _, job in keyed]
+
+
+@dataclass
+class QueuePolicy:
+    """What the scheduling pass needs to order the queue and apply limits: the weights, the
+    fair share factors (computed from the cached usage, not per pass), QOS priorities and the
+    limits. `scheduling.plan` calls `order`, `holding` and `blocker`; all pure."""
+
+    weights: Weights
+    fairshare: Callable[[str, str], float]  # (account, user) -> factor
+    qos_priority: Mapping[str, int]
+    limits: lim.Limits
+    default_account: str
+
+    def account(self, job: Mapping[str, Any]) -> str:
+        return str(job.get("account") or self.default_account)
+
+    def scorer(self, snap: Any, now: float) -> Callable[[Mapping[str, Any]], Breakdown]:
+        """A function giving one job's breakdown against this snapshot's cluster."""
+        nodes = [n for n in snap.nodes if n.get("registered")]
+        size = ClusterSize(len(nodes), sum(int(n["cpus"]) for n in nodes))
+        parts = {name: int(p.get("priority") or 0) for name, p in snap.partitions.items()}
+        cache: dict[tuple[str, str], float] = {}
+
+        def score(job: Mapping[str, Any]) -> Breakdown:
+            key = (self.account(job), str(job["user"]))
+            if key not in cache:
+                cache[key] = self.fairshare(*key)
+            return breakdown(
+                job,
+                now,
+                self.weights,
+                fairshare=cache[key],
+                size=size,
+                partition_priority=parts,
+                qos_priority=self.qos_priority,
+            )
+
+        return score
+
+    def order(self, snap: Any, now: float) -> list[dict[str, Any]]:
+        pending: list[dict[str, Any]] = list(snap.pending)
+        return order(pending, self.scorer(snap, now))
+
+    def holding(self, snap: Any) -> lim.Usage:
+        """What the jobs that hold resources count against the limits."""
+        usage = lim.Usage()
+        if self.limits.any():
+            for job in getattr(snap, "active_jobs", None) or []:
+                usage.add(self._limited(job), self.limits)
+        return usage
+
+    def blocker(self, job: Mapping[str, Any], usage: lim.Usage) -> str | None:
+        return lim.run_blocker(self._limited(job), usage, self.limits)
+
+    def take(self, job: Mapping[str, Any], usage: lim.Usage) -> None:
+        if self.limits.any():
+            usage.add(self._limited(job), self.limits)
+
+    def _limited(self, job: Mapping[str, Any]) -> dict[str, Any]:
+        return {**job, "account": self.account(job)}

@@ -1,0 +1,48 @@
+"""fair share: jobs' account, QOS and nice; attempts' charging marks; usage per association
+
+Revision ID: 0006
+Revises: 0005
+Create Date: 2026-12-03
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0006"
+down_revision = "0005"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("jobs") as b:
+        b.add_column(sa.Column("account", sa.String(64), nullable=True))
+        b.add_column(sa.Column("qos", sa.String(64), nullable=True))
+        b.add_column(sa.Column("nice", sa.Integer(), nullable=False, server_default="0"))
+    with op.batch_alter_table("attempts") as b:
+        b.add_column(sa.Column("charged_until", sa.Float(), nullable=True))
+        b.add_column(sa.Column("uncharged", sa.Boolean(), nullable=False, server_default=sa.true()))
+    # attempts that ended before fair share existed are not charged: nothing is owed for them
+    op.execute(sa.text("UPDATE attempts SET uncharged = false WHERE state = 'ENDED'"))
+    op.create_index("ix_attempts_uncharged", "attempts", ["uncharged"])
+    op.create_table(
+        "assoc_usage",
+        sa.Column("account", sa.String(64), primary_key=True),
+        sa.Column("user", sa.String(128), primary_key=True),
+        sa.Column("usage", sa.Float(), nullable=False),
+        sa.Column("decayed_at", sa.Float(), nullable=False),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("assoc_usage")
+    op.drop_index("ix_attempts_uncharged", "attempts")
+    with op.batch_alter_table("attempts") as b:
+        b.drop_column("uncharged")
+        b.drop_column("charged_until")
+    with op.batch_alter_table("jobs") as b:
+        b.drop_column("nice")
+        b.drop_column("qos")
+        b.drop_column("account")
