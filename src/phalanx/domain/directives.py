@@ -15,7 +15,7 @@ submission with a message naming the line and the reason:
   than the one asked for; known Slurm options that would change what the job does
   and that Phalanx cannot honour (``--begin``, ``--ntasks-per-gpu``, ...) are refused, because
   running such a job anyway would silently produce a different result;
-* site bookkeeping options (``--account``, ``--mail-type``, ...) are accepted; those that
+* site bookkeeping options (``--mail-type``, ``--comment``, ...) are accepted; those that
   have no effect here are listed in ``ParsedOptions.ignored`` so the CLI can say so once.
 """
 

@@ -65,6 +65,7 @@ class Breakdown:
     nice: int
     total: int  # the multifactor priority
     explicit: int  # the job's own --priority (first sort key)
+    notes: dict[str, str] | None = None  # how each factor's value was reached
 
     def products(self) -> dict[str, float]:
         return {k: self.weights[k] * self.factors[k] for k in FACTORS}
@@ -72,10 +73,12 @@ class Breakdown:
     def explain(self) -> list[str]:
         """The arithmetic, one line per factor, then the sum."""
         lines = []
+        notes = self.notes or {}
         for k in FACTORS:
             lines.append(
                 f"{k:<10} {self.weights[k]:>6} x {self.factors[k]:.6f} = "
                 f"{self.weights[k] * self.factors[k]:12.2f}"
+                + (f"   ({notes[k]})" if k in notes else "")
             )
         terms = " + ".join(f"{v:.2f}" for v in self.products().values())
         lines.append(
@@ -93,6 +96,7 @@ class Breakdown:
             "nice": self.nice,
             "priority": self.total,
             "explicit_priority": self.explicit,
+            "notes": self.notes or {},
             "explain": self.explain(),
         }
 
@@ -114,7 +118,8 @@ def breakdown(
     """The factors of one pending job (a job row: id, submit_time, eligible_time, nodes,
     cpus_per_node, partitions, qos, nice, priority)."""
     since = job.get("eligible_time") or job["submit_time"]
-    age = clamp01((now - float(since)) / weights.max_age_s) if weights.max_age_s > 0 else 1.0
+    waited = max(0.0, now - float(since))
+    age = clamp01(waited / weights.max_age_s) if weights.max_age_s > 0 else 1.0
     nodes = int(job["nodes"])
     cpus = nodes * int(job["cpus_per_node"])
     frac = max(
@@ -126,7 +131,18 @@ def breakdown(
     first = str(job["partitions"]).split(",")[0]
     part = partition_priority.get(first, 0) / top_part if top_part > 0 else 0.0
     top_qos = max(qos_priority.values(), default=0)
-    qos = qos_priority.get(job.get("qos") or "", 0) / top_qos if top_qos > 0 else 0.0
+    qos_name = str(job.get("qos") or "")
+    qos = qos_priority.get(qos_name, 0) / top_qos if top_qos > 0 else 0.0
+    small = "1 - " if weights.favor_small else ""
+    notes = {
+        "age": f"waited {waited:.0f} s of max age {weights.max_age_s:.0f} s, capped at 1",
+        "fairshare": f"Fair Tree factor of {job['user']} in "
+        f"{job.get('account') or 'the default account'}: rank / users, see `phalanx share`",
+        "jobsize": f"{small}max({nodes}/{size.nodes} nodes, {cpus}/{size.cpus} CPUs)",
+        "partition": f"partition {first} priority {partition_priority.get(first, 0)} / "
+        f"highest {top_part}",
+        "qos": f"QOS {qos_name or '-'} priority {qos_priority.get(qos_name, 0)} / highest {top_qos}",
+    }
     factors = {
         "age": age,
         "fairshare": clamp01(fairshare),
@@ -144,6 +160,7 @@ def breakdown(
         nice=nice,
         total=total,
         explicit=int(job.get("priority") or 0),
+        notes=notes,
     )
 
 
