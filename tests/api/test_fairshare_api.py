@@ -96,7 +96,7 @@ def test_submit_limits_refuse_with_slurms_reason(fs_client: Any) -> None:
 
 
 def test_share_and_priority_routes(fs_client: Any) -> None:
-    c, ctl = fs_client
+    c, _ = fs_client
     jid = _submit(c, "alice", qos="urgent", nice=10).json()["job_id"]
     share = c.get("/v1/share", headers=as_user("bob")).json()
     assert share["users"] == 3

@@ -278,3 +278,49 @@ def test_running_jobs_count_against_the_limit():
     p = plan(s, NOW, policy=_policy({}, limits))
     assert p.starts == []
     assert p.reasons[2].startswith("QOSMaxGRESPerUser (QOS normal per user: 2 GPUs in use + 1")
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["alice", "bob", "carol"]),
+            st.integers(0, 5000),  # age
+            st.integers(1, 4),  # nodes
+            st.sampled_from(["batch", "high"]),
+            st.sampled_from(["normal", "urgent", None]),
+            st.integers(-50, 50),  # nice
+            st.integers(0, 2),  # --priority
+        ),
+        max_size=30,
+    )
+)
+def test_the_pass_order_is_breakdowns_order(rows):
+    """`QueuePolicy.order` computes totals inline for speed: the same as `breakdown`'s."""
+    fs = {"alice": 0.25, "bob": 1.0, "carol": 0.5}
+    pending = [
+        job(
+            i,
+            user=u,
+            submit_time=NOW - age,
+            nodes=n,
+            cpus_per_node=4,
+            partitions=part,
+            qos=q,
+            nice=nice,
+            priority=p,
+        )
+        for i, (u, age, n, part, q, nice, p) in enumerate(rows)
+    ]
+    s = snap([node(f"n{i}") for i in range(10)], pending)
+    s.partitions = {"batch": {"priority": 10}, "high": {"priority": 20}}
+    pol = QueuePolicy(
+        weights=W,
+        fairshare=lambda account, user: fs[user],
+        qos_priority={"normal": 0, "urgent": 50},
+        limits=lim.Limits(),
+        default_account="default",
+    )
+    fast = [j["id"] for j in pol.order(s, NOW)]
+    slow = [j["id"] for j in order(pending, pol.scorer(s, NOW))]
+    assert fast == slow
