@@ -105,6 +105,20 @@ def _state(cluster: Cluster, jid: int) -> dict[str, Any]:
     return job
 
 
+def _slurm(env: dict[str, str], command: str, *args: str) -> str:
+    """A Slurm command's output (it must succeed)."""
+    p = subprocess.run(
+        [sys.executable, "-m", "phalanx.slurm", command, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert p.returncode == 0 and "Traceback" not in p.stderr, (command, p.stdout, p.stderr)
+    return p.stdout
+
+
 @pytest.fixture
 def top() -> Iterator[Path]:
     """The cluster's directory: the jobs' users must reach their scripts under the agent's
@@ -182,6 +196,19 @@ def test_new_jobs_start_in_fair_share_order(
     assert lines.index(light_row) < lines.index(heavy_row)  # Fair Tree's visiting order
     assert light_row.split()[-1] == "1.000000"
 
+    # the Slurm front ends say the same
+    env = base_env(
+        cluster.root,
+        PHALANX_URL=cluster.url,
+        PHALANX_TOKEN_FILE=str(cluster.root / "admin.token"),
+    )
+    sshare = _slurm(env, "sshare", "-a", "-l", "-P", "-n")
+    assert sshare.index(f"|{light}|") < sshare.index(f"|{heavy}|")
+    sprio = _slurm(env, "sprio", "-l", "-h", "-j", f"{first},{second}").splitlines()
+    assert [row.split()[0] for row in sprio] == [str(first), str(second)]
+    assert int(sprio[1].split()[4]) == 10000  # light's PRIORITY: all fair share
+    assert int(sprio[0].split()[4]) < 10000
+
     # the node frees: the light user's job starts first, though submitted second
     cluster.client().cancel([blocker])
     cluster.wait_state(second, "RUNNING")
@@ -194,19 +221,7 @@ def test_new_jobs_start_in_fair_share_order(
         lambda: (_state(cluster, third)["reason"] or "").startswith("AssocMaxJobsLimit"),
         what="the light user's second job to wait on its limit",
     )
-    p = subprocess.run(
-        [sys.executable, "-m", "phalanx.slurm", "squeue", "-h", "-j", str(third), "-o", "%r"],
-        env=base_env(
-            cluster.root,
-            PHALANX_URL=cluster.url,
-            PHALANX_TOKEN_FILE=str(cluster.root / "admin.token"),
-        ),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
-    assert p.returncode == 0, p.stderr
-    assert p.stdout.startswith("AssocMaxJobsLimit"), p.stdout
+    reason = _slurm(env, "squeue", "-h", "-j", str(third), "-o", "%r")
+    assert reason.startswith("AssocMaxJobsLimit"), reason
     cluster.client().cancel([first, second, third])
     cluster.wait_terminal([first, second, third])

@@ -161,6 +161,7 @@ class FairShare:
         return {
             "users": t.users,
             "half_life_s": self.half_life,
+            "weights": {k: self.weights.of(k) for k in prio.FACTORS},
             "charge": {
                 "cpu": self.config.priority.charge_cpu,
                 "gpu": self.config.priority.charge_gpu,
