@@ -446,18 +446,19 @@ class IsolationConfig(BaseModel):
     )
 
 
-def _duration_field(text: str, label: str, *, allow_zero: bool = True) -> str:
-    """Check a Slurm-form duration ("7-00:00:00", "30:00", "UNLIMITED" not allowed here)."""
+def _duration_field(text: str, label: str, *, allow_zero: bool = False) -> str:
+    """Check a Slurm-form duration ("7-00:00:00", "30:00"; "UNLIMITED" not allowed here;
+    "0" only where `allow_zero` says it means something)."""
     from phalanx.domain import values
 
+    if allow_zero and text.strip() == "0":
+        return text
     try:
         seconds = values.parse_duration(text)
     except ValueError as e:
         raise ValueError(f"{label}: {e}") from None
     if seconds is None:
         raise ValueError(f"{label}: {text!r} must be a duration such as '7-00:00:00'")
-    if seconds == 0 and not allow_zero:
-        raise ValueError(f"{label}: must be longer than 0")
     return text
 
 
@@ -504,12 +505,12 @@ class PriorityConfig(BaseModel):
     @field_validator("max_age")
     @classmethod
     def _max_age(cls, text: str) -> str:
-        return _duration_field(text, "max_age", allow_zero=False)
+        return _duration_field(text, "max_age")
 
     @field_validator("usage_half_life")
     @classmethod
     def _half_life(cls, text: str) -> str:
-        return _duration_field(text, "usage_half_life")
+        return _duration_field(text, "usage_half_life", allow_zero=True)
 
     def max_age_s(self) -> float:
         from phalanx.domain import values
@@ -517,8 +518,11 @@ class PriorityConfig(BaseModel):
         return float(values.parse_duration(self.max_age) or 0)
 
     def half_life_s(self) -> float:
+        """Seconds; 0: usage never decays."""
         from phalanx.domain import values
 
+        if self.usage_half_life.strip() == "0":
+            return 0.0
         return float(values.parse_duration(self.usage_half_life) or 0)
 
 
@@ -535,7 +539,7 @@ class LimitFields(BaseModel):
     @field_validator("max_wall")
     @classmethod
     def _wall(cls, text: str | None) -> str | None:
-        return None if text is None else _duration_field(text, "max_wall", allow_zero=False)
+        return None if text is None else _duration_field(text, "max_wall")
 
     def max_wall_s(self) -> int | None:
         from phalanx.domain import values
