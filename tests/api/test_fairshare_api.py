@@ -120,3 +120,18 @@ def test_share_and_priority_routes(fs_client: Any) -> None:
     assert p["explain"][-1].startswith("priority = round(")
     r = c.get(f"/v1/jobs/{jid}/priority", headers=as_user("bob"))
     assert r.status_code == 403
+
+
+def test_with_no_tree_declared_any_account_is_made_by_naming_it(client: TestClient) -> None:
+    """The default configuration declares no account: scripts that name their site's account
+    keep working, and the accounts they name share the cluster as top-level accounts."""
+    for user, account in (("alice", "physics"), ("bob", "chemistry"), ("carol", None)):
+        body = {**JOB, **({"account": account} if account else {})}
+        r = client.post("/v1/jobs", json=body, headers=as_user(user))
+        assert r.status_code == 201, r.text
+    share = client.get("/v1/share", headers=as_user("bob")).json()
+    tops = {r["account"] for r in share["rows"] if r["user"] is None and r["depth"] == 0}
+    assert tops == {"physics", "chemistry", "default"}
+    assert share["users"] == 3
+    r = client.post("/v1/jobs", json={**JOB, "account": "root"}, headers=as_user("bob"))
+    assert r.status_code == 422 and "'root' is the root of the account tree" in r.text

@@ -57,6 +57,11 @@ class FairShare:
         self.half_life = p.half_life_s()
         accounts = self.cfg.all_accounts()
         self.account_names = {a.name for a in accounts}
+        # No account declared (the default configuration): any --account is accepted and
+        # becomes a top-level account with 1 share, so scripts that name their site's account
+        # keep working and fair share still balances the accounts jobs name.
+        self.dynamic = not self.cfg.accounts
+        self.listed = {u.name for u in self.cfg.users}
         self.qos = {q.name: q for q in self.cfg.all_qos()}
         self.limits = lim.Limits(
             accounts={a.name: _limit(a) for a in accounts if _has_limit(a)},
@@ -80,6 +85,12 @@ class FairShare:
         mine = self.cfg.accounts_of(user)
         if not mine and self.cfg.open:
             mine = [self.cfg.default_account]
+        if account == fs.ROOT:
+            raise InvalidSpec(
+                f"account: '{fs.ROOT}' is the root of the account tree, not an account to "
+                "charge: give your account's name or none",
+                field="account",
+            )
         if account is None:
             if not mine:
                 raise Forbidden(
@@ -87,6 +98,8 @@ class FairShare:
                     "(fairshare.open = false): ask an admin to add them to [[fairshare.users]]"
                 )
             account = mine[0]
+        elif self.dynamic and self.cfg.open and user not in self.listed:
+            pass  # no tree declared: an account is made by naming it (see `dynamic`)
         elif account not in self.account_names:
             known = ", ".join(sorted(self.account_names))
             raise InvalidSpec(
@@ -125,13 +138,23 @@ class FairShare:
                 counted.jobs[key] += n
 
     # ------------------------------------------------------------------ the table
-    def _members(self, extra: set[tuple[str, str]]) -> list[fs.Member]:
+    def _tree(self, extra: set[tuple[str, str]]) -> tuple[list[fs.Account], list[fs.Member]]:
+        """The configured tree plus the associations jobs and usage name that it lacks: an
+        unlisted user in the default account (or, with no tree declared, in the account they
+        named, made a top-level account), with 1 share."""
+        accounts = self.cfg.tree_accounts()
         members = self.cfg.members()
         listed = {(m.account, m.user) for m in members}
+        made: set[str] = set()
         for account, user in sorted(extra - listed):
-            if account == self.cfg.default_account or account in self.account_names:
-                members.append(fs.Member(user, account, 1))
-        return members
+            if account not in self.account_names:
+                if not self.dynamic:
+                    continue  # an account since removed from the configuration
+                if account not in made:
+                    accounts.append(fs.Account(account, fs.ROOT, 1))
+                    made.add(account)
+            members.append(fs.Member(user, account, 1))
+        return accounts, members
 
     def table(self, *, refresh: bool = False, more: set[tuple[str, str]] | None = None) -> Any:
         """The fair share table from the cached usage (re-read every calc_period or when
@@ -148,9 +171,8 @@ class FairShare:
             key = frozenset(users)
             if self._table is None or stale or not key <= self._table_users:
                 known = users | set(self._table_users)
-                self._table = fs.fair_tree(
-                    self.cfg.tree_accounts(), self._members(known), self._usage
-                )
+                accounts, members = self._tree(known)
+                self._table = fs.fair_tree(accounts, members, self._usage)
                 self._table_users = frozenset(known)
             return self._table
 
