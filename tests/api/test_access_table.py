@@ -171,6 +171,8 @@ BODIES: dict[tuple[str, str], tuple[str, Any]] = {
         {"argv": ["true"], "host": "127.0.0.1", "port": 9, "cookie": "c" * 32},
     ),
     ("GET", "/v1/jobs/{ref}/steps/{step_id}"): ("/v1/jobs/{job}/steps/0", None),
+    ("GET", "/v1/jobs/{ref}/priority"): ("/v1/jobs/{job}/priority", None),
+    ("GET", "/v1/share"): ("/v1/share", None),
     ("POST", "/v1/jobs/{ref}/steps/signal"): ("/v1/jobs/{job}/steps/signal", {"signal": 10}),
     ("POST", "/v1/jobs/{ref}/steps/cancel"): ("/v1/jobs/{job}/steps/cancel", {}),
     ("GET", "/v1/nodes"): ("/v1/nodes", None),
@@ -208,6 +210,7 @@ OWNER_REFUSALS = {
     (("GET", "/v1/jobs/{ref}/steps/{step_id}"), "bob"),
     (("POST", "/v1/jobs/{ref}/steps/signal"), "bob"),
     (("POST", "/v1/jobs/{ref}/steps/cancel"), "bob"),
+    (("GET", "/v1/jobs/{ref}/priority"), "bob"),
 }
 # The matrix's jobs are pending: a step route that let the caller through then refuses on the
 # job's state (no step can start in a pending job, it has no step 0): past authorization.
@@ -280,6 +283,7 @@ OWNED = {
     "GET /v1/jobs/{ref}/steps/{step_id}",
     "POST /v1/jobs/{ref}/steps/signal",
     "POST /v1/jobs/{ref}/steps/cancel",
+    "GET /v1/jobs/{ref}/priority",
 }
 
 

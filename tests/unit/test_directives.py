@@ -76,7 +76,7 @@ def test_torchrun_script_fields() -> None:
         "account": "proj123",
     }
     assert parsed.warnings == []
-    assert parsed.ignored == ["--mail-type", "--mail-user", "--account"]
+    assert parsed.ignored == ["--mail-type", "--mail-user"]  # --account takes effect
     assert parsed.origins["time_limit_s"] == "job.sh line 9"
     # The server model accepts exactly these field names.
     JobSpec(**parsed.fields)
@@ -265,9 +265,20 @@ def test_bookkeeping_options_are_silent_and_listed_once() -> None:
         "#SBATCH --hint=compute_bound\n#SBATCH --comment='nightly run'\n#SBATCH --parsable\n"
     )
     parsed = parse_submission(script, ["--nice=10", "--wait"], "job.sh")
-    assert parsed.fields == {"qos": "high", "comment": "nightly run"}
+    assert parsed.fields == {"qos": "high", "comment": "nightly run", "nice": 10}
     assert parsed.warnings == []
-    assert parsed.ignored == ["--qos", "--hint", "--parsable", "--nice", "--wait"]
+    assert parsed.ignored == ["--hint", "--parsable", "--wait"]  # --qos and --nice take effect
+
+
+@pytest.mark.parametrize(
+    ("args", "nice"), [(["--nice"], 100), (["--nice=5"], 5), (["--nice=-20"], -20)]
+)
+def test_nice_defaults_to_100_as_slurm(args: list[str], nice: int) -> None:
+    assert parse_submission("#!/bin/bash\n", args, "job.sh").fields == {"nice": nice}
+
+
+def test_a_bad_nice_is_refused() -> None:
+    assert "--nice" in _refusal("#!/bin/bash\n", ["--nice=lots"]).message
 
 
 @pytest.mark.parametrize(

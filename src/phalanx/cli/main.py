@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from phalanx.cli import auth, maint, render
+from phalanx.cli import auth, maint, render, share
 from phalanx.client import Client
 from phalanx.errors import PhalanxError
 
@@ -599,6 +599,8 @@ app.add_typer(auth.token_app, name="token")
 app.add_typer(auth.keys_app, name="keys")
 app.command("whoami")(auth.whoami)
 app.command("authd")(auth.authd)
+app.command("share")(share.share)
+app.command("priority")(share.priority)
 
 
 def main() -> None:

@@ -64,6 +64,8 @@ RULES: dict[tuple[str, str], Rule] = {
     ("POST", "/v1/jobs/{ref}/steps/cancel"): Rule(USER, "cancelling job steps", owner=True),
     ("POST", "/v1/jobs/requeue"): Rule(USER, "requeueing jobs", owner=True),
     ("POST", "/v1/jobs/update"): Rule(USER, "changing jobs", owner=True),
+    ("GET", "/v1/jobs/{ref}/priority"): Rule(USER, "reading a job's priority", owner=True),
+    ("GET", "/v1/share"): Rule(USER, "reading fair share"),
     ("GET", "/v1/nodes"): Rule(USER, "listing nodes"),
     ("GET", "/v1/nodes/{name}"): Rule(USER, "showing a node"),
     ("POST", "/v1/nodes/{name}/drain"): Rule(OPERATOR, "draining a node"),

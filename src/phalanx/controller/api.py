@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from phalanx import __version__
 from phalanx.auth.keys import KeySet
 from phalanx.auth.tokens import Identity, Verifier, mint_token
-from phalanx.controller import access, dashboard, maint_api, metrics
+from phalanx.controller import access, dashboard, maint_api, metrics, share_api
 from phalanx.controller.launch import default_output, expand_pattern, job_layout
 from phalanx.controller.runtime import Controller
 from phalanx.domain import checkpointing
@@ -195,6 +195,7 @@ def job_view(row: dict[str, Any], *, detail: bool = False) -> dict[str, Any]:
         "state": row["state"],
         "reason": row["reason"],
         "priority": row["priority"],
+        "nice": int(row.get("nice") or 0),
         "submit_time": row["submit_time"],
         "start_time": row["start_time"],
         "end_time": row["end_time"],
@@ -246,8 +247,8 @@ def job_view(row: dict[str, Any], *, detail: bool = False) -> dict[str, Any]:
                 "constraint": row["constraint_expr"],
                 "signal": spec.get("signal"),
                 "array": spec.get("array"),
-                "account": spec.get("account"),
-                "qos": spec.get("qos"),
+                "account": row.get("account") or spec.get("account"),
+                "qos": row.get("qos") or spec.get("qos"),
                 "comment": spec.get("comment"),
                 "nodes_max": spec.get("nodes_max"),
                 "spares": int(spec.get("spares") or 0),
@@ -430,6 +431,14 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         access.throttle(submit_buckets, ident, limits.exempt_roles, n, "job submission")
         return ident.user
 
+    def nice_allowed(ident: Identity, specs: list[JobSpec]) -> None:
+        """A negative --nice raises a job above others: admins only (as Slurm)."""
+        if any(sp.nice < 0 for sp in specs) and not ident.at_least(access.ADMIN):
+            raise Forbidden(
+                f"a negative --nice raises priority and needs the admin role; {ident.user} is a "
+                f"{ident.role}: use --nice=0 or more"
+            )
+
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         # long-polls are woken from the controller's threads through this loop
@@ -523,6 +532,7 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         # for a sync route, and a pydantic pass). The caller is read from the request (set by
         # `authorize`), which spares FastAPI a dependency.
         user = submitter(request.state.identity, 1)
+        nice_allowed(request.state.identity, [spec])
         if test_only:
             await run_in_threadpool(lambda: ctl.submit([spec], user, validate_only=True))
             body: dict[str, Any] = {
@@ -538,7 +548,9 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
 
     @app.post("/v1/jobs/batch", status_code=201)
     def submit_batch(body: BatchIn, ident: Identity = Depends(caller)) -> dict[str, Any]:
-        ids = ctl.submit(body.jobs, submitter(ident, len(body.jobs)))
+        user = submitter(ident, len(body.jobs))
+        nice_allowed(ident, body.jobs)
+        ids = ctl.submit(body.jobs, user)
         return {"jobs": [{"job_id": i[0], "job_ids": i} for i in ids]}
 
     @app.get("/v1/jobs")
@@ -942,4 +954,5 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
 
     app.include_router(maint_api.router(ctl))
     app.include_router(dashboard.router(ctl))
+    app.include_router(share_api.router(ctl))
     return app

@@ -17,8 +17,8 @@ from phalanx.domain.layout import compress_counts, tasks_per_node
 from phalanx.domain.values import parse_array, parse_export
 
 BASE_MASTER_PORT = 29500
-# What SLURM_JOB_ACCOUNT / SLURM_JOB_QOS say when the job named none (Slurm's own default QOS
-# is called "normal"; accounts are a site's, so ours is "default" until accounting exists).
+# What SLURM_JOB_ACCOUNT / SLURM_JOB_QOS say for a job stored before accounts existed (a job
+# submitted since records the account and QOS it is charged to: docs/fairshare.md).
 DEFAULT_ACCOUNT = "default"
 DEFAULT_QOS = "normal"
 

@@ -28,6 +28,7 @@ from phalanx.controller.exchange import (
     signal_items,
     state_changes,
 )
+from phalanx.controller.fairshare import FairShare
 from phalanx.controller.launch import build_launch, build_step_launch
 from phalanx.controller.leases import LeaseKeeper
 from phalanx.controller.maintenance import MaintenanceDuty
@@ -164,6 +165,8 @@ class Controller:
         self._failure_history: tuple[float, tuple[float, int]] | None = None
         self._last_purge: float | None = None  # monotonic time of the last retention purge
         self._placed = 0  # attempts the current scheduling pass started (for /metrics)
+        self.fairshare = FairShare(store, config)  # priority, fair share, limits
+        self._last_charge: float | None = None  # monotonic time usage was last charged
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -298,7 +301,18 @@ class Controller:
                     e.message = f"job {i}: {e.message}"
                     e.details["index"] = i
                 raise
-            items.append((resolved, spec.model_dump(exclude={"ignored"})))
+            dump = spec.model_dump(exclude={"ignored"})
+            try:
+                dump["account"], dump["qos"] = self.fairshare.resolve(user, spec.account, spec.qos)
+            except PhalanxError as e:
+                if len(specs) > 1:
+                    e.message = f"job {i}: {e.message}"
+                    e.details["index"] = i
+                raise
+            items.append((resolved, dump))
+        self.fairshare.check_submit(
+            [(user, d["account"], d["qos"], len(r.array_indices or [0])) for r, d in items]
+        )
         if validate_only:
             return [[] for _ in items]
         ids = self.store.submit(items, user)
@@ -361,7 +375,7 @@ class Controller:
         snap = self.store.sched_snapshot()
         owner = {int(j["id"]): j["partitions"].split(",")[0] for j in snap.pending}
         snap.pending = [j for j in snap.pending if owner[int(j["id"])] in fences]
-        plan = scheduling.plan(snap, time.time())
+        plan = scheduling.plan(snap, time.time(), policy=self.fairshare.policy(snap))
         for jid, why in plan.never:
             self.store.end_pending(jid, JobState.CANCELLED, why, fences[owner[jid]])
         started: list[int] = []
@@ -417,7 +431,12 @@ class Controller:
         """Failure detector, reaper and maintenance windows; only the holder of the `cluster`
         lease acts."""
         try:
-            said = [self._cluster_duty(), self.maintenance.tick(), self.purge_tick()]
+            said = [
+                self._cluster_duty(),
+                self.maintenance.tick(),
+                self.purge_tick(),
+                self.charge_tick(),
+            ]
             return ", ".join(x for x in said if x not in ("idle", "")) or "idle"
         except StoreUnavailable:
             # Heartbeats could not be recorded while the store was away: judge no node until
@@ -447,6 +466,21 @@ class Controller:
             if n < batch or self.leases.fence(CLUSTER_LEASE) is None:
                 break
         return f"purged {total} finished jobs" if total else ""
+
+    def charge_tick(self, *, force: bool = False) -> str:
+        """Fair share usage: charge what running and ended attempts held and decay every
+        association's usage, once per `priority.calc_period`, by the `cluster` lease holder
+        only (the charge and the attempts' marks commit together under its fence)."""
+        fence = self.leases.fence(CLUSTER_LEASE)
+        if fence is None:
+            return ""
+        mono = time.monotonic()
+        period = self.config.priority.calc_period
+        if not force and self._last_charge is not None and mono - self._last_charge < period:
+            return ""
+        self._last_charge = mono
+        self.fairshare.charge(fence)
+        return ""
 
     def _judging_fence(self) -> Fence | None:
         """The cluster lease's fence if this controller may judge nodes right now.

@@ -15,7 +15,7 @@ submission with a message naming the line and the reason:
   than the one asked for; known Slurm options that would change what the job does
   and that Phalanx cannot honour (``--begin``, ``--ntasks-per-gpu``, ...) are refused, because
   running such a job anyway would silently produce a different result;
-* site bookkeeping options (``--account``, ``--mail-type``, ...) are accepted; those that
+* site bookkeeping options (``--mail-type``, ``--comment``, ...) are accepted; those that
   have no effect here are listed in ``ParsedOptions.ignored`` so the CLI can say so once.
 """
 
@@ -247,6 +247,17 @@ def _partition(text: str) -> dict[str, Any]:
     return {"partition": ",".join(names)}
 
 
+def _nice(text: str) -> dict[str, Any]:
+    """--nice (100, as Slurm) or --nice=N; a negative N raises priority (admins only)."""
+    word = text.strip()
+    if not word:
+        return {"nice": 100}
+    digits = word[1:] if word[:1] in "+-" else word
+    if not digits.isdigit() or int(digits) > 10_000_000:
+        raise ValueError(f"invalid --nice value {text!r}: use a whole number, e.g. --nice=100")
+    return {"nice": int(word)}
+
+
 def _priority(text: str) -> dict[str, Any]:
     return {"priority": _whole(text, 0, example="100")}
 
@@ -360,7 +371,10 @@ OPTIONS: tuple[Option, ...] = (
     _opt("signal", None, R, ("signal",), _validated_raw("signal", values.parse_signal),
          "signal the job before its time limit, e.g. B:USR1@300", "[B:]SIG[@SECONDS]"),
     _opt("hold", "H", N, ("hold",), _const(hold=True), "submit the job held"),
-    _opt("priority", None, R, ("priority",), _priority, "job priority", "N"),
+    _opt("priority", None, R, ("priority",), _priority,
+         "job priority: sorts before the multifactor priority (docs/fairshare.md)", "N"),
+    _opt("nice", None, OPT, ("nice",), _nice,
+         "lower the job's priority by N (default 100); negative N: admins only", "[N]"),
     # --- Phalanx extensions (stored; acted on by the fault-tolerance layer) ---
     _opt("all-nodes", None, N, ("all_nodes",), _const(all_nodes=True),
          "run the batch script on every node of the allocation (node rank in "
@@ -391,9 +405,9 @@ OPTIONS: tuple[Option, ...] = (
     # --- bookkeeping: kept, shown, no effect here ---
     _opt("comment", None, R, ("comment",), _str_to("comment"), "free-text comment", "TEXT"),
     _opt("account", "A", R, ("account",), _str_to("account"),
-         "account to charge (recorded, no effect)", "ACCOUNT", Effect.STORED),
+         "account to charge (fair share, limits; docs/fairshare.md)", "ACCOUNT"),
     _opt("qos", "q", R, ("qos",), _str_to("qos"),
-         "quality of service (recorded, no effect)", "QOS", Effect.STORED),
+         "quality of service (priority, limits; docs/fairshare.md)", "QOS"),
     _opt("mail-user", None, R, ("mail_user",), _str_to("mail_user"),
          "mail address (recorded, no mail is sent)", "ADDRESS", Effect.STORED),
     _opt("mail-type", None, R, ("mail_type",), _str_to("mail_type"),
@@ -422,7 +436,6 @@ OPTIONS: tuple[Option, ...] = (
     _ignored("mem-bind"),
     _ignored("mincpus"),
     _ignored("network"),
-    _ignored("nice", arg=OPT),
     _ignored("no-kill", "k", arg=OPT),
     _ignored("ntasks-per-core"),
     _ignored("ntasks-per-socket"),

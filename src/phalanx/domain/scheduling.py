@@ -16,6 +16,7 @@ from typing import Any
 from phalanx.domain import maintenance, values
 from phalanx.domain.deps import DepVerdict, evaluate
 from phalanx.domain.placement import Allocation, JobRequest, NodeView, Placement, place
+from phalanx.domain.priority import QueuePolicy
 
 
 @dataclass
@@ -116,9 +117,17 @@ def live_reservation(job: dict[str, Any], now: float) -> tuple[str, ...]:
     return tuple(str(n) for n in nodes)
 
 
-def plan(snap: Any, now: float, *, backfill: bool = True) -> Plan:
-    """Decide which pending jobs start where (snap: a store.SchedSnapshot)."""
+def plan(
+    snap: Any, now: float, *, backfill: bool = True, policy: QueuePolicy | None = None
+) -> Plan:
+    """Decide which pending jobs start where (snap: a store.SchedSnapshot).
+
+    With a `policy` (multifactor priority and limits, domain/priority.py) the pending jobs are
+    taken in its order and jobs over a limit wait with the limit's reason; without one, in the
+    snapshot's order."""
     out = Plan()
+    pending = policy.order(snap, now) if policy else snap.pending
+    holding = policy.holding(snap) if policy else None
     views = node_views(snap.nodes, snap.partitions)
     allocs = [
         Allocation(
@@ -136,7 +145,7 @@ def plan(snap: Any, now: float, *, backfill: bool = True) -> Plan:
     names_taken = set(snap.active_names)
     keep_off = maintenance.KeepOff(getattr(snap, "maintenance", None) or [], now)
     eligible: list[JobRequest] = []
-    for job in snap.pending:
+    for job in pending:
         jid = int(job["id"])
         key = (job["name"], job["user"])
         eligible_at = job.get("eligible_time")
@@ -157,6 +166,11 @@ def plan(snap: Any, now: float, *, backfill: bool = True) -> Plan:
         if verdict is DepVerdict.WAIT:
             out.reasons[jid] = why or "Dependency"
             continue
+        if policy and holding is not None:
+            over = policy.blocker(job, holding)
+            if over:
+                out.reasons[jid] = over
+                continue
         arr = job["array_job_id"]
         if arr is not None and job["array_limit"]:
             if array_active.get(int(arr), 0) >= int(job["array_limit"]):
@@ -177,15 +191,39 @@ def plan(snap: Any, now: float, *, backfill: bool = True) -> Plan:
         for name in live_reservation(r, now):
             others.setdefault(name, int(r["id"]))
     placed = place(eligible, views, allocs, now, backfill=backfill, reserved_nodes=others)
+    if policy and holding is not None:
+        placed = _within_limits(placed, snap.pending, policy, holding, out.reasons)
     placed_ids = {p.job_id for p in placed}
     out.starts = placed
     first_blocked = True
     for req in eligible:
         if req.job_id not in placed_ids and req.reserved:
             out.reasons[req.job_id] = "Reserved (restarts on its nodes after a node failure)"
-        elif req.job_id not in placed_ids:
+        elif req.job_id not in placed_ids and req.job_id not in out.reasons:  # not over a limit
             out.reasons[req.job_id] = "Resources" if first_blocked else "Priority"
             first_blocked = False
     exclusive = {int(j["id"]): bool(j["exclusive"]) for j in snap.pending}
     out.reasons.update(keep_off.reasons(out.reasons, placed, views, allocs, exclusive))
     return out
+
+
+def _within_limits(
+    placed: list[Placement],
+    pending: list[dict[str, Any]],
+    policy: QueuePolicy,
+    holding: Any,
+    reasons: dict[int, str],
+) -> list[Placement]:
+    """Keep the placements that fit the limits, counted in start order (several jobs of one
+    user may each fit alone but not together); the others wait with the limit's reason."""
+    by_id = {int(j["id"]): j for j in pending}
+    kept = []
+    for p in placed:
+        job = by_id[p.job_id]
+        over = policy.blocker(job, holding)
+        if over:
+            reasons[p.job_id] = over
+            continue
+        policy.take(job, holding)
+        kept.append(p)
+    return kept

@@ -78,8 +78,14 @@ class JobSpec(BaseModel):
     )
     argv: list[str] = Field(default_factory=list)
     wrap: str | None = None
-    account: str | None = None
-    qos: str | None = None
+    account: str | None = Field(default=None, max_length=64)
+    qos: str | None = Field(default=None, max_length=64)
+    nice: int = Field(
+        default=0,
+        ge=-10_000_000,
+        le=10_000_000,
+        description="subtracted from the multifactor priority; negative: admins only",
+    )
     comment: str | None = None
     mail_user: str | None = None
     mail_type: str | None = None

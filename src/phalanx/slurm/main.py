@@ -10,7 +10,17 @@ import importlib
 import os
 import sys
 
-COMMANDS = ("sbatch", "srun", "squeue", "scancel", "sinfo", "scontrol", "sacct")
+COMMANDS = (
+    "sbatch",
+    "srun",
+    "squeue",
+    "scancel",
+    "sinfo",
+    "scontrol",
+    "sacct",
+    "sshare",
+    "sprio",
+)
 
 
 def run(command: str, argv: list[str]) -> int:

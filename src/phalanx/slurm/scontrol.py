@@ -76,7 +76,7 @@ def job_lines(job: dict[str, Any], now: float) -> list[str]:
     lines = [
         first,
         f"UserId={user} GroupId={group} MCS_label=N/A",
-        f"Priority={job.get('priority') or 0} Nice=0 Account={_null(job.get('account'))} "
+        f"Priority={job.get('priority') or 0} Nice={job.get('nice') or 0} Account={_null(job.get('account'))} "
         f"QOS={job.get('qos') or 'normal'}",
         f"JobState={slurm_state(state)} Reason={records.reason_word(job)} "
         f"Dependency={_null(dep_text)}",

@@ -20,6 +20,7 @@ from sqlalchemy import (
     Table,
     Text,
     false,
+    true,
 )
 
 metadata = MetaData()
@@ -72,6 +73,10 @@ jobs = Table(
     Column("reserved_nodes", JSON, nullable=True),
     Column("reserved_until", Float, nullable=True),
     Column("checkpoint", JSON, nullable=True),  # the latest reported checkpoint
+    # Fair share and limits (docs/fairshare.md): the account charged, the QOS, the nice value
+    Column("account", String(64), nullable=True),
+    Column("qos", String(64), nullable=True),
+    Column("nice", Integer, nullable=False, default=0, server_default="0"),
     sqlite_autoincrement=True,
 )
 Index("ix_jobs_state", jobs.c.state)
@@ -103,9 +108,14 @@ attempts = Table(
     # Signals asked of this attempt (scancel --signal): [{"seq", "signum", "target"}, ...] in
     # order; agents deliver each seq once and report the highest they delivered.
     Column("signals", JSON, nullable=True),
+    # Fair share usage: charged up to `charged_until`; `uncharged` until the attempt has ended
+    # and every second it held is charged (an index finds the few still open)
+    Column("charged_until", Float, nullable=True),
+    Column("uncharged", Boolean, nullable=False, default=True, server_default=true()),
     sqlite_autoincrement=True,
 )
 Index("ix_attempts_job", attempts.c.job_id)
+Index("ix_attempts_uncharged", attempts.c.uncharged)
 Index("ix_attempts_state", attempts.c.state)
 
 # One row per node of an attempt: the resources it holds there and what that node reported.
@@ -258,3 +268,15 @@ step_nodes = Table(
     Column("exits", JSON, nullable=True),  # per task: the shepherd's exit record
 )
 Index("ix_step_nodes_node_state", step_nodes.c.node, step_nodes.c.state)
+
+# Fair share usage per user association (account, user), decayed with the half-life: `usage`
+# is the decayed charge as of `decayed_at`; each charging pass decays it to its own time and
+# adds what running and ended attempts held since (docs/fairshare.md).
+assoc_usage = Table(
+    "assoc_usage",
+    metadata,
+    Column("account", String(64), primary_key=True),
+    Column("user", String(128), primary_key=True),
+    Column("usage", Float, nullable=False),
+    Column("decayed_at", Float, nullable=False),
+)

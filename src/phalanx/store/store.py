@@ -70,6 +70,7 @@ from phalanx.store.sqlbits import active_tasks as _active_tasks
 from phalanx.store.sqlbits import chunks as _chunks
 from phalanx.store.sqlbits import now as _now
 from phalanx.store.steps import JobSteps
+from phalanx.store.usage import FairShareUsage
 from phalanx.store.windows import MaintenanceWindows
 
 ACTIVE_ATTEMPT = (AttemptState.STARTING, AttemptState.RUNNING, AttemptState.STOPPING)
@@ -138,12 +139,14 @@ class SchedSnapshot:
     reservations: list[dict[str, Any]] = field(default_factory=list)
     # maintenance windows still to come or under way (rows of `maintenance`)
     maintenance: list[dict[str, Any]] = field(default_factory=list)
+    # jobs holding resources (for limits): user, account, qos, nodes, gpus_per_node
+    active_jobs: list[dict[str, Any]] = field(default_factory=list)
 
 
 MAX_ID = 2**63 - 1  # the largest id an INTEGER column holds (SQLite and PostgreSQL)
 
 
-class Store(JobSteps, MaintenanceWindows, MetricsQueries):
+class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage):
     """The store's one interface (see the module docstring)."""
 
     # ------------------------------------------------------------------ leases
@@ -384,6 +387,9 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries):
             "array_limit": resolved.array_limit,
             "array_job_id": None,
             "array_task_id": None,
+            "account": spec.get("account"),
+            "qos": spec.get("qos"),
+            "nice": int(spec.get("nice") or 0),
         }
 
     def _resolve_dependencies(
@@ -888,6 +894,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries):
                 array_active=array_active,
                 reservations=reservations,
                 maintenance=self._live_windows(conn),
+                active_jobs=self._limit_rows(conn, active_states),
             )
 
     def start_attempts(self, starts: Sequence[dict[str, Any]], fence: Fence | None) -> list[int]:

@@ -1,0 +1,281 @@
+"""Multifactor job priority as Slurm's priority/multifactor plugin computes it, and the order
+of the pending queue that follows.
+
+Each factor is a number from 0 to 1; the priority is the weighted sum, less the job's nice::
+
+    priority = round(w_age * age + w_fairshare * fairshare + w_jobsize * jobsize
+                     + w_partition * partition + w_qos * qos) - nice
+
+* age: time since the job became eligible (its submit time or --begin), over `max_age`,
+  capped at 1;
+* fairshare: the user association's Fair Tree factor (domain/fairshare.py);
+* jobsize: the larger of the job's share of the cluster's nodes and of its CPUs (with
+  `favor_small`, one less that: small jobs first);
+* partition: the partition's priority over the highest partition priority;
+* qos: the QOS's priority over the highest QOS priority.
+
+The job's own ``--priority`` (any user may set it, Phalanx's habit since before multifactor) is
+kept as it was: the first sort key, so a job with a higher --priority still goes before every job
+with a lower one, and jobs with the same (default 0) are ordered by the multifactor priority,
+then by id. `explain` writes the numbers as arithmetic a user can follow (`phalanx priority`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from phalanx.domain import limits as lim
+
+J = TypeVar("J", bound=Mapping[str, Any])
+
+FACTORS = ("age", "fairshare", "jobsize", "partition", "qos")
+
+
+@dataclass(frozen=True)
+class Weights:
+    age: int = 1000
+    fairshare: int = 10000
+    jobsize: int = 1000
+    partition: int = 1000
+    qos: int = 1000
+    max_age_s: float = 7 * 86400.0
+    favor_small: bool = False
+
+    def of(self, name: str) -> int:
+        return int(getattr(self, name))
+
+
+@dataclass(frozen=True)
+class ClusterSize:
+    """What the job size factor is measured against."""
+
+    nodes: int
+    cpus: int
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """One job's priority, factor by factor."""
+
+    job_id: int
+    factors: dict[str, float]  # name -> 0..1
+    weights: dict[str, int]
+    nice: int
+    total: int  # the multifactor priority
+    explicit: int  # the job's own --priority (first sort key)
+    notes: dict[str, str] | None = None  # how each factor's value was reached
+
+    def products(self) -> dict[str, float]:
+        return {k: self.weights[k] * self.factors[k] for k in FACTORS}
+
+    def explain(self) -> list[str]:
+        """The arithmetic, one line per factor, then the sum."""
+        lines = []
+        notes = self.notes or {}
+        for k in FACTORS:
+            lines.append(
+                f"{k:<10} {self.weights[k]:>6} x {self.factors[k]:.6f} = "
+                f"{self.weights[k] * self.factors[k]:12.2f}"
+                + (f"   ({notes[k]})" if k in notes else "")
+            )
+        terms = " + ".join(f"{v:.2f}" for v in self.products().values())
+        lines.append(
+            f"priority = round({terms}) - nice {self.nice} = {self.total}"
+            + (f"; --priority={self.explicit} sorts before it" if self.explicit else "")
+        )
+        return lines
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "factors": self.factors,
+            "weights": self.weights,
+            "products": self.products(),
+            "nice": self.nice,
+            "priority": self.total,
+            "explicit_priority": self.explicit,
+            "notes": self.notes or {},
+            "explain": self.explain(),
+        }
+
+
+def clamp01(x: float) -> float:
+    return 0.0 if x < 0 else 1.0 if x > 1 else x
+
+
+def breakdown(
+    job: Mapping[str, Any],
+    now: float,
+    weights: Weights,
+    *,
+    fairshare: float,
+    size: ClusterSize,
+    partition_priority: Mapping[str, int],
+    qos_priority: Mapping[str, int],
+) -> Breakdown:
+    """The factors of one pending job (a job row: id, submit_time, eligible_time, nodes,
+    cpus_per_node, partitions, qos, nice, priority)."""
+    since = job.get("eligible_time") or job["submit_time"]
+    waited = max(0.0, now - float(since))
+    age = clamp01(waited / weights.max_age_s) if weights.max_age_s > 0 else 1.0
+    nodes = int(job["nodes"])
+    cpus = nodes * int(job["cpus_per_node"])
+    frac = max(
+        nodes / size.nodes if size.nodes > 0 else 0.0,
+        cpus / size.cpus if size.cpus > 0 else 0.0,
+    )
+    jobsize = clamp01(1.0 - frac) if weights.favor_small else clamp01(frac)
+    top_part = max(partition_priority.values(), default=0)
+    first = str(job["partitions"]).split(",")[0]
+    part = partition_priority.get(first, 0) / top_part if top_part > 0 else 0.0
+    top_qos = max(qos_priority.values(), default=0)
+    qos_name = str(job.get("qos") or "")
+    qos = qos_priority.get(qos_name, 0) / top_qos if top_qos > 0 else 0.0
+    small = "1 - " if weights.favor_small else ""
+    notes = {
+        "age": f"waited {waited:.0f} s of max age {weights.max_age_s:.0f} s, capped at 1",
+        "fairshare": f"Fair Tree factor of {job['user']} in "
+        f"{job.get('account') or 'the default account'}: rank / users, see `phalanx share`",
+        "jobsize": f"{small}max({nodes}/{size.nodes} nodes, {cpus}/{size.cpus} CPUs)",
+        "partition": f"partition {first} priority {partition_priority.get(first, 0)} / "
+        f"highest {top_part}",
+        "qos": f"QOS {qos_name or '-'} priority {qos_priority.get(qos_name, 0)} / highest {top_qos}",
+    }
+    factors = {
+        "age": age,
+        "fairshare": clamp01(fairshare),
+        "jobsize": jobsize,
+        "partition": clamp01(part),
+        "qos": clamp01(qos),
+    }
+    ws = {k: weights.of(k) for k in FACTORS}
+    nice = int(job.get("nice") or 0)
+    total = round(sum(ws[k] * factors[k] for k in FACTORS)) - nice
+    return Breakdown(
+        job_id=int(job["id"]),
+        factors=factors,
+        weights=ws,
+        nice=nice,
+        total=total,
+        explicit=int(job.get("priority") or 0),
+        notes=notes,
+    )
+
+
+def order(pending: Sequence[J], score: Callable[[Mapping[str, Any]], Breakdown]) -> list[J]:
+    """Pending jobs in scheduling order: --priority, then multifactor priority (both highest
+    first), then job id (oldest first)."""
+    keyed = []
+    for job in pending:
+        b = score(job)
+        keyed.append(((-b.explicit, -b.total, int(job["id"])), job))
+    keyed.sort(key=lambda kv: kv[0])
+    return [job for _, job in keyed]
+
+
+@dataclass
+class QueuePolicy:
+    """What the scheduling pass needs to order the queue and apply limits: the weights, the
+    fair share factors (computed from the cached usage, not per pass), QOS priorities and the
+    limits. `scheduling.plan` calls `order`, `holding` and `blocker`; all pure."""
+
+    weights: Weights
+    fairshare: Callable[[str, str], float]  # (account, user) -> factor
+    qos_priority: Mapping[str, int]
+    limits: lim.Limits
+    default_account: str
+
+    def account(self, job: Mapping[str, Any]) -> str:
+        return str(job.get("account") or self.default_account)
+
+    def scorer(self, snap: Any, now: float) -> Callable[[Mapping[str, Any]], Breakdown]:
+        """A function giving one job's breakdown against this snapshot's cluster."""
+        nodes = [n for n in snap.nodes if n.get("registered")]
+        size = ClusterSize(len(nodes), sum(int(n["cpus"]) for n in nodes))
+        parts = {name: int(p.get("priority") or 0) for name, p in snap.partitions.items()}
+        cache: dict[tuple[str, str], float] = {}
+
+        def score(job: Mapping[str, Any]) -> Breakdown:
+            key = (self.account(job), str(job["user"]))
+            if key not in cache:
+                cache[key] = self.fairshare(*key)
+            return breakdown(
+                job,
+                now,
+                self.weights,
+                fairshare=cache[key],
+                size=size,
+                partition_priority=parts,
+                qos_priority=self.qos_priority,
+            )
+
+        return score
+
+    def order(self, snap: Any, now: float) -> list[dict[str, Any]]:
+        """The pending jobs in queue order: the same totals `breakdown` gives (a unit test
+        holds them equal), computed inline because this runs over every pending job each
+        pass: a few microseconds a job instead of building each job's explanation."""
+        w = self.weights
+        nodes = [n for n in snap.nodes if n.get("registered")]
+        n_nodes = len(nodes)
+        n_cpus = sum(int(n["cpus"]) for n in nodes)
+        parts = {name: int(p.get("priority") or 0) for name, p in snap.partitions.items()}
+        top_part = max(parts.values(), default=0)
+        # each product as `breakdown` computes it (weight x factor), so totals are equal
+        part_w = {
+            k: w.partition * (clamp01(v / top_part) if top_part > 0 else 0.0)
+            for k, v in parts.items()
+        }
+        top_qos = max(self.qos_priority.values(), default=0)
+        qos_w = {
+            k: w.qos * (clamp01(v / top_qos) if top_qos > 0 else 0.0)
+            for k, v in self.qos_priority.items()
+        }
+        fs_w: dict[tuple[str, str], float] = {}
+        max_age = w.max_age_s
+        default = self.default_account
+        keyed = []
+        for job in snap.pending:
+            key = (job.get("account") or default, job["user"])
+            f = fs_w.get(key)
+            if f is None:
+                f = fs_w[key] = w.fairshare * clamp01(self.fairshare(str(key[0]), str(key[1])))
+            since = job.get("eligible_time") or job["submit_time"]
+            age = clamp01((now - float(since)) / max_age) if max_age > 0 else 1.0
+            nn = int(job["nodes"])
+            frac = max(
+                nn / n_nodes if n_nodes > 0 else 0.0,
+                nn * int(job["cpus_per_node"]) / n_cpus if n_cpus > 0 else 0.0,
+            )
+            size = clamp01(1.0 - frac) if w.favor_small else clamp01(frac)
+            first = job["partitions"].split(",", 1)[0]
+            total = round(
+                w.age * age
+                + f
+                + w.jobsize * size
+                + part_w.get(first, 0.0)
+                + qos_w.get(job.get("qos") or "", 0.0)
+            ) - int(job.get("nice") or 0)
+            keyed.append((-int(job.get("priority") or 0), -total, int(job["id"]), job))
+        keyed.sort(key=lambda k: k[:3])
+        return [k[3] for k in keyed]
+
+    def holding(self, snap: Any) -> lim.Usage:
+        """What the jobs that hold resources count against the limits."""
+        usage = lim.Usage()
+        if self.limits.any():
+            for job in getattr(snap, "active_jobs", None) or []:
+                usage.add(self._limited(job), self.limits)
+        return usage
+
+    def blocker(self, job: Mapping[str, Any], usage: lim.Usage) -> str | None:
+        return lim.run_blocker(self._limited(job), usage, self.limits)
+
+    def take(self, job: Mapping[str, Any], usage: lim.Usage) -> None:
+        if self.limits.any():
+            usage.add(self._limited(job), self.limits)
+
+    def _limited(self, job: Mapping[str, Any]) -> dict[str, Any]:
+        return {**job, "account": self.account(job)}
