@@ -12,6 +12,7 @@ that (it stops the watchdog thread too, which proves nothing about the rule).
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -67,9 +68,7 @@ class NotifySocket:
                 data = self.sock.recv(65536)
             except BlockingIOError:
                 return self.messages
-            fields = dict(
-                line.split("=", 1) for line in data.decode().splitlines() if "=" in line
-            )
+            fields = dict(line.split("=", 1) for line in data.decode().splitlines() if "=" in line)
             self.messages.append((time.monotonic(), fields))
 
     def wait(
@@ -124,12 +123,14 @@ def systemd_env(sock: NotifySocket, root: Path, wedge_loop: str) -> dict[str, st
 
 def ping_gaps(sock: NotifySocket, start: int, end: int | None = None) -> list[float]:
     times = [t for t, m in sock.poll()[start:end] if m.get("WATCHDOG") == "1"]
-    return [b - a for a, b in zip(times, times[1:], strict=False)]
+    return [b - a for a, b in itertools.pairwise(times)]
 
 
 def assert_pings_stopped(sock: NotifySocket, loop: str) -> None:
     """After the daemon says `loop` is wedged, two more watchdog rounds pass without a ping."""
-    first = sock.wait(lambda m: m.get("STATUS", "").startswith(f"WEDGED: {loop} "), f"{loop} wedged")
+    first = sock.wait(
+        lambda m: m.get("STATUS", "").startswith(f"WEDGED: {loop} "), f"{loop} wedged"
+    )
     second = sock.wait(lambda m: "WEDGED" in m.get("STATUS", ""), "a round", after=first + 1)
     third = sock.wait(lambda m: "WEDGED" in m.get("STATUS", ""), "a round", after=second + 1)
     window = [m for _, m in sock.poll()[first : third + 1]]
@@ -164,9 +165,7 @@ def test_controller_ready_pings_status_wedge_and_stopping(
 
     # periodic pings, about every WATCHDOG_USEC / 2 (never faster: the thread waits that long)
     start = len(sock.poll())
-    sock.wait(
-        lambda _m: len(ping_gaps(sock, start)) >= 3, "four WATCHDOG=1 pings", after=start
-    )
+    sock.wait(lambda _m: len(ping_gaps(sock, start)) >= 3, "four WATCHDOG=1 pings", after=start)
     gaps = ping_gaps(sock, start)
     assert min(gaps) >= WATCHDOG_USEC / 2e6 * 0.9, gaps
     assert statistics.median(gaps) < WATCHDOG_USEC / 1e6, gaps
@@ -223,9 +222,7 @@ def test_agent_ready_only_when_registered_then_pings_status_wedge_and_stopping(
     assert not [v for v in environ if v.startswith((b"NOTIFY_SOCKET=", b"WATCHDOG_"))]
 
     start = len(sock.poll())
-    sock.wait(
-        lambda _m: len(ping_gaps(sock, start)) >= 3, "four WATCHDOG=1 pings", after=start
-    )
+    sock.wait(lambda _m: len(ping_gaps(sock, start)) >= 3, "four WATCHDOG=1 pings", after=start)
     assert statistics.median(ping_gaps(sock, start)) < WATCHDOG_USEC / 1e6
 
     # a wedged exit watcher stops the pings
