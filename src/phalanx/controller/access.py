@@ -42,6 +42,11 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/healthz/live"): Rule(PUBLIC, "reading liveness"),
     ("GET", "/healthz/ready"): Rule(PUBLIC, "reading readiness"),
     ("GET", "/metrics"): Rule(PUBLIC, "reading metrics"),
+    # the API's description: the OpenAPI document and its pages (controller/docs_ui.py)
+    ("GET", "/v1/openapi.json"): Rule(PUBLIC, "reading the OpenAPI document"),
+    ("GET", "/v1/docs"): Rule(PUBLIC, "reading the API documentation"),
+    ("GET", "/v1/redoc"): Rule(PUBLIC, "reading the API documentation"),
+    ("GET", "/v1/docs/assets/{name}"): Rule(PUBLIC, "loading the API documentation"),
     ("GET", "/v1/whoami"): Rule(USER, "asking who you are"),
     ("POST", "/v1/jobs"): Rule(USER, "submitting a job"),
     ("POST", "/v1/jobs/batch"): Rule(USER, "submitting jobs"),
