@@ -76,7 +76,9 @@ class Notifier:
         self.address = address
         self.watchdog = watchdog  # seconds systemd waits for a WATCHDOG=1, or None
         self._sock: socket.socket | None = None
-        self._lock = threading.Lock()
+        # reentrant: STOPPING=1 is sent from signal handlers, which run on the main thread,
+        # possibly while that thread is inside send() itself (READY=1 at start)
+        self._lock = threading.RLock()
         self._warned = False
         self.stopping = False
 

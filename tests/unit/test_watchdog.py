@@ -18,7 +18,7 @@ import pytest
 
 from phalanx.config import WatchdogConfig, load_config
 from phalanx.controller.server import StartupError, open_device
-from phalanx.errors import ConfigError
+from phalanx.errors import ConfigError, PhalanxError
 from phalanx.sdnotify import Notifier, format_message, socket_address, watchdog_seconds
 from phalanx.watchdog import Beat, Beats, DeviceWatchdog, Watchdog, wedged
 
@@ -261,3 +261,40 @@ def test_every_watchdog_key_is_documented() -> None:
     doc = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
     for key in WatchdogConfig.model_fields:
         assert f"`watchdog.{key}`" in doc, key
+
+
+# ------------------------------------------------------------------ the controller's store rule
+
+
+def test_a_controller_counts_the_store_as_a_loop_only_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from phalanx.controller.runtime import Controller, partition_rows
+    from phalanx.store.store import Store
+
+    monkeypatch.delenv("PHALANX_CONFIG", raising=False)
+    for store_timeout, counted in ((0.0, False), (30.0, True)):
+        cfg = load_config(overrides={"watchdog": {"store_timeout": store_timeout}})
+        state = tmp_path / f"state-{store_timeout:g}"
+        state.mkdir()
+        st = Store(f"sqlite:///{state}/phalanx.db", actor="t")
+        st.migrate()
+        st.sync_partitions(partition_rows(cfg))
+        st.register_controller("t", None)
+        ctl = Controller(st, cfg, cid="t")
+        now = [1000.0]
+        ctl.beats.clock = lambda: now[0]
+        ctl.presence_tick()  # the store answered
+        assert ("store" in ctl.beats.snapshot()) is counted
+        assert "store ok" in ctl.summary()
+
+        # the store goes away: its directory is gone, SQLite cannot open it again
+        st.close()
+        for p in state.iterdir():
+            p.unlink()
+        state.rmdir()
+        with pytest.raises(PhalanxError):
+            ctl.presence_tick()
+        assert "store DOWN" in ctl.summary()
+        now[0] += 31.0
+        assert wedged(now[0], ctl.beats.snapshot()) == ("store" if counted else None)

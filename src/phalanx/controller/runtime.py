@@ -161,7 +161,6 @@ class Controller:
         # systemd watchdog (watchdog.py); the time of the store's last answer, for STATUS=
         self.beats = Beats()
         self.store_ok_at: float | None = None
-        self._loop_intervals: dict[str, Callable[[], float]] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -178,7 +177,6 @@ class Controller:
         self.store_ok_at = time.monotonic()  # register_controller just answered
         self._store_answered()
         for name, fn, interval in loops:
-            self._loop_intervals[name] = interval
             self.beats.beat(name, self.loop_deadline(interval()))
             t = threading.Thread(
                 target=self._loop, args=(name, fn, interval), name=f"phx-{name}", daemon=True
