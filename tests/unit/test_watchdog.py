@@ -283,7 +283,7 @@ def test_a_controller_counts_the_store_as_a_loop_only_when_asked(
         st.register_controller("t", None)
         ctl = Controller(st, cfg, cid="t")
         now = [1000.0]
-        ctl.beats.clock = lambda now=now: now[0]  # type: ignore[misc]
+        ctl.beats.clock = lambda now=now: now[0]
         ctl.presence_tick()  # the store answered
         assert ("store" in ctl.beats.snapshot()) is counted
         assert "store ok" in ctl.summary()
