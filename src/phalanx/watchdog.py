@@ -159,6 +159,10 @@ def thread_stack(name: str) -> str | None:
 class Watchdog:
     """Pings systemd (and pets the device) while `wedged` says healthy; sends STATUS= always.
 
+    It runs from the daemon's start: the hardware device is armed then and must be petted
+    through a long start (an agent waiting for its controllers). systemd gets WATCHDOG=1 only
+    after `ready` has sent READY=1.
+
     `interval`: half of systemd's WatchdogSec when systemd asks for pings (sd_watchdog_enabled
     semantics), else the configured `watchdog.interval` (STATUS updates, the hardware device).
     A wedged loop's stack is logged once, from the thread named ``phx-<loop>`` (the daemons'
@@ -183,6 +187,12 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._reported: str | None = None  # the wedged loop already logged
         self.pings = 0
+        self.is_ready = False
+
+    def ready(self, status: str) -> None:
+        """READY=1 with a status line; WATCHDOG=1 pings follow from the next round on."""
+        self.notifier.ready(status)
+        self.is_ready = True
 
     @property
     def needed(self) -> bool:
@@ -193,7 +203,7 @@ class Watchdog:
         """One round: decide, ping or not, say the status. Returns the wedged loop, if any."""
         stuck = wedged(self.beats.clock(), self.beats.snapshot())
         if stuck is None:
-            if self.notifier.watchdog:
+            if self.notifier.watchdog and self.is_ready:
                 self.notifier.ping()
             if self.device is not None:
                 self.device.pet()

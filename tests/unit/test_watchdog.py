@@ -153,6 +153,13 @@ def test_pings_and_pets_only_while_healthy(listener: Listener, tmp_path: Path) -
     )
     assert wd.interval == 2.0  # half of systemd's WatchdogSec, not the configured interval
 
+    # before READY=1 (a long start): the device is petted, systemd gets no ping yet
+    assert wd.check() is None
+    assert listener.pending() == [{"STATUS": "leases held: none"}]
+    assert device_file.read_bytes() == b"1"
+    wd.ready("serving")
+    assert listener.pending() == [{"READY": "1", "STATUS": "serving"}]
+
     assert wd.check() is None
     assert listener.pending() == [{"WATCHDOG": "1"}, {"STATUS": "leases held: none"}]
 
@@ -160,13 +167,13 @@ def test_pings_and_pets_only_while_healthy(listener: Listener, tmp_path: Path) -
     assert wd.check() == "scheduler"
     (msg,) = listener.pending()
     assert msg["STATUS"].startswith("WEDGED: scheduler has not progressed for 6s")
-    assert device_file.read_bytes() == b"1"  # petted in the healthy round only
+    assert device_file.read_bytes() == b"11"  # petted in the healthy rounds only
 
     beats.beat("scheduler", 5.0)  # it moves again: pings resume
     assert wd.check() is None
     assert listener.pending()[0] == {"WATCHDOG": "1"}
     wd.stop(clean=True)
-    assert device_file.read_bytes() == b"11V"  # magic close on a clean stop
+    assert device_file.read_bytes() == b"111V"  # magic close on a clean stop
 
 
 def test_a_failing_summary_does_not_stop_the_pings(listener: Listener) -> None:
@@ -177,6 +184,7 @@ def test_a_failing_summary_does_not_stop_the_pings(listener: Listener) -> None:
         raise RuntimeError("store gone")
 
     wd = Watchdog(Notifier(listener.name, 2.0), beats, status=broken, interval=1.0)
+    wd.is_ready = True
     assert wd.check() is None
     assert listener.pending() == [{"WATCHDOG": "1"}, {"STATUS": "status unavailable: store gone"}]
 

@@ -122,8 +122,7 @@ def run_agent(
     )
 
     def _ready() -> None:
-        notifier.ready(agent.summary())
-        watchdog.start()
+        watchdog.ready(agent.summary())
 
     agent.on_ready = _ready
 
@@ -138,6 +137,8 @@ def run_agent(
     )
     if notifier.enabled:
         notifier.status(f"node {name}: registering with {', '.join(client.urls)}")
+    # from the start: the hardware device is armed, and the controllers may be away for long
+    watchdog.start()
     try:
         agent.run()
     finally:

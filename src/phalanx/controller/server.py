@@ -134,8 +134,7 @@ class NotifyingServer(uvicorn.Server):
         if self.should_exit or not self.started:
             return
         self._beat_task = asyncio.get_running_loop().create_task(self._http_beat())
-        self.watchdog.notifier.ready(f"serving {self.ctl.url}; {self.ctl.summary()}")
-        self.watchdog.start()
+        self.watchdog.ready(f"serving {self.ctl.url}; {self.ctl.summary()}")
 
     async def _http_beat(self) -> None:
         deadline = self.ctl.loop_deadline(HTTP_BEAT)
@@ -238,6 +237,7 @@ def run_controller(
         ctl,
         watchdog,
     )
+    watchdog.start()  # STATUS= and the hardware device from now on; WATCHDOG=1 after READY=1
     try:
         ctl.start()
     except PhalanxError as e:
