@@ -667,6 +667,40 @@ class FairShareConfig(BaseModel):
         return [u.account for u in mine]
 
 
+class WatchdogConfig(BaseModel):
+    """The daemons' watchdog under systemd (deploy/systemd/, docs/deploy.md): when a loop is
+    wedged, pings to systemd (and the optional hardware watchdog) stop."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    loop_timeout: float = Field(
+        60.0,
+        ge=1,
+        le=3600,
+        description="a loop that has not progressed for this long beyond twice its own interval "
+        "is wedged: watchdog pings stop and systemd restarts the daemon",
+    )
+    store_timeout: float = Field(
+        0.0,
+        ge=0,
+        le=86400,
+        description="controller: pings also stop when the store has not answered for this long "
+        "(0: never; a store outage alone does not restart controllers)",
+    )
+    interval: float = Field(
+        5.0,
+        gt=0,
+        le=600,
+        description="seconds between two watchdog rounds (STATUS=, the hardware device) when "
+        "systemd sets no WATCHDOG_USEC; with it, half of that is used",
+    )
+    device: str | None = Field(
+        None,
+        description="a hardware watchdog device (e.g. /dev/watchdog) petted under the same rule; "
+        "none: not used",
+    )
+
+
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -680,6 +714,35 @@ class Config(BaseModel):
     metrics: MetricsConfig = Field(default_factory=lambda: MetricsConfig())
     priority: PriorityConfig = Field(default_factory=lambda: PriorityConfig())
     fairshare: FairShareConfig = Field(default_factory=lambda: FairShareConfig())
+    watchdog: WatchdogConfig = Field(default_factory=lambda: WatchdogConfig())
+
+    @model_validator(mode="after")
+    def _watchdog_rules(self) -> Config:
+        t, w = self.timing, self.watchdog
+        rules = [
+            (
+                # a tick that waits on a hanging store fails after db_op_timeout, and a few
+                # such waits in a row are an outage, not a wedged loop
+                w.loop_timeout >= 5 * t.db_op_timeout,
+                "watchdog.loop_timeout >= 5 * timing.db_op_timeout",
+            ),
+            (
+                # the store is probed every renew_interval, and an answer may take
+                # db_op_timeout: anything shorter stops the pings of a healthy controller
+                w.store_timeout == 0 or w.store_timeout > t.renew_interval + t.db_op_timeout,
+                "watchdog.store_timeout == 0 or watchdog.store_timeout > "
+                "timing.renew_interval + timing.db_op_timeout",
+            ),
+        ]
+        broken = [text for ok, text in rules if not ok]
+        if broken:
+            raise ValueError(
+                f"watchdog rule broken: {'; '.join(broken)} (values: "
+                f"loop_timeout={w.loop_timeout}, store_timeout={w.store_timeout}, "
+                f"db_op_timeout={t.db_op_timeout}, "
+                f"renew_interval={t.renew_interval})"
+            )
+        return self
 
     def failure_policy(self) -> FailurePolicy:
         return FailurePolicy(

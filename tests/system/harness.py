@@ -246,10 +246,16 @@ class Cluster:
         return base_env(self.root, **timing, **{**self.extra_env, **extra})
 
     def start_controller(
-        self, cid: str = "ctl-1", *, wait: bool = True, port: int | None = None
+        self,
+        cid: str = "ctl-1",
+        *,
+        wait: bool = True,
+        port: int | None = None,
+        env: dict[str, str] | None = None,
     ) -> Daemon:
         """Start `phalanx controller`; `port` (default: the cluster's) lets several controllers
-        share one store, each on its own port (see `controller_urls`)."""
+        share one store, each on its own port (see `controller_urls`); `env` adds to its
+        environment (e.g. NOTIFY_SOCKET)."""
         args = [
             "controller",
             "--state-dir",
@@ -261,7 +267,9 @@ class Cluster:
         ]
         if self.db:
             args += ["--db", self.db]
-        d = Daemon(cid, "controller", args, self.logs / f"{cid}.log", self.env()).spawn()
+        d = Daemon(
+            cid, "controller", args, self.logs / f"{cid}.log", self.env(**(env or {}))
+        ).spawn()
         self.daemons[cid] = d
         if wait:
             self.wait_controller(d)

@@ -21,6 +21,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from phalanx.agent.steps import StepRunner
 from phalanx.client import Client
 from phalanx.domain import job_reports
 from phalanx.errors import PhalanxError
+from phalanx.watchdog import Beats, maybe_wedge
 
 log = logging.getLogger("phalanx.agent")
 
@@ -65,6 +67,8 @@ class Agent:
         addr: str | None = None,
         health: HealthMonitor | None = None,
         job_env: dict[str, str] | None = None,
+        loop_timeout: float = 60.0,
+        on_ready: Callable[[], None] | None = None,
     ) -> None:
         # set in every job: this node's credential socket (it wins over a submitter's) and the
         # controllers (a submitter's own PHALANX_URL wins), so `phalanx` works inside jobs
@@ -93,6 +97,14 @@ class Agent:
         # periodic checkpoints in force, attempt id -> {"interval_s", "signal", "batch_only"}
         self._intervals: dict[int, dict[str, Any]] = {}
         self._registered = False
+        # systemd (watchdog.py, agent/main.py): the loops' progress, the first registration
+        # (READY=1), and what STATUS= says about the controllers
+        self.beats = Beats()
+        self.loop_timeout = loop_timeout
+        self.on_ready = on_ready
+        self.ready = False
+        self.last_reply_at: float | None = None  # monotonic time a controller last answered
+        self.last_error: str | None = None  # why the last call to the controllers failed
         # containment (docs/isolation.md): the cluster's settings, what this host offers,
         # the CPUs jobs are placed on and those each running attempt has
         self.isolation: dict[str, Any] = dict(DEFAULT_ISOLATION)
@@ -257,17 +269,22 @@ class Agent:
             if first.status is not Status.OK:
                 log.warning("preflight %s: %s: %s", first.status, first.check, first.reason)
             self.health.start_thread(self._stop, period=1.0)
-        watcher = threading.Thread(target=self._watch, name="phx-watch", daemon=True)
+        self._beat("poller")
+        self._beat("watcher")
+        watcher = threading.Thread(target=self._watch, name="phx-watcher", daemon=True)
         watcher.start()
         backoff = 0.2
         try:
             while not self._stop.is_set():
+                maybe_wedge("poller", self._stop)  # a test-only fault hook; nothing unless asked
+                self._beat("poller")
                 try:
                     if not self._registered:
                         self.register()
                     self.heartbeat(wait=float(self.timing["heartbeat_interval"]))
                     backoff = 0.2
                 except PhalanxError as e:
+                    self.last_error = e.message
                     log.warning("controllers unreachable: %s", e.message)
                     if e.details.get("all_refused") or e.details.get("control_plane_down"):
                         self._control_plane_down()
@@ -280,6 +297,46 @@ class Agent:
             # The watcher may still be launching; close() waits for that launch, and later ones
             # fall back to plain launches.  Running shepherds are unaffected.
             self._launcher.close()
+
+    def loop_deadline(self, loop: str) -> float:
+        """How long `loop` may go without progress before the watchdog calls it wedged: twice
+        its longest legitimate iteration (a long-poll heartbeat and its grace; the watcher's
+        own heartbeat) plus `watchdog.loop_timeout`."""
+        interval = float(self.timing["heartbeat_interval"])
+        return self.loop_timeout + 2 * (interval + heartbeat_grace(interval) + 10.0)
+
+    def _beat(self, loop: str) -> None:
+        self.beats.beat(loop, self.loop_deadline(loop))
+
+    def jobs_running(self) -> int:
+        """Task directories of this node whose job has not exited (batch steps and holders)."""
+        if not self.tasks_dir.is_dir():
+            return 0
+        return sum(
+            1
+            for d in self.tasks_dir.iterdir()
+            if d.is_dir() and not d.name.startswith(".") and not (d / shepherd.EXIT_FILE).exists()
+        )
+
+    def summary(self) -> str:
+        """One line for systemd's STATUS=: node state, jobs running, controller reachable."""
+        state = "registered" if self._registered else "registering"
+        if self.health is not None:
+            h = self.health.summary()
+            if h.get("status") not in (None, "ok"):
+                state += f", health {h['status']}: {h.get('check')}: {h.get('reason')}"
+            else:
+                state += ", health ok"
+        interval = float(self.timing["heartbeat_interval"])
+        seen = self.last_reply_at
+        if seen is not None and time.monotonic() - seen <= 2 * interval + heartbeat_grace(interval):
+            reach = "controller reachable"
+        else:
+            ago = f" for {time.monotonic() - seen:.0f}s" if seen is not None else ""
+            reach = f"controller UNREACHABLE{ago}" + (
+                f": {self.last_error}" if self.last_error else ""
+            )
+        return f"node {self.name} {state}; jobs running: {self.jobs_running()}; {reach}"
 
     def stop(self) -> None:
         # Only sets the event: stop() runs from a signal handler on the thread that may be
@@ -306,7 +363,12 @@ class Agent:
         self.timing.update(reply.get("timing") or {})
         self._learn_isolation(reply.get("isolation"))
         self._registered = True
+        self.last_reply_at = time.monotonic()
         self._freshen_fence_file()
+        if not self.ready:  # the first registration: the agent serves its node from now on
+            self.ready = True
+            if self.on_ready is not None:
+                self.on_ready()
         log.info(
             "registered %s with controller %s: %d cpus, %d MB, %d gpus",
             self.name,
@@ -357,6 +419,7 @@ class Agent:
         )
         if gpu_events:
             self._confirm_gpu_events({str(e["key"]) for e in gpu_events})
+        self.last_reply_at = time.monotonic()
         self._freshen_fence_file()
         with self._lock:
             self.apply(reply)
@@ -670,6 +733,8 @@ class Agent:
     def _watch(self) -> None:
         """Report a task's exit as soon as its exit file appears."""
         while not self._stop.wait(WATCH_INTERVAL):
+            maybe_wedge("watcher", self._stop)  # a test-only fault hook; nothing unless asked
+            self._beat("watcher")
             try:
                 if not self._registered or not self.tasks_dir.is_dir():
                     continue

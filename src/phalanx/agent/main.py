@@ -19,9 +19,11 @@ from phalanx.agent.resources import detect, parse_gpu_override
 from phalanx.auth import localsock, service
 from phalanx.client import Client
 from phalanx.config import load_config
-from phalanx.controller.server import StartupError, check_state_dir, setup_logging
+from phalanx.controller.server import StartupError, check_state_dir, open_device, setup_logging
 from phalanx.domain.values import parse_memory_mb
 from phalanx.errors import PhalanxError
+from phalanx.sdnotify import Notifier
+from phalanx.watchdog import DeviceWatchdog, Watchdog
 
 log = logging.getLogger("phalanx.agent")
 
@@ -55,6 +57,9 @@ def run_agent(
 ) -> int:
     name = name or socket.gethostname().split(".")[0]
     setup_logging(log_level, f"agent[{name}]")
+    # first: the jobs and shepherds this agent starts must not inherit systemd's socket
+    notifier = Notifier.from_environment()
+    device: DeviceWatchdog | None = None
     try:
         check_state_dir(state_dir)
         res = detect()
@@ -89,6 +94,11 @@ def run_agent(
                 f"cannot serve local credentials on {sock}: {e.strerror or e} "
                 "(choose another path with --auth-socket)"
             ) from None
+        try:
+            device = open_device(config.watchdog.device, config.watchdog.interval)
+        except StartupError:
+            creds.close()
+            raise
     except (StartupError, PhalanxError) as e:
         print(f"phalanx agent: {e}", file=sys.stderr)
         return 2
@@ -102,6 +112,14 @@ def run_agent(
             localsock.ENV_SOCKET: str(sock.absolute()),
             "PHALANX_URL": ",".join(client.urls),
         },
+        loop_timeout=config.watchdog.loop_timeout,
+    )
+    watchdog = Watchdog(
+        notifier,
+        agent.beats,
+        status=agent.summary,
+        interval=config.watchdog.interval,
+        device=device,
     )
 
     monitor.observe = agent_metrics.observe_check
@@ -118,6 +136,8 @@ def run_agent(
         )
     except OSError as e:
         creds.close()
+        if device is not None:
+            device.close(disarm=True)
         print(
             f"phalanx agent: cannot serve /metrics on {config.metrics.agent_host}:"
             f"{config.metrics.agent_port}: {e.strerror or e} (metrics.agent_port; 0 turns it off)",
@@ -125,7 +145,13 @@ def run_agent(
         )
         return 2
 
-    def _stop(_sig: int, _frame: FrameType | None) -> None:
+    def _ready() -> None:
+        watchdog.ready(agent.summary())
+
+    agent.on_ready = _ready
+
+    def _stop(sig: int, _frame: FrameType | None) -> None:
+        notifier.stop(f"stopping on signal {sig}; jobs keep running")
         agent.stop()
 
     signal.signal(signal.SIGTERM, _stop)
@@ -133,7 +159,16 @@ def run_agent(
     log.info(
         "agent %s starting (state dir %s; jobs keep running if the agent stops)", name, state_dir
     )
-    agent.run()
+    if notifier.enabled:
+        notifier.status(f"node {name}: registering with {', '.join(client.urls)}")
+    # from the start: the hardware device is armed, and the controllers may be away for long
+    watchdog.start()
+    try:
+        agent.run()
+    finally:
+        notifier.stop("stopping; jobs keep running")
+        watchdog.stop(clean=True)
+        notifier.close()
     creds.close()
     client.close()
     log.info("agent %s stopped", name)

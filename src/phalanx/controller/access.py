@@ -46,6 +46,11 @@ RULES: dict[tuple[str, str], Rule] = {
     # the dashboard's static files (no data: the page calls the API with the user's token)
     ("GET", "/ui"): Rule(PUBLIC, "loading the dashboard"),
     ("GET", "/ui/{asset}"): Rule(PUBLIC, "loading the dashboard"),
+    # the API's description: the OpenAPI document and its pages (controller/docs_ui.py)
+    ("GET", "/v1/openapi.json"): Rule(PUBLIC, "reading the OpenAPI document"),
+    ("GET", "/v1/docs"): Rule(PUBLIC, "reading the API documentation"),
+    ("GET", "/v1/redoc"): Rule(PUBLIC, "reading the API documentation"),
+    ("GET", "/v1/docs/assets/{name}"): Rule(PUBLIC, "loading the API documentation"),
     ("GET", "/v1/whoami"): Rule(USER, "asking who you are"),
     ("POST", "/v1/jobs"): Rule(USER, "submitting a job"),
     ("POST", "/v1/jobs/batch"): Rule(USER, "submitting jobs"),

@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from phalanx import __version__
 from phalanx.auth.keys import KeySet
 from phalanx.auth.tokens import Identity, Verifier, mint_token
-from phalanx.controller import access, dashboard, maint_api, metrics, share_api
+from phalanx.controller import access, dashboard, docs_ui, maint_api, metrics, share_api
 from phalanx.controller.launch import default_output, expand_pattern, job_layout
 from phalanx.controller.runtime import Controller
 from phalanx.domain import checkpointing
@@ -448,8 +448,11 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
     app = FastAPI(
         title="Phalanx",
         version=__version__,
-        openapi_url="/v1/openapi.json",
-        docs_url="/v1/docs",
+        # the OpenAPI document and the documentation pages are routes of ours (docs_ui.py):
+        # in the authorization table, and served without a CDN
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
         lifespan=lifespan,
         dependencies=[Depends(authorize)],
     )
@@ -955,4 +958,5 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
     app.include_router(maint_api.router(ctl))
     app.include_router(dashboard.router(ctl))
     app.include_router(share_api.router(ctl))
+    docs_ui.add_routes(app)
     return app

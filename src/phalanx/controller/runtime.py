@@ -48,6 +48,7 @@ from phalanx.errors import Fenced, PhalanxError, StoreUnavailable, Unsatisfiable
 from phalanx.store.notify import WorkListener
 from phalanx.store.steps import StepReport
 from phalanx.store.store import Fence, Store, TaskReport
+from phalanx.watchdog import Beats, maybe_wedge
 
 log = logging.getLogger("phalanx.controller")
 
@@ -167,6 +168,10 @@ class Controller:
         self._placed = 0  # attempts the current scheduling pass started (for /metrics)
         self.fairshare = FairShare(store, config)  # priority, fair share, limits
         self._last_charge: float | None = None  # monotonic time usage was last charged
+        # progress of every loop (and of the store, when watchdog.store_timeout asks), for the
+        # systemd watchdog (watchdog.py); the time of the store's last answer, for STATUS=
+        self.beats = Beats()
+        self.store_ok_at: float | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -180,7 +185,10 @@ class Controller:
             ("gens", self.gen_tick, self.gen_poll_interval),
             ("presence", self.presence_tick, lambda: self.timing.renew_interval),
         ]
+        self.store_ok_at = time.monotonic()  # register_controller just answered
+        self._store_answered()
         for name, fn, interval in loops:
+            self.beats.beat(name, self.loop_deadline(interval()))
             t = threading.Thread(
                 target=self._loop, args=(name, fn, interval), name=f"phx-{name}", daemon=True
             )
@@ -204,9 +212,21 @@ class Controller:
 
     def presence_tick(self) -> str:
         """Keep this controller's `last_seen` fresh: peers spread leases over the live ones,
-        and `phalanx cluster` shows who is alive."""
+        and `phalanx cluster` shows who is alive. Also the store probe of the watchdog."""
         self.store.touch_controller(self.cid)
+        self._store_answered()
         return "idle"
+
+    def _store_answered(self) -> None:
+        self.store_ok_at = time.monotonic()
+        timeout = self.config.watchdog.store_timeout
+        if timeout > 0:
+            self.beats.beat("store", timeout)
+
+    def loop_deadline(self, interval: float) -> float:
+        """How long a loop may go without progress before the watchdog calls it wedged: its
+        own interval twice (a tick, then the wait) plus `watchdog.loop_timeout`."""
+        return self.config.watchdog.loop_timeout + 2 * interval
 
     def live_controllers(self) -> list[str]:
         """Controllers seen within one lease TTL (database clock), this one included: a dead
@@ -216,6 +236,7 @@ class Controller:
     def _loop(self, name: str, fn: Callable[[], str], interval: Callable[[], float]) -> None:
         quiet = {"leases unchanged", "", "idle"}
         while not self._stop.is_set():
+            maybe_wedge(name, self._stop)  # a test-only fault hook; nothing unless asked
             start = time.monotonic()
             try:
                 sentence = fn()
@@ -232,6 +253,7 @@ class Controller:
                 LOOP_ERRORS.labels(name).inc()
                 log.exception("%s: unexpected error; the loop goes on", name)
             self.last_tick[name] = time.monotonic()
+            self.beats.beat(name, self.loop_deadline(interval()))
             took = time.monotonic() - start
             wait = interval() - took
             if name == "scheduler":
@@ -771,6 +793,28 @@ class Controller:
         return sorted(
             name for name, t in self.last_tick.items() if now - t > limit and name != "presence"
         )
+
+    def summary(self) -> str:
+        """One line for systemd's STATUS=: leases held, nodes up, jobs, the store."""
+        terms = self.leases.terms()
+        leases = " ".join(f"{n}(term {t})" for n, t in sorted(terms.items())) or "none"
+        parts = [f"leases held: {leases}"]
+        try:
+            counts = self.store.cluster_counts()
+            self._store_answered()
+        except PhalanxError as e:
+            since = self.store_ok_at
+            ago = f" for {time.monotonic() - since:.0f}s" if since is not None else ""
+            parts.append(f"store DOWN{ago}: {e.message}")
+        else:
+            nodes, jobs = counts["nodes"], counts["jobs"]
+            up = nodes["total"] - nodes["down"]
+            parts.append(f"nodes up: {up}/{nodes['total']} ({nodes['drain']} drained)")
+            parts.append(
+                f"jobs: {jobs.get('RUNNING', 0)} running, {jobs.get('PENDING', 0)} pending"
+            )
+            parts.append("store ok")
+        return "; ".join(parts)
 
     def status(self) -> dict[str, Any]:
         return {

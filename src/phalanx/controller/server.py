@@ -6,12 +6,14 @@ with one clear line on stderr and exit code 2, never a traceback.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
 import sys
 import uuid
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
 
@@ -20,8 +22,10 @@ from phalanx.config import Config
 from phalanx.controller.api import create_app
 from phalanx.controller.runtime import Controller, partition_rows
 from phalanx.errors import PhalanxError
+from phalanx.sdnotify import Notifier
 from phalanx.store.engine import describe_url
 from phalanx.store.store import Store
+from phalanx.watchdog import DeviceWatchdog, Watchdog
 
 log = logging.getLogger("phalanx.controller")
 
@@ -85,6 +89,71 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def open_device(path: str | None, interval: float) -> DeviceWatchdog | None:
+    """The hardware watchdog of `watchdog.device`, armed; None when none is configured.
+
+    Refused at start when it cannot be opened, or when its own timeout would fire between two
+    pets (the daemon pets it every `interval` seconds)."""
+    if not path:
+        return None
+    device = DeviceWatchdog(path)
+    try:
+        timeout = device.open()
+    except OSError as e:
+        raise StartupError(
+            f"cannot open the watchdog device {path} (watchdog.device): {e.strerror or e}"
+        ) from None
+    if timeout is not None and timeout <= interval:
+        device.close(disarm=True)
+        raise StartupError(
+            f"the watchdog device {path} fires after {timeout:g}s, but it is petted only every "
+            f"{interval:g}s: raise its timeout (e.g. softdog's soft_margin) above that"
+        )
+    return device
+
+
+HTTP_BEAT = 1.0  # seconds between two beats of the HTTP event loop (a blocked loop stops them)
+
+
+class NotifyingServer(uvicorn.Server):
+    """uvicorn, telling systemd when it serves (READY=1) and when it stops (STOPPING=1).
+
+    READY=1 goes out once uvicorn's startup is over (the lifespan ran, the socket is served);
+    the store answered before (migrations) and the controller's loops run. A task on the
+    event loop beats every HTTP_BEAT seconds: an event loop blocked by a stuck call stops it,
+    which the watchdog sees as the loop `http` being wedged."""
+
+    def __init__(self, config: uvicorn.Config, ctl: Controller, watchdog: Watchdog) -> None:
+        super().__init__(config)
+        self.ctl = ctl
+        self.watchdog = watchdog
+        self._beat_task: asyncio.Task[None] | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.should_exit or not self.started:
+            return
+        self._beat_task = asyncio.get_running_loop().create_task(self._http_beat())
+        self.watchdog.ready(f"serving {self.ctl.url}; {self.ctl.summary()}")
+
+    async def _http_beat(self) -> None:
+        deadline = self.ctl.loop_deadline(HTTP_BEAT)
+        while True:
+            self.ctl.beats.beat("http", deadline)
+            await asyncio.sleep(HTTP_BEAT)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.watchdog.notifier.stop(f"stopping on signal {sig}")
+        super().handle_exit(sig, frame)
+        # uvicorn raises a captured signal again once it has shut down, which kills the process
+        # before run_controller's cleanup (leases handed back at once rather than left to
+        # expire, heartbeats flushed, the store closed). SIGTERM asks for exactly that clean
+        # stop, so the controller exits normally (0) instead.
+        captured = getattr(self, "_captured_signals", None)
+        if isinstance(captured, list):
+            captured.clear()
+
+
 def setup_logging(level: str, name: str) -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
@@ -107,6 +176,8 @@ def run_controller(
 ) -> int:
     cid = cid or f"{socket.gethostname()}-{port}-{uuid.uuid4().hex[:4]}"
     setup_logging(log_level, f"controller[{cid}]")
+    # first: no child (a job's `phalanx` call, a helper) may inherit systemd's socket
+    notifier = Notifier.from_environment()
     try:
         check_state_dir(state_dir)
         keys = load_cluster_keys(config, state_dir)
@@ -135,7 +206,21 @@ def run_controller(
     public = f"{'https' if tls else 'http'}://{host}:{actual_port}"
     ctl = Controller(store, config, cid=cid, url=public)
     app = create_app(ctl, keys)
-    server = uvicorn.Server(
+    try:
+        device = open_device(config.watchdog.device, config.watchdog.interval)
+    except StartupError as e:
+        print(f"phalanx controller: {e}", file=sys.stderr)
+        sock.close()
+        store.close()
+        return 2
+    watchdog = Watchdog(
+        notifier,
+        ctl.beats,
+        status=ctl.summary,
+        interval=config.watchdog.interval,
+        device=device,
+    )
+    server = NotifyingServer(
         uvicorn.Config(
             app,
             # uvicorn[standard] is a dependency: say so rather than rely on "auto" finding them
@@ -148,18 +233,25 @@ def run_controller(
             lifespan="on",
             ssl_certfile=config.auth.tls_cert,
             ssl_keyfile=config.auth.tls_key,
-        )
+        ),
+        ctl,
+        watchdog,
     )
+    watchdog.start()  # STATUS= and the hardware device from now on; WATCHDOG=1 after READY=1
     try:
         ctl.start()
     except PhalanxError as e:
+        watchdog.stop(clean=True)
         print(f"phalanx controller: cannot start: {e.message}", file=sys.stderr)
         return 2
     log.info("controller %s serving %s (store %s)", cid, public, describe_url(url))
     try:
         server.run(sockets=[sock])
     finally:
+        notifier.stop("stopping")
+        watchdog.stop(clean=True)
         ctl.stop()
         store.close()
+        notifier.close()
     log.info("controller %s stopped", cid)
     return 0
