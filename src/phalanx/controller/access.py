@@ -48,6 +48,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/v1/jobs"): Rule(USER, "listing jobs"),
     ("GET", "/v1/jobs/{ref}"): Rule(USER, "showing a job", owner=True),
     ("GET", "/v1/jobs/{ref}/events"): Rule(USER, "reading a job's events", owner=True),
+    ("GET", "/v1/jobs/{ref}/explain"): Rule(USER, "explaining a job", owner=True),
     ("POST", "/v1/jobs/cancel"): Rule(USER, "cancelling jobs", owner=True),
     ("POST", "/v1/jobs/signal"): Rule(USER, "signalling jobs", owner=True),
     ("POST", "/v1/jobs/hold"): Rule(USER, "holding jobs", owner=True),
