@@ -29,6 +29,7 @@ from phalanx.domain.placement import (
     JobRequest,
     NodeView,
     earliest_start,
+    fits_now,
     node_free_at,
     node_shortfall,
     statically_eligible,
@@ -174,11 +175,11 @@ def _sort_nodes(
             out.maint.setdefault(keep_off[v.name].id, []).append(v.name)
         else:
             at = node_free_at(req, v, allocs, now)
-            if at is None:
-                out.busy_unknown.append(v.name)
-            elif at <= now:
+            if fits_now(req, v, allocs):
                 out.free.append(v.name)
-            else:
+            elif at is None:
+                out.busy_unknown.append(v.name)
+            else:  # (work past its time limit is ending: "until ~now")
                 out.busy[v.name] = at
     return out
 

@@ -38,6 +38,7 @@ __all__ = [
     "NodeView",
     "Placement",
     "earliest_start",
+    "fits_now",
     "node_free_at",
     "node_shortfall",
     "place",
@@ -645,6 +646,13 @@ def _usage_of(node: str, allocations: Iterable[Allocation]) -> tuple[_State, lis
         state.add(h)
         holds.append(h)
     return state, holds
+
+
+def fits_now(job: JobRequest, node: NodeView, allocations: Sequence[Allocation]) -> bool:
+    """Whether one rank of ``job`` fits on ``node`` beside its running work, now (work past
+    its time limit still holds what it holds until it has ended)."""
+    state, _ = _usage_of(node.name, allocations)
+    return _fit_node(job, node, state.get(node.name)) is not None
 
 
 def node_free_at(
