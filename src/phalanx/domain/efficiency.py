@@ -125,6 +125,7 @@ def attempt_usage(attempt: Mapping[str, Any], now: float) -> dict[str, Any]:
             utils += [float(x["util_mean"]) for x in per.values() if "util_mean" in x]
         elif "util_mean" in g:
             utils.append(float(g["util_mean"]))
+        peaks += [int(x["mem_peak_bytes"]) for x in per.values() if "mem_peak_bytes" in x]
         if "mem_peak_bytes" in g:
             peaks.append(int(g["mem_peak_bytes"]))
     if utils:
