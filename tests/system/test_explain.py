@@ -116,7 +116,9 @@ def test_a_pending_job_is_explained_drained_node_busy_node_dependency(
     cluster.start(nodes=2, cpus=2, mem="4G")
     c = cluster.client()
     c.drain("node02", "PSU")
-    (tmp_path / "long.sh").write_text("#!/bin/bash\n#SBATCH --time=10:00\n#SBATCH -c 2\nsleep 300\n")
+    (tmp_path / "long.sh").write_text(
+        "#!/bin/bash\n#SBATCH --time=10:00\n#SBATCH -c 2\nsleep 300\n"
+    )
     long_id = submit(cluster, tmp_path, "long.sh")
     cluster.wait_state(long_id, "RUNNING")
     (tmp_path / "next.sh").write_text("#!/bin/bash\n#SBATCH --time=5:00\n#SBATCH -c 2\ntrue\n")

@@ -88,7 +88,7 @@ def test_behind_jobs_of_higher_priority_on_the_same_nodes() -> None:
     snap = snapshot(
         nodes,
         [partition("batch", "n*"), partition("other", "m*")],
-        allocations=allocs + [alloc(2, "m1", cpus=4, end=NOW + 600)],
+        allocations=[*allocs, alloc(2, "m1", cpus=4, end=NOW + 600)],
         pending=[*ahead, other, mine],
     )
     e = explain_pending(mine, snap, NOW)
