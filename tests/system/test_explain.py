@@ -153,3 +153,43 @@ def test_a_pending_job_is_explained_drained_node_busy_node_dependency(
     # an unknown job: one line, non-zero
     p = run_cli(["explain", "999999"], url=cluster.url, cwd=tmp_path, root=cluster.root)
     assert p.returncode != 0 and p.stderr.count("\n") == 1 and "999999" in p.stderr, p.stderr
+
+
+GPU_JOB = """#!/bin/bash
+#SBATCH --time=5:00
+#SBATCH --gpus-per-node=2
+#SBATCH --output=gpu-%j.out
+# run until the agent has sampled this task's GPUs a few times (bounded: 60 s)
+for i in $(seq 600); do
+    if grep -q '"samples": [3-9]' "$PHX_TASK_DIR/gpu-usage.json" 2>/dev/null; then exit 0; fi
+    sleep 0.1
+done
+echo "never sampled"
+exit 1
+"""
+
+
+@pytest.mark.timeout(300)
+def test_gpu_figures_come_from_nvml_samples(cluster: Cluster, tmp_path: Path) -> None:
+    nvml = tmp_path / "nvml.json"
+    nvml.write_text(json.dumps({"gpus": [
+        {"utilization": 75, "memory_used": 12 * 2**30},
+        {"utilization": 25, "memory_used": 4 * 2**30},
+    ]}))  # fmt: skip
+    cluster.start_controller()
+    cluster.start_agent(
+        "node01",
+        cpus=2,
+        gpus="h100:2",
+        env={"PHX_FAKE_NVML": str(nvml), "PHX_GPU_SAMPLE_S": "0.3"},
+    )
+    (tmp_path / "gpu.sh").write_text(GPU_JOB)
+    jid = submit(cluster, tmp_path, "gpu.sh")
+    job = cluster.wait_terminal([jid], timeout=180)[jid]
+    assert job["state"] == "COMPLETED", (tmp_path / f"gpu-{jid}.out").read_text()
+    p = phx(cluster, tmp_path, "eff", str(jid))
+    lines = p.stdout.splitlines()
+    assert "GPUs: 2" in lines, p.stdout  # (no type asked for: none named)
+    util = next(x for x in lines if x.startswith("GPU Utilization: "))
+    assert re.fullmatch(r"GPU Utilization: 50\.0% \(mean of \d+ samples\)", util), util
+    assert "GPU Memory Utilized: 12.00 GB (peak)" in lines, p.stdout

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from phalanx.agent import cgroups
+from phalanx.agent import cgroups, gpu_usage
+from phalanx.agent.health.gpu import FakeGpu, FakeNvml
 from phalanx.domain import efficiency
 
 NOW = 1_800_000_000.0
@@ -126,3 +127,45 @@ def test_cgroup_usage_v2_and_v1(tmp_path: Path) -> None:
     (cpu / "cpuacct.usage").unlink()
     assert cgroups.usage({"backend": "v2", "dirs": [str(v2)], "oom": f"{v2}/x"}) == {"cpu_s": 2.5}
     assert cgroups.usage(plan) == {"max_rss_bytes": 4096}
+
+
+# ------------------------------------------------------------------ GPU samples (agent side)
+
+
+def test_gpu_samples_fold_into_a_mean_and_a_peak_per_gpu() -> None:
+    acc = None
+    for util, used in ((20, 1 * 2**30), (60, 5 * 2**30), (40, 3 * 2**30)):
+        acc = gpu_usage.add_sample(acc, {0: (util, used, 80 * 2**30), 1: (None, None, None)})
+    s = gpu_usage.summary(acc)
+    assert s == {
+        "samples": 3,
+        "per_gpu": {"0": {"util_mean": 40.0, "mem_peak_bytes": 5 * 2**30,
+                          "mem_total_bytes": 80 * 2**30}, "1": {}},
+        "util_mean": 40.0,
+        "mem_peak_bytes": 5 * 2**30,
+    }  # fmt: skip
+    assert gpu_usage.summary(None) is None
+    # what the agent sends is what the store keeps
+    kept = efficiency.task_usage({"gpu": s})["gpu_usage"]
+    assert kept["util_mean"] == 40.0 and kept["per_gpu"]["0"]["mem_peak_bytes"] == 5 * 2**30
+
+
+def test_sampler_reads_only_the_tasks_gpus_and_skips_ended_and_lost_ones(tmp_path: Path) -> None:
+    fake = FakeNvml([FakeGpu(utilization=90, memory_used=7 * 2**30), FakeGpu(utilization=10),
+                     FakeGpu(lost=True)])  # fmt: skip
+    a, b, done = tmp_path / "1", tmp_path / "2", tmp_path / "3"
+    for d in (a, b, done):
+        d.mkdir()
+    (done / "exit.json").write_text("{}")
+    sampler = gpu_usage.GpuSampler(fake)
+    assert sampler.sample([(a, [0]), (b, [1, 2]), (done, [0]), (tmp_path / "4", [])]) == 2
+    fake.gpus[0].utilization = 70
+    sampler.sample([(a, [0]), (b, [1, 2])])
+    sa = gpu_usage.summary(gpu_usage.read(a))
+    sb = gpu_usage.summary(gpu_usage.read(b))
+    assert sa is not None and sa["samples"] == 2 and sa["util_mean"] == 80.0
+    assert sa["mem_peak_bytes"] == 7 * 2**30
+    assert sb is not None and set(sb["per_gpu"]) == {"1"}  # GPU 2 is lost: no reading
+    assert gpu_usage.read(done) is None
+    # no NVML: nothing sampled, nothing written
+    assert gpu_usage.GpuSampler(FakeNvml(available=False)).sample([(done, [0])]) == 0
