@@ -282,8 +282,22 @@ def _states(draw: Any) -> tuple[Any, dict[str, Any]]:
                 "state": "scheduled",
             }
         ]
+    ahead = [
+        job(
+            10 + k,
+            cpus_per_node=draw(st.integers(1, 4)),
+            gpus_per_node=draw(st.sampled_from([0, 1])),
+            time_limit_s=draw(st.sampled_from([None, 300, 3600])),
+        )
+        for k in range(draw(st.integers(0, 3)))
+    ]
+    behind = [job(20, cpus_per_node=1)] if draw(st.booleans()) else []
     snap = snapshot(
-        nodes, [partition("batch", "n*")], allocations=allocs, pending=[mine], maintenance=maint
+        nodes,
+        [partition("batch", "n*")],
+        allocations=allocs,
+        pending=[*ahead, mine, *behind],
+        maintenance=maint,
     )
     return snap, mine
 
@@ -296,6 +310,10 @@ def test_explain_says_start_exactly_when_the_scheduler_places_it(case: Any) -> N
     placed = {p.job_id for p in planned.starts}
     e = explain_pending(mine, snap, NOW)
     assert (e.verdict == "start") == (1 in placed)
+    if planned.reasons.get(1) is not None:
+        assert f"scheduler's reason: {planned.reasons[1]}" in e.lines
+    if snap.pending[0] is not mine:
+        return
     # the per-node count agrees: the head of the queue starts iff enough nodes are free now
     m = re.search(r"(\d+) (?:is|are) free now", e.lines[0]) if e.lines else None
     free = int(m.group(1)) if m else 0

@@ -139,7 +139,7 @@ def _sort_nodes(
     partition: str,
     views: Sequence[NodeView],
     rows: Mapping[str, Mapping[str, Any]],
-    allocs: Sequence[Allocation],
+    allocs: Mapping[str, Sequence[Allocation]],
     avoid: frozenset[str],
     keep_off: Mapping[str, maintenance.Window],
     others: Mapping[str, int],
@@ -174,8 +174,9 @@ def _sort_nodes(
         elif v.name in keep_off:
             out.maint.setdefault(keep_off[v.name].id, []).append(v.name)
         else:
-            at = node_free_at(req, v, allocs, now)
-            if fits_now(req, v, allocs):
+            here = allocs.get(v.name, ())
+            at = node_free_at(req, v, here, now)
+            if fits_now(req, v, here):
                 out.free.append(v.name)
             elif at is None:
                 out.busy_unknown.append(v.name)
@@ -315,7 +316,13 @@ def explain_pending(
     pending = [p for p in snap.pending if int(p["id"]) != jid]
     position = next((i for i, p in enumerate(snap.pending) if int(p["id"]) == jid), None)
     row = {**job, "state": JobState.PENDING.value}
-    pending.insert(position if position is not None else len(pending), row)
+    at = position if position is not None else len(pending)
+    pending.insert(at, row)
+    # Jobs after it in priority order cannot change its placement (they are placed after it),
+    # except those restarting on reserved nodes, which go first: the rest are left out, so
+    # explaining a job early in a long queue costs a short pass, not a whole one. (Only the
+    # maintenance wording could differ: the scheduler words it after placing later jobs too.)
+    pending = pending[: at + 1] + [p for p in pending[at + 1 :] if p.get("reserved_until")]
     snap = copy.copy(snap)  # the caller's snapshot stays as it was
     snap.pending = pending
     plan = scheduling.plan(snap, now, backfill=backfill)
@@ -324,6 +331,9 @@ def explain_pending(
     views.sort(key=lambda v: _natural(v.name))
     rows = {n["name"]: n for n in snap.nodes}
     allocs = _allocations(snap.allocations)
+    by_node: dict[str, list[Allocation]] = {}
+    for a in allocs:
+        by_node.setdefault(a.node, []).append(a)
     req = scheduling.job_request(dict(job))
     avoid = frozenset(job.get("avoid_nodes") or ())
     windows = [
@@ -367,7 +377,7 @@ def explain_pending(
             "(it restarts there after a node failure)"
         )
     for partition in dict.fromkeys(req.partitions):
-        pn = _sort_nodes(req, partition, views, rows, allocs, avoid, keep_off, others, now)
+        pn = _sort_nodes(req, partition, views, rows, by_node, avoid, keep_off, others, now)
         lines += _partition_lines(req, pn, by_id, now)
 
     started = next((p for p in plan.starts if p.job_id == jid), None)
@@ -456,15 +466,38 @@ def _ahead(
         return []
     placed = {p.job_id for p in plan.starts}
     out = []
+    # queues hold few request shapes: the usable nodes are computed once per shape
+    seen: dict[tuple[Any, ...], bool] = {}
     for other in pending[:_AHEAD_CHECKS]:
         oid = int(other["id"])
         if oid == jid:
             break
         if oid not in placed and not _competing(plan.reasons.get(oid)):
             continue
-        if usable_nodes(scheduling.job_request(dict(other)), views) & mine:
+        shape = tuple(
+            other.get(k) if not isinstance(other.get(k), list) else tuple(other[k]) for k in _SHAPE
+        )
+        if shape not in seen:
+            theirs = usable_nodes(scheduling.job_request(dict(other)), views)
+            seen[shape] = bool(theirs & mine)
+        if seen[shape]:
             out.append(other)
     return out
+
+
+# what decides which nodes a job could use (scheduling.job_request's inputs, less its id)
+_SHAPE = (
+    "partitions",
+    "cpus_per_node",
+    "mem_per_node_mb",
+    "gpus_per_node",
+    "gpu_type",
+    "exclusive",
+    "constraint_expr",
+    "nodelist",
+    "exclude",
+    "avoid_nodes",
+)
 
 
 # --------------------------------------------------------------------------------------------
