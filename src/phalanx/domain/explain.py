@@ -316,13 +316,13 @@ def explain_pending(
     pending = [p for p in snap.pending if int(p["id"]) != jid]
     position = next((i for i, p in enumerate(snap.pending) if int(p["id"]) == jid), None)
     row = {**job, "state": JobState.PENDING.value}
-    at = position if position is not None else len(pending)
-    pending.insert(at, row)
+    pos = position if position is not None else len(pending)
+    pending.insert(pos, row)
     # Jobs after it in priority order cannot change its placement (they are placed after it),
     # except those restarting on reserved nodes, which go first: the rest are left out, so
     # explaining a job early in a long queue costs a short pass, not a whole one. (Only the
     # maintenance wording could differ: the scheduler words it after placing later jobs too.)
-    pending = pending[: at + 1] + [p for p in pending[at + 1 :] if p.get("reserved_until")]
+    pending = pending[: pos + 1] + [p for p in pending[pos + 1 :] if p.get("reserved_until")]
     snap = copy.copy(snap)  # the caller's snapshot stays as it was
     snap.pending = pending
     plan = scheduling.plan(snap, now, backfill=backfill)
