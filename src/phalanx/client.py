@@ -216,6 +216,10 @@ class Client:
         body = {"jobs": [str(r) for r in refs], **changes}
         return self.post("/v1/jobs/update", body)["results"]
 
+    def explain(self, ref: str | int) -> dict[str, Any]:
+        """Why a job waits or ended: {"job", "state", "summary", "lines"} (docs/explain.md)."""
+        return self.get(f"/v1/jobs/{ref}/explain")
+
     def job_events(self, ref: str | int) -> list[dict[str, Any]]:
         return self.get(f"/v1/jobs/{ref}/events")["events"]
 

@@ -173,6 +173,7 @@ BODIES: dict[tuple[str, str], tuple[str, Any]] = {
     ("GET", "/v1/jobs"): ("/v1/jobs", None),
     ("GET", "/v1/jobs/{ref}"): ("/v1/jobs/{job}", None),
     ("GET", "/v1/jobs/{ref}/events"): ("/v1/jobs/{job}/events", None),
+    ("GET", "/v1/jobs/{ref}/explain"): ("/v1/jobs/{job}/explain", None),
     ("POST", "/v1/jobs/cancel"): ("/v1/jobs/cancel", {"jobs": ["{job}"]}),
     ("POST", "/v1/jobs/hold"): ("/v1/jobs/hold", {"jobs": ["{job}"]}),
     ("POST", "/v1/jobs/signal"): (
@@ -216,6 +217,7 @@ BODIES: dict[tuple[str, str], tuple[str, Any]] = {
 OWNER_REFUSALS = {
     (("GET", "/v1/jobs/{ref}/events"), "bob"),  # private_data: her events are hers
     (("GET", "/v1/jobs/{ref}/output"), "bob"),  # her output is hers, private_data or not
+    (("GET", "/v1/jobs/{ref}/explain"), "bob"),  # private_data: so is why her job waits
     (("POST", "/v1/jobs/cancel"), "bob"),
     (("POST", "/v1/jobs/hold"), "bob"),
     (("POST", "/v1/jobs/signal"), "bob"),
@@ -300,6 +302,7 @@ OWNED = {
     "GET /v1/jobs/{ref}",
     "GET /v1/jobs/{ref}/events",
     "GET /v1/jobs/{ref}/output",
+    "GET /v1/jobs/{ref}/explain",
     "POST /v1/jobs/cancel",
     "POST /v1/jobs/hold",
     "POST /v1/jobs/release",

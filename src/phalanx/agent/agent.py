@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx import __version__
-from phalanx.agent import cgroups, shepherd
+from phalanx.agent import cgroups, gpu_usage, shepherd
 from phalanx.agent.files import read_json as _read_json
 from phalanx.agent.files import write_json as _write_json
 from phalanx.agent.health import GpuCheck, HealthMonitor, IsolationCheck, Status
@@ -69,6 +69,7 @@ class Agent:
         job_env: dict[str, str] | None = None,
         loop_timeout: float = 60.0,
         on_ready: Callable[[], None] | None = None,
+        gpu_sampler: gpu_usage.GpuSampler | None = None,
     ) -> None:
         # set in every job: this node's credential socket (it wins over a submitter's) and the
         # controllers (a submitter's own PHALANX_URL wins), so `phalanx` works inside jobs
@@ -117,6 +118,9 @@ class Agent:
         self.figures = AgentFigures()
         self._fenced: set[int] = set()  # attempts whose shepherd stopped them by self-fencing
         self._fenced_before = 0
+        # GPU usage of running tasks (`phalanx eff`): made in run() when the node has GPUs
+        self.gpu_sampler = gpu_sampler
+        self.gpu_sample_s = gpu_usage.interval_from_env()
         # job steps (srun) on this node: agent/steps.py
         self.steps = StepRunner(
             state_dir / "steps",
@@ -273,6 +277,14 @@ class Agent:
         self._beat("watcher")
         watcher = threading.Thread(target=self._watch, name="phx-watcher", daemon=True)
         watcher.start()
+        if self.gpu_sampler is None and self.resources.gpus:
+            from phalanx.agent.health.gpu import FakeNvml, RealNvml
+
+            self.gpu_sampler = gpu_usage.GpuSampler(
+                FakeNvml.from_env() or RealNvml(xid_events=False)
+            )
+        if self.gpu_sampler is not None:
+            threading.Thread(target=self._sample_gpus, name="phx-gpu", daemon=True).start()
         backoff = 0.2
         try:
             while not self._stop.is_set():
@@ -494,6 +506,9 @@ class Agent:
             if st == "exited":
                 rep["state"] = "exited"
                 rep["exit"] = {k: v for k, v in status.items() if k != "state"}
+                gpu = gpu_usage.summary(gpu_usage.read(d))
+                if gpu is not None:
+                    rep["exit"]["gpu"] = gpu
                 rep["started_at"] = status.get("started_at")
             elif st == "running":
                 rep["state"] = "running"
@@ -697,6 +712,7 @@ class Agent:
                     "token": launch["token"],
                     "job_id": launch["job_id"],
                     "launched_at": time.time(),
+                    "gpu_ids": list(launch.get("gpu_ids") or []),  # sampled for `eff`
                 }
             )
         )
@@ -729,6 +745,24 @@ class Agent:
                     "ended_at": time.time(),
                 },
             )
+
+    def _sample_gpus(self) -> None:
+        """Sample the GPUs of running tasks every `gpu_sample_s` (agent/gpu_usage.py)."""
+        assert self.gpu_sampler is not None
+        while not self._stop.wait(self.gpu_sample_s):
+            try:
+                if not self.tasks_dir.is_dir():
+                    continue
+                tasks = []
+                for d in self.tasks_dir.iterdir():
+                    if d.name.startswith(".") or (d / "exit.json").exists():
+                        continue
+                    meta = _read_json(d / "meta.json")
+                    if meta and meta.get("gpu_ids") and (d / "job.json").exists():
+                        tasks.append((d, [int(i) for i in meta["gpu_ids"]]))
+                self.gpu_sampler.sample(tasks)
+            except Exception:
+                log.exception("GPU usage sampler error; going on")
 
     def _watch(self) -> None:
         """Report a task's exit as soon as its exit file appears."""

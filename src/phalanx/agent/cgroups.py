@@ -50,6 +50,7 @@ __all__ = [
     "plan",
     "remove",
     "setup",
+    "usage",
 ]
 
 # Controllers without which a job is not contained (a runaway allocation or fork bomb would
@@ -509,6 +510,48 @@ def oom_kills(p: dict[str, Any]) -> int | None:
     except OSError:
         return None
     return None
+
+
+def _read_int(path: str, key: str | None = None) -> int | None:
+    """An integer file (``memory.peak``), or the value of ``key`` in a flat-keyed one
+    (``cpu.stat``); None if absent or unreadable."""
+    try:
+        with open(path, encoding="ascii") as f:
+            if key is None:
+                text = f.read().strip()
+                return int(text) if text.isdigit() else None
+            for row in f:
+                k, _, value = row.partition(" ")
+                if k == key and value.strip().isdigit():
+                    return int(value)
+    except OSError:
+        return None
+    return None
+
+
+def usage(p: dict[str, Any]) -> dict[str, Any]:
+    """What the attempt's processes used, read from its cgroups before they are removed:
+    ``cpu_s`` (user + system seconds, every process that ever ran in it) and
+    ``max_rss_bytes`` (the memory high-water mark, page cache included, as the kernel
+    counts it against the limit).  Keys are absent where this kernel does not keep the
+    figure (``memory.peak`` needs Linux 5.19; v1 CPU time needs ``cpuacct`` beside ``cpu``)."""
+    out: dict[str, Any] = {}
+    mem_dir = os.path.dirname(p["oom"])
+    if p.get("backend") == "v2":
+        peak = _read_int(f"{mem_dir}/memory.peak")
+        usec = _read_int(f"{mem_dir}/cpu.stat", "usage_usec")
+        if usec is not None:
+            out["cpu_s"] = usec / 1e6
+    else:
+        peak = _read_int(f"{mem_dir}/memory.max_usage_in_bytes")
+        for d in p.get("dirs") or ():
+            ns = _read_int(f"{d}/cpuacct.usage")
+            if ns is not None:
+                out["cpu_s"] = ns / 1e9
+                break
+    if peak is not None:
+        out["max_rss_bytes"] = peak
+    return out
 
 
 def pids(d: str) -> list[int]:

@@ -961,11 +961,44 @@ class _Shepherd:
         status = self._wait_job()
         self._cleanup_stragglers()
         oom = self._killed_by_oom(status)
+        usage = self._usage()
         self._remove_cgroup()
         result = self._result(status)
+        result["usage"] = usage
         if oom:
             result["oom"] = True
         return result
+
+    def _usage(self) -> dict[str, Any]:
+        """CPU time and memory high-water mark of the job (``phalanx eff``, sacct's TotalCPU
+        and MaxRSS), once it has ended and its process group is gone.
+
+        From the attempt's own cgroup where there is one (it counts every process that ran in
+        it, orphans and ``srun`` steps included); else from ``getrusage(RUSAGE_CHILDREN)``:
+        the shepherd's only child is the job, so that is the job's processes that were waited
+        for (the main one and whatever it reaped), and their largest resident set."""
+        import resource  # a builtin extension: cheap, and only paid once the job has ended
+
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        out: dict[str, Any] = {
+            "cpu_s": round(ru.ru_utime + ru.ru_stime, 3),
+            "max_rss_bytes": int(ru.ru_maxrss) * 1024,  # Linux reports KiB
+            "source": "rusage",
+        }
+        plan = self.cgroup
+        if plan is not None and not plan.get("join_only"):
+            try:
+                cg = _cgroups.usage(plan)
+            except (OSError, KeyError, TypeError, ValueError) as exc:
+                _log(f"cannot read the job's cgroup usage: {exc!r}")
+                cg = {}
+            if "cpu_s" in cg:
+                # the cgroup also saw processes nobody waited for: never less than rusage
+                out["cpu_s"] = round(max(out["cpu_s"], float(cg["cpu_s"])), 3)
+            if "max_rss_bytes" in cg:
+                out["max_rss_bytes"] = int(cg["max_rss_bytes"])
+                out["source"] = "cgroup"
+        return out
 
     def _killed_by_oom(self, status: int) -> bool:
         """True if the kernel's OOM killer ended the job.

@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from phalanx.cli import auth, maint, render, share
+from phalanx.cli import auth, explain, maint, render, share
 from phalanx.client import Client
 from phalanx.errors import PhalanxError
 
@@ -595,6 +595,7 @@ def cluster(url: str | None = UrlOpt, as_json: bool = JsonOpt) -> None:
 
 
 app.add_typer(maint.app, name="maint")
+explain.register(app)
 app.add_typer(auth.token_app, name="token")
 app.add_typer(auth.keys_app, name="keys")
 app.command("whoami")(auth.whoami)

@@ -59,6 +59,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/v1/jobs/{ref}/events"): Rule(USER, "reading a job's events", owner=True),
     ("GET", "/v1/jobs/{ref}/output"): Rule(USER, "reading a job's output", owner=True),
     ("GET", "/v1/queue"): Rule(USER, "listing the queue"),
+    ("GET", "/v1/jobs/{ref}/explain"): Rule(USER, "explaining a job", owner=True),
     ("POST", "/v1/jobs/cancel"): Rule(USER, "cancelling jobs", owner=True),
     ("POST", "/v1/jobs/signal"): Rule(USER, "signalling jobs", owner=True),
     ("POST", "/v1/jobs/hold"): Rule(USER, "holding jobs", owner=True),

@@ -25,10 +25,18 @@ from starlette.concurrency import run_in_threadpool
 from phalanx import __version__
 from phalanx.auth.keys import KeySet
 from phalanx.auth.tokens import Identity, Verifier, mint_token
-from phalanx.controller import access, dashboard, docs_ui, maint_api, metrics, share_api
+from phalanx.controller import (
+    access,
+    dashboard,
+    docs_ui,
+    explaining,
+    maint_api,
+    metrics,
+    share_api,
+)
 from phalanx.controller.launch import default_output, expand_pattern, job_layout
 from phalanx.controller.runtime import Controller
-from phalanx.domain import checkpointing
+from phalanx.domain import checkpointing, efficiency
 from phalanx.domain.hostlist import compress_hostlist
 from phalanx.domain.spec import JobSpec
 from phalanx.domain.states import JobState, node_display_state
@@ -604,9 +612,14 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
             return {"jobs": [job_view(r) for r in rows]}
         views = []
         steps = ctl.store.steps_of_jobs([int(r["id"]) for r in rows])
+        last = ctl.store.attempts_by_id([int(r["attempt_id"]) for r in rows if r["attempt_id"]])
+        now = time.time()
         for r in rows:
             view = job_view(r, detail=True)
             view["steps"] = steps.get(int(r["id"]), [])  # sacct's JOBID.N rows
+            att = last.get(int(r["attempt_id"] or 0))
+            # sacct's TotalCPU/MaxRSS: what the current or last attempt used
+            view["usage"] = efficiency.job_usage([att] if att else [], now)
             views.append(access.redact(view) if private(ident, r) else view)
         return {"jobs": views}
 
@@ -638,6 +651,7 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
             view = job_view(row, detail=True)
             view["attempts"] = ctl.store.attempts_of(jid)
             view.update(allocation_view(view["attempts"], time.time()))
+            view["usage"] = efficiency.job_usage(view["attempts"], time.time())
             view["retry"] = ctl.store.policy.job_rules(row["spec"]).as_dict()
             view["steps"] = ctl.store.steps_of(jid)
             view["progress"] = next(
@@ -739,6 +753,25 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
             out.extend(ctl.store.events(job_id=jid))
         out.sort(key=lambda e: e["id"])
         return {"events": out}
+
+    @app.get("/v1/jobs/{ref}/explain")
+    def explain_job(ref: str, ident: Identity = Depends(caller)) -> dict[str, Any]:
+        """Why the job waits (pending, held) or why it ended or was requeued, in sentences:
+        {"job", "state", "summary", "lines"} (docs/explain.md). An array names one task."""
+        ids = _one(ref)
+        if ref.strip().isdigit() and int(ref) in ids:
+            ids = [int(ref)]
+        if len(ids) != 1:
+            raise InvalidSpec(f"{ref} names {len(ids)} jobs: explain one array task (e.g. {ref}_0)")
+        row = ctl.store.get_job(ids[0])
+        if private(ident, row):
+            raise Forbidden(
+                f"why job {explaining.display_id(row)} waits or ended is private to "
+                f"{row['user']} (auth.private_data)",
+                job=str(ids[0]),
+                owner=row["user"],
+            )
+        return explaining.explain_job(ctl.store, row, time.time()).as_dict()
 
     # ---------------------------------------------------------------- steps (srun)
     def _own_job(ref: str, ident: Identity, what: str) -> dict[str, Any]:

@@ -37,8 +37,14 @@ __all__ = [
     "JobRequest",
     "NodeView",
     "Placement",
+    "earliest_start",
+    "fits_now",
+    "node_free_at",
+    "node_shortfall",
     "place",
+    "statically_eligible",
     "unsatisfiable_reason",
+    "usable_nodes",
 ]
 
 
@@ -611,6 +617,85 @@ def place(
             if p is not None:
                 commit(job, p, into_shadow=False)
     return result
+
+
+# --------------------------------------------------------------------------------------------
+# The same predicates, for explanations (domain/explain.py): why a job waits, in words
+# --------------------------------------------------------------------------------------------
+
+
+def statically_eligible(job: JobRequest, node: NodeView) -> bool:
+    """Whether ``node`` passes the job's --exclude list and --constraint (usage aside)."""
+    return _statically_eligible(job, node)
+
+
+def node_shortfall(job: JobRequest, node: NodeView) -> str | None:
+    """What an empty ``node`` lacks for one rank of ``job`` ("only 4 GPUs ..."), or None."""
+    if _fit_node(job, node, _IDLE) is not None:
+        return None
+    return _why_not_node(job, node) or "not enough of the requested resources together"
+
+
+def _usage_of(node: str, allocations: Iterable[Allocation]) -> tuple[_State, list[_Hold]]:
+    state = _State()
+    holds = []
+    for a in allocations:
+        if a.node != node:
+            continue
+        h = _Hold(a.node, a.cpus, a.mem_mb, tuple(a.gpu_ids), a.exclusive, a.expected_end)
+        state.add(h)
+        holds.append(h)
+    return state, holds
+
+
+def fits_now(job: JobRequest, node: NodeView, allocations: Sequence[Allocation]) -> bool:
+    """Whether one rank of ``job`` fits on ``node`` beside its running work, now (work past
+    its time limit still holds what it holds until it has ended)."""
+    state, _ = _usage_of(node.name, allocations)
+    return _fit_node(job, node, state.get(node.name)) is not None
+
+
+def node_free_at(
+    job: JobRequest, node: NodeView, allocations: Sequence[Allocation], now: float
+) -> float | None:
+    """When one rank of ``job`` fits on ``node``, replaying the known ends of its running work
+    as the scheduler's backfill does (``now`` if it fits already; overdue work ends "now").
+    None: it never fits by the known ends (work without a time limit holds what it needs)."""
+    state, holds = _usage_of(node.name, allocations)
+    if _fit_node(job, node, state.get(node.name)) is not None:
+        return now
+    for end, h in sorted(
+        ((max(h.end, now), h) for h in holds if h.end is not None), key=lambda e: e[0]
+    ):
+        state.remove(h)
+        if _fit_node(job, node, state.get(node.name)) is not None:
+            return end
+    return None
+
+
+def usable_nodes(job: JobRequest, nodes: Sequence[NodeView]) -> frozenset[str]:
+    """Every schedulable node the job could ever use (its partitions, exclusions, capacity)."""
+    return _usable_nodes(job, _Cluster(nodes))
+
+
+def earliest_start(
+    job: JobRequest, nodes: Sequence[NodeView], allocations: Sequence[Allocation], now: float
+) -> float | None:
+    """The start the scheduler would reserve for ``job`` as the blocked head of the queue: the
+    first time it fits when running work ends at its time limits (``now`` if it fits now).
+    None when that cannot be known (it needs nodes held by work without a time limit, or
+    nodes that are not schedulable)."""
+    cluster = _Cluster(nodes)
+    state = _State()
+    holds: list[_Hold] = []
+    for a in allocations:
+        h = _Hold(a.node, a.cpus, a.mem_mb, tuple(a.gpu_ids), a.exclusive, a.expected_end)
+        state.add(h)
+        holds.append(h)
+    if _try(job, cluster, state) is not None:
+        return now
+    res = _reserve(job, cluster, state, holds, now)
+    return None if res is None else res.start
 
 
 # --------------------------------------------------------------------------------------------

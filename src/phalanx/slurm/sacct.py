@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from phalanx.domain import efficiency
 from phalanx.domain.hostlist import compress_hostlist, expand_hostlist
 from phalanx.errors import NotFound
 from phalanx.slurm import records
@@ -90,8 +91,9 @@ FIELDS: dict[str, Field] = {
         Field("ReqMem", 10, lambda r: r.get("_reqmem", "")),
         Field("ReqCPUS", 8, lambda r: r.get("_reqcpus", "")),
         Field("ReqNodes", 8, lambda r: r.get("_reqnodes", "")),
-        Field("MaxRSS", 10, lambda r: ""),  # not measured: empty, as for a job without steps
-        Field("TotalCPU", 10, lambda r: ""),  # not measured
+        # what the job's last attempt used, as its agents measured it (docs/explain.md)
+        Field("MaxRSS", 10, lambda r: r.get("_maxrss", "")),
+        Field("TotalCPU", 10, lambda r: r.get("_totalcpu", "")),
         Field("Timelimit", 10, lambda r: r.get("_timelimit", "")),
         Field("Restarts", 8, lambda r: r.get("_restarts", "")),
         Field("Reason", 20, lambda r: r.get("_reason", "")),
@@ -273,6 +275,7 @@ def job_rows(job: dict[str, Any], now: float, *, steps: bool = True) -> list[dic
         (int(job.get("exit_code") or 0), int(job.get("exit_signal") or 0))
     ]
     derived = max(codes)
+    usage = job.get("usage") or {}
     base = {
         **job,
         "_now": now,
@@ -302,6 +305,8 @@ def job_rows(job: dict[str, Any], now: float, *, steps: bool = True) -> list[dic
         "_uid": records.user_ids(str(job.get("user") or "?"))[0].split("(")[1].rstrip(")"),
         "_arrayjob": job.get("array_job_id") if job.get("array_job_id") is not None else "",
         "_arraytask": job.get("array_task_id") if job.get("array_task_id") is not None else "",
+        "_maxrss": efficiency.max_rss(usage.get("max_rss_bytes")),
+        "_totalcpu": efficiency.total_cpu(usage.get("cpu_time_s")),
     }
     if not ran and job.get("state") in ("PENDING", "HELD"):
         base["start_time"] = None
@@ -360,6 +365,9 @@ def job_rows(job: dict[str, Any], now: float, *, steps: bool = True) -> list[dic
                 "_ncpus": cpn * len(names),
                 "_ntasks": s.get("ntasks") or "",
                 "_tres": f"cpu={cpn * len(names)},node={len(names)}",
+                # a step's own figures are not kept apart: its CPU counts in the job's
+                "_maxrss": "",
+                "_totalcpu": "",
             }
         )
     return rows

@@ -137,6 +137,12 @@ tasks = Table(
     Column("detail", JSON, nullable=True),  # the shepherd's exit record
     # A hot spare held with the allocation: holds resources, runs nothing, has no rank (-1).
     Column("spare", Boolean, nullable=False, default=False, server_default=false()),
+    # What the task used, from its exit report (None: not measured, e.g. an old agent):
+    # user + system CPU seconds, memory high-water mark, and NVML samples of its GPUs
+    # ({"samples", "util_mean", "mem_peak_bytes", "per_gpu": {...}}).
+    Column("cpu_time_s", Float, nullable=True),
+    Column("max_rss_bytes", BigInteger, nullable=True),
+    Column("gpu_usage", JSON, nullable=True),
 )
 Index("ix_tasks_node_state", tasks.c.node, tasks.c.state)
 

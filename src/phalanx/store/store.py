@@ -41,7 +41,7 @@ from sqlalchemy import (
     update,
 )
 
-from phalanx.domain import checkpointing, job_reports
+from phalanx.domain import checkpointing, efficiency, job_reports
 from phalanx.domain.elastic import restart_layout
 from phalanx.domain.policy import (
     Action,
@@ -516,6 +516,21 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage):
                 for a in atts:
                     a["tasks"] = by.get(a["id"], [])
             return atts
+
+    def attempts_by_id(self, attempt_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """These attempts with their tasks (as `attempts_of` gives them), by id."""
+        out: dict[int, dict[str, Any]] = {}
+        with self.db.begin(write=False) as conn:
+            for chunk in _chunks(sorted(set(attempt_ids)), 500):
+                for r in conn.execute(
+                    select(s.attempts).where(s.attempts.c.id.in_(chunk))
+                ).mappings():
+                    out[int(r["id"])] = {**dict(r), "tasks": []}
+                for t in conn.execute(
+                    select(s.tasks).where(s.tasks.c.attempt_id.in_(chunk)).order_by(s.tasks.c.rank)
+                ).mappings():
+                    out[int(t["attempt_id"])]["tasks"].append(dict(t))
+        return out
 
     def cancel(
         self, job_ids: Sequence[int], actor: str, reason: str = "cancelled"
@@ -1297,6 +1312,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage):
                             exit_code=ex.get("exit_code"),
                             exit_signal=ex.get("signal"),
                             detail=ex,
+                            **efficiency.task_usage(ex),
                         )
                     )
                     touched.add(rep.attempt_id)
@@ -2001,6 +2017,26 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage):
             q = q.where(s.events.c.job_id == job_id)
         if node is not None:
             q = q.where(s.events.c.node == node)
+        with self.db.begin(write=False) as conn:
+            return [dict(r) for r in conn.execute(q).mappings()]
+
+    def node_events_between(
+        self, nodes: Sequence[str], since: float, until: float, limit: int = 200
+    ) -> list[dict[str, Any]]:
+        """Events of these nodes stamped in [since, until], oldest first (`phalanx explain`:
+        the drains and failures around an attempt's end)."""
+        if not nodes:
+            return []
+        q = (
+            select(s.events)
+            .where(
+                s.events.c.node.in_(sorted(set(nodes))),
+                s.events.c.ts >= since,
+                s.events.c.ts <= until,
+            )
+            .order_by(s.events.c.id)
+            .limit(limit)
+        )
         with self.db.begin(write=False) as conn:
             return [dict(r) for r in conn.execute(q).mappings()]
 

@@ -428,6 +428,21 @@ class RealNvml:
                 out.append((self._index_of(data.device), int(data.eventData)))
         return out
 
+    def utilization(self, index: int) -> int | None:
+        """Percent of the last sample period the GPU was busy (`phalanx eff`)."""
+        m = self._m
+        return self._call(index, lambda h: int(m.nvmlDeviceGetUtilizationRates(h).gpu))
+
+    def memory(self, index: int) -> tuple[int, int] | None:
+        """(bytes in use, bytes total) of the GPU's memory."""
+        m = self._m
+
+        def probe(h: Any) -> tuple[int, int]:
+            info = m.nvmlDeviceGetMemoryInfo(h)
+            return int(info.used), int(info.total)
+
+        return self._call(index, probe)
+
     def _index_of(self, handle: Any) -> int:
         try:
             return int(self._m.nvmlDeviceGetIndex(handle))
@@ -474,6 +489,10 @@ class FakeGpu:
     remap_pending: bool | None = False
     remap_failure: bool | None = False
     lost: bool = False
+    # usage, sampled for `phalanx eff` (agent/gpu_usage.py): percent busy, bytes in use/total
+    utilization: int | None = 0
+    memory_used: int | None = 0
+    memory_total: int | None = 80 * 2**30
 
 
 class FakeNvml:
@@ -610,6 +629,15 @@ class FakeNvml:
         out = list(self._queue)
         self._queue.clear()
         return out
+
+    def utilization(self, index: int) -> int | None:
+        return self._gpu(index).utilization
+
+    def memory(self, index: int) -> tuple[int, int] | None:
+        gpu = self._gpu(index)
+        if gpu.memory_used is None or gpu.memory_total is None:
+            return None
+        return gpu.memory_used, gpu.memory_total
 
 
 def nvml_from_env() -> NvmlLike:

@@ -1,0 +1,82 @@
+"""`phalanx explain JOB` (why it waits, or why it ended) and `phalanx eff JOB` (like seff).
+
+Both only print what the controller computes: the explanation comes whole from
+GET /v1/jobs/{ref}/explain, the efficiency from the job's view (its ``attempts`` with the usage
+the agents measured), formatted by `domain/efficiency.py`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import typer
+
+from phalanx.domain import efficiency
+
+UrlOpt = typer.Option(
+    None, "--url", help="controller URL(s), comma separated (default: $PHALANX_URL)"
+)
+JsonOpt = typer.Option(False, "--json", help="print JSON")
+
+
+def _cli() -> Any:
+    """The main CLI module (its console, client and error helpers), imported when used."""
+    from phalanx.cli import main
+
+    return main
+
+
+def explain(
+    ref: str = typer.Argument(..., help="job id (123, or 123_4 for an array task)"),
+    url: str | None = UrlOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Why a job waits (per constraint and node, with estimates), or why it failed or was
+    requeued (the retry rule, the node, the health reason)."""
+    m = _cli()
+    with m._client(url) as c:
+        out = m._run(lambda: c.explain(ref))
+    if as_json:
+        m._emit(out)
+        return
+    m.console.print(f"job {out['job']} {out['state']}: {out['summary']}", highlight=False)
+    for line in out["lines"]:
+        m.console.print(f"  {line}", highlight=False, soft_wrap=True)
+
+
+def eff(
+    ref: str = typer.Argument(..., help="job id (123, or 123_4 for an array task)"),
+    url: str | None = UrlOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """How efficiently a job used what it asked for, like Slurm's seff: CPU and memory
+    utilised against the allocation, wall time against the limit, GPU figures."""
+    m = _cli()
+    with m._client(url) as c:
+        jobs = m._run(lambda: c.job(ref))
+    now = time.time()
+    if as_json:
+        m._emit(
+            [
+                {
+                    "job": j["job_id"],
+                    "state": j["state"],
+                    "usage": efficiency.job_usage(j.get("attempts") or [], now),
+                }
+                for j in jobs
+            ]
+        )
+        return
+    for i, j in enumerate(jobs):
+        if i:
+            m.console.print("")
+        if "attempts" in j and j.get("usage", "redacted") == "redacted":
+            m._fail(f"the usage of job {j['job_id']} is private to {j['user']}")
+        for line in efficiency.report(j, j.get("attempts") or [], now):
+            m.console.print(line, highlight=False, soft_wrap=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(explain)
+    app.command()(eff)
