@@ -300,6 +300,13 @@ class Store(JobSteps, MaintenanceWindows):
         statement and their events with another, so a batch of thousands costs a few
         statements, not thousands.
         """
+        return self.submit_each([(resolved, spec, user) for resolved, spec in items])
+
+    def submit_each(
+        self, items: Sequence[tuple[ResolvedJob, dict[str, Any], str]]
+    ) -> list[list[int]]:
+        """`submit` where each item names its own submitter: several users' requests
+        committed in one transaction (the API's group commit, controller/submitq.py)."""
         now = _now()
         out: list[list[int]] = [[] for _ in items]
         with self.db.begin() as conn:
@@ -313,16 +320,16 @@ class Store(JobSteps, MaintenanceWindows):
                     idx, row = plain[0]
                     jid = _JOB_ROW(conn, row)
                     out[idx] = [jid]
-                    events.append(_submit_event(jid, row, user, now))
+                    events.append(_submit_event(jid, row, row["user"], now))
                     plain.clear()
                     return
                 res = conn.execute(_INSERT_JOBS_IDS, [row for _, row in plain])
                 for (idx, row), r in zip(plain, res, strict=True):
                     out[idx] = [int(r[0])]
-                    events.append(_submit_event(int(r[0]), row, user, now))
+                    events.append(_submit_event(int(r[0]), row, row["user"], now))
                 plain.clear()
 
-            for idx, (resolved, spec) in enumerate(items):
+            for idx, (resolved, spec, user) in enumerate(items):
                 base = self._job_row(conn, resolved, spec, user, now)
                 if resolved.array_indices is None:
                     plain.append((idx, base))
