@@ -5,10 +5,13 @@ for the node view they were reached on.
 
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from api_auth import as_user
+from api_auth import ADMIN, ANONYMOUS, as_agent, as_user
 from fastapi.testclient import TestClient
 
 from phalanx.controller.runtime import Controller
@@ -63,3 +66,93 @@ def test_verdicts_per_node_view(
     register(client, "n2", cpus=16)
     assert client.post("/v1/jobs", json=big, headers=ALICE).status_code == 201
     assert len(calls) == 3
+
+
+def raw_post(client: TestClient, body: bytes, content_type: str, headers: dict[str, str]) -> Any:
+    return client.post("/v1/jobs", content=body, headers={**headers, "Content-Type": content_type})
+
+
+def test_fast_path_answers_as_the_route(client: TestClient) -> None:
+    """`application/json` takes the fast path (controller/fastpath.py); with a charset
+    parameter the same request takes the FastAPI route: both must answer alike, for good
+    bodies and for every kind of refusal the fast path hands back to the route."""
+    good = b'{"argv": ["/bin/true"], "hold": true, "name": "fp"}'
+    replies = [raw_post(client, good, ct, ALICE) for ct in FAST_AND_ROUTE]
+    assert [r.status_code for r in replies] == [201, 201]
+    a, b = (r.json() for r in replies)
+    assert b["job_id"] == a["job_id"] + 1 and a == {
+        **b,
+        "job_id": a["job_id"],
+        "job_ids": [a["job_id"]],
+    }
+    cases = [
+        (b'{"argv": ["/bin/true"]', ALICE, 422),  # not JSON
+        (b'["/bin/true"]', ALICE, 422),  # JSON, not an object
+        (b'{"argv": ["/bin/true"], "nodes": 0}', ALICE, 422),  # not a valid JobSpec
+        (b'{"argv": ["/bin/true"], "user": "bob"}', ALICE, 403),  # another user's name
+        (b'{"argv": ["/bin/t\\u0000rue"]}', ALICE, 422),  # NUL
+        (good, {"Authorization": "Bearer forged"}, 401),
+        (good, {"Authorization": "Basic x"}, 401),
+        (good, ANONYMOUS, 401),
+        (good, as_agent("n1"), 403),  # an agent may not submit
+        (good, as_user("root"), 403),  # jobs as root are refused by default
+    ]
+    for body, headers, status in cases:
+        fast, route = (raw_post(client, body, ct, headers) for ct in FAST_AND_ROUTE)
+        assert (fast.status_code, fast.json()) == (route.status_code, route.json()), body
+        assert fast.status_code == status, (body, fast.text)
+        assert fast.headers.get("www-authenticate") == route.headers.get("www-authenticate")
+
+
+FAST_AND_ROUTE = ("application/json", "application/json; charset=utf-8")
+
+
+def test_group_commit_answers_each_request_after_one_commit(
+    client: TestClient, ctl: Controller
+) -> None:
+    """Requests queued while a group is being stored go into the next transaction together,
+    each answered with its own ids once that transaction committed; one refused request
+    (an unknown dependency, found only inside the transaction) fails alone."""
+    q = ctl.submitq
+    real = q.store_group
+    release = threading.Event()
+    sizes: list[int] = []
+
+    def gated(requests: list[Any]) -> list[Any]:
+        sizes.append(len(requests))
+        if len(sizes) == 1:
+            release.wait(120)  # the first group holds the writer while the others queue up
+        return real(requests)
+
+    q.store_group = gated
+    good = {"argv": ["/bin/true"], "hold": True}
+    bad = {**good, "dependency": "afterok:999999"}
+    bodies = [good, good, bad, good, good]
+    users = ["alice", "bob", "carol", "alice", "bob"]
+    with ThreadPoolExecutor(len(bodies) + 1) as pool:
+        first = pool.submit(client.post, "/v1/jobs", json=good, headers=ALICE)
+        deadline = time.monotonic() + 60  # generous: a busy 2-core machine
+        while not sizes and time.monotonic() < deadline:
+            time.sleep(0.01)
+        rest = [
+            pool.submit(client.post, "/v1/jobs", json=b, headers=as_user(u))
+            for b, u in zip(bodies, users, strict=True)
+        ]
+        while len(q._waiting) < len(bodies) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        release.set()
+        replies = [first.result(), *(f.result() for f in rest)]
+    assert sizes == [1, len(bodies)]
+    codes = [r.status_code for r in replies]
+    assert codes == [201, 201, 201, 422, 201, 201], [r.text for r in replies]
+    assert "dependency: job 999999 does not exist" in replies[3].json()["error"]["message"]
+    stored = {
+        r.json()["job_id"]: u
+        for r, u in zip(replies, ["alice", *users], strict=True)
+        if r.status_code == 201
+    }
+    for jid, user in stored.items():
+        job = client.get(f"/v1/jobs/{jid}", headers=ADMIN).json()["jobs"][0]
+        assert (job["user"], job["state"]) == (user, "HELD")
+        events = client.get(f"/v1/jobs/{jid}/events", headers=ADMIN).json()["events"]
+        assert [(e["kind"], e["actor"]) for e in events] == [("job.submit", user)]

@@ -21,9 +21,10 @@ from phalanx.controller.runtime import partition_rows
 from phalanx.domain.spec import JobSpec, normalize
 from phalanx.errors import StoreUnavailable
 from phalanx.store import schema as s
+from phalanx.store import store as store_module
 from phalanx.store.engine import WAL_BACKSTOP_PAGES
 from phalanx.store.rowinsert import RowInsert
-from phalanx.store.store import Store
+from phalanx.store.store import _JOB_ROW, Store
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 20.0) -> Any:
@@ -177,3 +178,72 @@ def test_wal_checkpointed_off_the_commit_path(tmp_path: Path) -> None:
     finally:
         st.close()
     assert not any(t.name == "phx-wal-checkpoint" for t in threading.enumerate())
+
+
+def sqlite_store(tmp_path: Path) -> Store:
+    st = Store(f"sqlite:///{tmp_path}/x.db", actor="t")
+    st.migrate()
+    cfg = load_config(overrides={"cluster": {"partitions": [{"name": "batch", "default": True}]}})
+    st.sync_partitions(partition_rows(cfg))
+    return st
+
+
+def test_driver_path_writes_what_the_general_path_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite's plain submissions (Store._submit_plain_sqlite, on the driver) store the same
+    job and event rows as the SQLAlchemy path, several submitters in one transaction."""
+    st = sqlite_store(tmp_path)
+    monkeypatch.setattr(store_module, "_now", lambda: 1234.5)  # one submit time for both
+    try:
+        items = [(*item(st, hold=True, name=f"j{i}"), u) for i, u in enumerate(["al", "bo"])]
+        fast = [ids[0] for ids in st.submit_each(items)]
+        monkeypatch.setattr(st, "dialect", "general")  # the path arrays and dependencies take
+        slow = [ids[0] for ids in st.submit_each(items)]
+        monkeypatch.setattr(st, "dialect", "sqlite")
+        assert len(set(fast + slow)) == 4
+        for f, g in zip(fast, slow, strict=True):
+            a, b = stored(st, s.jobs, f), stored(st, s.jobs, g)
+            assert a == b and a["user"] in ("al", "bo")
+            with st.db.begin(write=False) as conn:
+                ev = [
+                    {k: v for k, v in r.items() if k not in ("id", "job_id")}
+                    for jid in (f, g)
+                    for r in conn.execute(select(s.events).where(s.events.c.job_id == jid))
+                    .mappings()
+                    .all()
+                ]
+            assert len(ev) == 2 and ev[0] == ev[1] and ev[0]["actor"] == a["user"]
+    finally:
+        st.close()
+
+
+def test_driver_path_errors_keep_their_meaning(tmp_path: Path) -> None:
+    """On the driver path a locked database is StoreUnavailable (a 503) and stores nothing;
+    an integrity error is SQLAlchemy's, and the transaction is rolled back."""
+    st = sqlite_store(tmp_path)
+    try:
+        resolved, spec = item(st, hold=True)
+        with st.db.begin(write=False) as conn:
+            before = conn.execute(select(s.jobs.c.id)).all()
+        st.db.write.pool.dispose()
+        with st.db.write.connect() as c:  # the pool's only connection: quick to give up
+            c.connection.driver_connection.execute("PRAGMA busy_timeout=200")  # type: ignore[union-attr]
+        other = sqlite3.connect(tmp_path / "x.db", isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            with pytest.raises(StoreUnavailable, match="locked"):
+                st.submit_each([(resolved, spec, "al")])
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        row = job_row(st)
+        del row["name"]  # NOT NULL
+        with pytest.raises(sa_exc.IntegrityError), st.db.driver_write() as driver:
+            _JOB_ROW.on_driver(driver, st.db.write.dialect, job_row(st))
+            _JOB_ROW.on_driver(driver, st.db.write.dialect, row)
+        with st.db.begin(write=False) as conn:
+            assert conn.execute(select(s.jobs.c.id)).all() == before
+        assert st.submit_each([(resolved, spec, "al")])  # and it works again
+    finally:
+        st.close()

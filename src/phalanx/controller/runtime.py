@@ -39,12 +39,19 @@ from phalanx.controller.metrics import (
     SCHED_PASS_SECONDS,
     observe_placements,
 )
+from phalanx.controller.submitq import SubmitQueue
 from phalanx.domain import checkpointing, scheduling, values
 from phalanx.domain.checkpointing import IntervalDecision
 from phalanx.domain.detector import silent_nodes
-from phalanx.domain.spec import JobSpec, normalize
+from phalanx.domain.spec import JobSpec, ResolvedJob, normalize
 from phalanx.domain.states import JobState
-from phalanx.errors import Fenced, PhalanxError, StoreUnavailable, Unsatisfiable
+from phalanx.errors import (
+    Fenced,
+    PhalanxError,
+    StoreOutcomeUnknown,
+    StoreUnavailable,
+    Unsatisfiable,
+)
 from phalanx.store.notify import WorkListener
 from phalanx.store.steps import StepReport
 from phalanx.store.store import Fence, Store, TaskReport
@@ -172,6 +179,8 @@ class Controller:
         # systemd watchdog (watchdog.py); the time of the store's last answer, for STATUS=
         self.beats = Beats()
         self.store_ok_at: float | None = None
+        # POST /v1/jobs: concurrent one-job requests committed together (submitq.py)
+        self.submitq = SubmitQueue(self.submit_group)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -311,37 +320,101 @@ class Controller:
         items = []
         for i, spec in enumerate(specs):
             try:
-                resolved = normalize(
-                    spec,
-                    parts,
-                    default_mem_per_cpu_mb=self.config.cluster.default_mem_per_cpu_mb,
-                    default_requeue=self.config.cluster.default_requeue,
-                )
-                self._check_satisfiable(resolved, views)
+                items.append(self._prepare(spec, parts, views, user))
             except PhalanxError as e:
                 if len(specs) > 1:
                     e.message = f"job {i}: {e.message}"
                     e.details["index"] = i
                 raise
-            dump = spec.model_dump(exclude={"ignored"})
-            try:
-                dump["account"], dump["qos"] = self.fairshare.resolve(user, spec.account, spec.qos)
-            except PhalanxError as e:
-                if len(specs) > 1:
-                    e.message = f"job {i}: {e.message}"
-                    e.details["index"] = i
-                raise
-            items.append((resolved, dump))
-        self.fairshare.check_submit(
-            [(user, d["account"], d["qos"], len(r.array_indices or [0])) for r, d in items]
-        )
+        self.fairshare.check_submit([self._limit_key(user, item) for item in items])
         if validate_only:
             return [[] for _ in items]
         ids = self.store.submit(items, user)
+        self._submitted(ids, items)
+        return ids
+
+    def submit_group(self, requests: list[tuple[JobSpec, str]]) -> list[list[int] | Exception]:
+        """Several one-job submissions (each its own request and submitter) committed in one
+        transaction: the group commit of controller/submitq.py. Returns, per request, its ids or
+        the error that request alone gets.
+
+        A request refused by validation fails alone. If storing the group fails for a reason
+        that may be one request's (an unknown dependency), each request is stored again in a
+        transaction of its own, so that it fails only its author; a store failure (unavailable,
+        or a commit whose outcome is unknown) is everyone's: retrying then could store a job
+        twice.
+        """
+        parts = self.partitions()
+        views = self.node_views()
+        out: list[list[int] | Exception] = [[] for _ in requests]
+        ready: list[tuple[int, tuple[ResolvedJob, dict[str, Any]], str]] = []
+        counted: list[tuple[str, str, str, int]] = []  # submit limits count the group too
+        for i, (spec, user) in enumerate(requests):
+            try:
+                item = self._prepare(spec, parts, views, user)
+                key = self._limit_key(user, item)
+                self.fairshare.check_submit([*counted, key])
+            except PhalanxError as e:
+                out[i] = e
+                continue
+            counted.append(key)
+            ready.append((i, item, user))
+        if not ready:
+            return out
+        try:
+            ids = self.store.submit_each([(*item, user) for _, item, user in ready])
+        except (StoreUnavailable, StoreOutcomeUnknown) as e:
+            for i, _, _ in ready:
+                out[i] = e
+            return out
+        except Exception as e:
+            if len(ready) == 1:
+                out[ready[0][0]] = e
+                return out
+            for i, item, user in ready:  # nothing was stored: each on its own
+                try:
+                    one = self.store.submit([item], user)
+                    out[i] = one[0]
+                    self._submitted(one, [item])
+                except Exception as e1:
+                    out[i] = e1
+            return out
+        for (i, _, _), jids in zip(ready, ids, strict=True):
+            out[i] = jids
+        self._submitted(ids, [item for _, item, _ in ready])
+        return out
+
+    def _prepare(
+        self, spec: JobSpec, parts: Any, views: list[Any], user: str
+    ) -> tuple[ResolvedJob, dict[str, Any]]:
+        """A job as the store takes it: normalized, charged to the account and QOS the fair
+        share tree allows `user` (controller/fairshare.py), and refused if it can never run
+        here."""
+        resolved = normalize(
+            spec,
+            parts,
+            default_mem_per_cpu_mb=self.config.cluster.default_mem_per_cpu_mb,
+            default_requeue=self.config.cluster.default_requeue,
+        )
+        self._check_satisfiable(resolved, views)
+        dump = spec.model_dump(exclude={"ignored"})
+        dump["account"], dump["qos"] = self.fairshare.resolve(user, spec.account, spec.qos)
+        return resolved, dump
+
+    @staticmethod
+    def _limit_key(
+        user: str, item: tuple[ResolvedJob, dict[str, Any]]
+    ) -> tuple[str, str, str, int]:
+        """(user, account, qos, jobs it adds: array tasks counted) for the submit limits."""
+        resolved, dump = item
+        return user, dump["account"], dump["qos"], len(resolved.array_indices or [0])
+
+    def _submitted(
+        self, ids: list[list[int]], items: list[tuple[ResolvedJob, dict[str, Any]]]
+    ) -> None:
         SUBMITTED.inc(sum(len(i) for i in ids))
         if any(not resolved.hold for resolved, _ in items):
             self.kick()
-        return ids
 
     def _check_satisfiable(self, resolved: Any, views: list[Any]) -> None:
         from phalanx.domain.placement import unsatisfiable_reason

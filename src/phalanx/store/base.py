@@ -100,7 +100,15 @@ class StoreBase:
     def _events_many(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         if not rows:
             return
-        base = {
+        if len(rows) == 1:
+            _EVENT_ROW(conn, self._event_values(rows[0]))
+            return
+        base = self._event_values({})
+        conn.execute(_INSERT_EVENT, [{**base, **r} for r in rows])
+
+    def _event_values(self, row: dict[str, Any]) -> dict[str, Any]:
+        """An event row with every column: what `row` leaves out filled in as for any event."""
+        return {
             "ts": _now(),
             "job_id": None,
             "node": None,
@@ -108,11 +116,8 @@ class StoreBase:
             "controller": self.actor,
             "term": None,
             "data": None,
+            **row,
         }
-        if len(rows) == 1:
-            _EVENT_ROW(conn, {**base, **rows[0]})
-            return
-        conn.execute(_INSERT_EVENT, [{**base, **r} for r in rows])
 
     def _check_fence(self, conn: Connection, fence: Fence | None) -> None:
         if fence is None:

@@ -725,6 +725,49 @@ class Engines:
                 ) from e
             raise StoreUnavailable(message) from e
 
+    @contextlib.contextmanager
+    def driver_write(self) -> Iterator[sqlite3.Connection]:
+        """SQLite only: one write transaction (`BEGIN IMMEDIATE` ... `COMMIT`) on a pooled
+        connection's sqlite3 driver, without a SQLAlchemy Connection around it (its set-up,
+        events and teardown cost a one-job submission more than SQLite's own work: see
+        rowinsert.py). It commits when the block ends without an exception, and the commit has
+        returned when this does; failures are mapped as `begin` maps them (a locked or
+        unusable database is StoreUnavailable; an integrity error is raised as SQLAlchemy
+        would raise it)."""
+        assert self.dialect == "sqlite"
+        try:
+            fairy = self.write.raw_connection()  # the pool's checkout (and its reset on return)
+        except sa_exc.TimeoutError as e:
+            raise StoreUnavailable(
+                f"database unavailable ({describe_url(self.url)}): no free connection within "
+                f"{self.connect_timeout:g}s ({_first_line(e)})"
+            ) from e
+        try:
+            driver = fairy.driver_connection
+            assert isinstance(driver, sqlite3.Connection)
+            try:
+                driver.execute("BEGIN IMMEDIATE")
+                try:
+                    yield driver
+                except BaseException:
+                    driver.rollback()
+                    raise
+                driver.commit()
+            except sqlite3.OperationalError as e:
+                raise StoreUnavailable(
+                    f"database unavailable ({describe_url(self.url)}): {_first_line(e)}"
+                ) from e
+            except sqlite3.Error as e:
+                raise sa_exc.DBAPIError.instance(None, None, e, sqlite3.Error) from e
+        except OperationalError as e:  # from a RowInsert inside the block: as `begin` maps it
+            raise StoreUnavailable(
+                f"database unavailable ({describe_url(self.url)}): {_first_line(e)}"
+            ) from e
+        finally:
+            fairy.close()
+        if self.checkpointer is not None:
+            self.checkpointer.wrote()
+
     def db_now_sql(self) -> Any:
         if self.dialect == "sqlite":
             return text("(julianday('now') - 2440587.5) * 86400.0")

@@ -55,13 +55,29 @@ class RowInsert:
             pk = conn.execute(self.statement, values).inserted_primary_key
             assert pk is not None
             return int(pk[0])
+        driver = conn.connection.driver_connection
+        assert isinstance(driver, sqlite3.Connection)
+        return self._insert(driver, plan, values)
+
+    def on_driver(
+        self, driver: sqlite3.Connection, dialect: Dialect, row: Mapping[str, Any]
+    ) -> int:
+        """The same insert on a SQLite driver connection in a transaction the caller runs
+        (Engines.driver_write): no SQLAlchemy Connection at all."""
+        values = {**self.defaults, **row}
+        keys = tuple(values)
+        plan = self._plans.get(keys)
+        if plan is None:
+            plan = self._plans[keys] = self._plan(keys, dialect)
+        return self._insert(driver, plan, values)
+
+    @staticmethod
+    def _insert(driver: sqlite3.Connection, plan: _Plan, values: dict[str, Any]) -> int:
         sql, processors = plan
         params = [
             v if proc is None else proc(v)
             for v, proc in zip(values.values(), processors, strict=True)
         ]
-        driver = conn.connection.driver_connection
-        assert isinstance(driver, sqlite3.Connection)
         cursor = driver.cursor()
         try:
             cursor.execute(sql, params)

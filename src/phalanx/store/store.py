@@ -62,6 +62,7 @@ from phalanx.domain.states import (
 )
 from phalanx.errors import InvalidSpec, InvalidTransition, NotFound
 from phalanx.store import schema as s
+from phalanx.store.base import _EVENT_ROW
 from phalanx.store.metrics import MetricsQueries
 from phalanx.store.rowinsert import RowInsert
 from phalanx.store.sqlbits import JOB_SUMMARY as _JOB_SUMMARY
@@ -306,7 +307,18 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage):
         statement and their events with another, so a batch of thousands costs a few
         statements, not thousands.
         """
+        return self.submit_each([(resolved, spec, user) for resolved, spec in items])
+
+    def submit_each(
+        self, items: Sequence[tuple[ResolvedJob, dict[str, Any], str]]
+    ) -> list[list[int]]:
+        """`submit` where each item names its own submitter: several users' requests
+        committed in one transaction (the API's group commit, controller/submitq.py)."""
         now = _now()
+        if self.dialect == "sqlite" and all(
+            r.array_indices is None and not r.dependency for r, _, _ in items
+        ):
+            return self._submit_plain_sqlite(items, now)
         out: list[list[int]] = [[] for _ in items]
         with self.db.begin() as conn:
             plain: list[tuple[int, dict[str, Any]]] = []  # consecutive plain jobs, not yet inserted
@@ -319,16 +331,16 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage):
                     idx, row = plain[0]
                     jid = _JOB_ROW(conn, row)
                     out[idx] = [jid]
-                    events.append(_submit_event(jid, row, user, now))
+                    events.append(_submit_event(jid, row, row["user"], now))
                     plain.clear()
                     return
                 res = conn.execute(_INSERT_JOBS_IDS, [row for _, row in plain])
                 for (idx, row), r in zip(plain, res, strict=True):
                     out[idx] = [int(r[0])]
-                    events.append(_submit_event(int(r[0]), row, user, now))
+                    events.append(_submit_event(int(r[0]), row, row["user"], now))
                 plain.clear()
 
-            for idx, (resolved, spec) in enumerate(items):
+            for idx, (resolved, spec, user) in enumerate(items):
                 base = self._job_row(conn, resolved, spec, user, now)
                 if resolved.array_indices is None:
                     plain.append((idx, base))
@@ -352,8 +364,37 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage):
             self._events_many(conn, events)
         return out
 
+    def _submit_plain_sqlite(
+        self, items: Sequence[tuple[ResolvedJob, dict[str, Any], str]], now: float
+    ) -> list[list[int]]:
+        """`submit_each` of plain jobs without dependencies (every `sbatch` of a script) on
+        SQLite: each job row and its event straight to the driver, in one transaction of the
+        driver's own (Engines.driver_write), the rows exactly as the general path writes them
+        (the same RowInsert plans and bind processors)."""
+        dialect = self.db.write.dialect
+        out: list[list[int]] = []
+        with self.db.driver_write() as driver:
+            for resolved, spec, user in items:
+                row = self._job_values(resolved, spec, user, now, [])
+                jid = _JOB_ROW.on_driver(driver, dialect, row)
+                event = self._event_values(_submit_event(jid, row, user, now))
+                _EVENT_ROW.on_driver(driver, dialect, event)
+                out.append([jid])
+        return out
+
     def _job_row(
         self, conn: Connection, resolved: ResolvedJob, spec: dict[str, Any], user: str, now: float
+    ) -> dict[str, Any]:
+        deps = self._resolve_dependencies(conn, resolved.dependency)
+        return self._job_values(resolved, spec, user, now, deps)
+
+    def _job_values(
+        self,
+        resolved: ResolvedJob,
+        spec: dict[str, Any],
+        user: str,
+        now: float,
+        dependency: list[dict[str, Any]],
     ) -> dict[str, Any]:
         state = JobState.HELD if resolved.hold else JobState.PENDING
         return {
@@ -375,7 +416,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage):
             "constraint_expr": resolved.constraint,
             "nodelist": resolved.nodelist,
             "exclude": resolved.exclude,
-            "dependency": self._resolve_dependencies(conn, resolved.dependency),
+            "dependency": dependency,
             "requeue": resolved.requeue,
             "spec": {
                 **spec,
