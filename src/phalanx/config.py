@@ -244,6 +244,24 @@ class ClusterConfig(BaseModel):
     partitions: list[PartitionConfig] = Field(
         default_factory=lambda: [PartitionConfig(name="batch", default=True, nodes="*")]
     )
+    licenses: str | dict[str, int] = Field(
+        default="",
+        description='cluster-wide licence counts (Slurm\'s Licenses=): "fluent:30,matlab:5" '
+        "or a table {fluent = 30, matlab = 5}; jobs ask with --licenses",
+    )
+
+    def license_totals(self) -> dict[str, int]:
+        """The configured licence counts (validated when the config was loaded)."""
+        from phalanx.domain.licenses import parse_totals
+
+        return parse_totals(self.licenses)
+
+    @model_validator(mode="after")
+    def _licenses(self) -> ClusterConfig:
+        from phalanx.domain.licenses import parse_totals
+
+        parse_totals(self.licenses)  # ValueError -> a one-line config error
+        return self
 
     @model_validator(mode="after")
     def _partitions(self) -> ClusterConfig:

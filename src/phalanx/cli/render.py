@@ -81,7 +81,8 @@ def job_detail(j: dict[str, Any]) -> str:
             if j["gpus_per_node"]
             else ""
         ),
-        f"   Exclusive={int(j['exclusive'])} Features={j.get('constraint') or '(null)'}",
+        f"   Exclusive={int(j['exclusive'])} Features={j.get('constraint') or '(null)'}"
+        f" Licenses={j.get('licenses') or '(null)'}",
         # another user's job under auth.private_data comes without these (access.redact)
         f"   Command={_private(j, 'command')}",
         f"   WorkDir={_private(j, 'workdir')}",

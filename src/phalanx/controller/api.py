@@ -250,6 +250,7 @@ def job_view(row: dict[str, Any], *, detail: bool = False) -> dict[str, Any]:
                 "comment": spec.get("comment"),
                 "nodes_max": spec.get("nodes_max"),
                 "spares": int(spec.get("spares") or 0),
+                "licenses": spec.get("licenses"),
                 "checkpoint_spec": spec.get("checkpoint_parsed"),
                 "checkpoint": row.get("checkpoint"),  # the latest recorded checkpoint
             }

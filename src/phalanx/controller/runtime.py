@@ -31,7 +31,7 @@ from phalanx.controller.exchange import (
 from phalanx.controller.launch import build_launch, build_step_launch
 from phalanx.controller.leases import LeaseKeeper
 from phalanx.controller.maintenance import MaintenanceDuty
-from phalanx.domain import checkpointing, scheduling, values
+from phalanx.domain import checkpointing, licenses, scheduling, values
 from phalanx.domain.checkpointing import IntervalDecision
 from phalanx.domain.detector import silent_nodes
 from phalanx.domain.spec import JobSpec, normalize
@@ -283,6 +283,7 @@ class Controller:
                     default_mem_per_cpu_mb=self.config.cluster.default_mem_per_cpu_mb,
                     default_requeue=self.config.cluster.default_requeue,
                 )
+                self._check_licenses(resolved)
                 self._check_satisfiable(resolved, views)
             except PhalanxError as e:
                 if len(specs) > 1:
@@ -297,6 +298,19 @@ class Controller:
         if any(not resolved.hold for resolved, _ in items):
             self.kick()
         return ids
+
+    def _check_licenses(self, resolved: Any) -> None:
+        """Refuse a job asking for a licence the cluster does not have, or more than its
+        total (it would wait forever); whether they are free now is the scheduler's matter."""
+        if not resolved.licenses:
+            return
+        why = licenses.refusal(
+            licenses.parse_licenses(resolved.licenses), self.config.cluster.license_totals()
+        )
+        if why:
+            raise Unsatisfiable(
+                f"this job can never run here: --licenses={resolved.licenses}: {why}"
+            )
 
     def _check_satisfiable(self, resolved: Any, views: list[Any]) -> None:
         from phalanx.domain.placement import unsatisfiable_reason
@@ -347,12 +361,14 @@ class Controller:
         snap = self.store.sched_snapshot()
         owner = {int(j["id"]): j["partitions"].split(",")[0] for j in snap.pending}
         snap.pending = [j for j in snap.pending if owner[int(j["id"])] in fences]
-        plan = scheduling.plan(snap, time.time())
+        totals = self.config.cluster.license_totals()
+        plan = scheduling.plan(snap, time.time(), license_totals=totals)
         for jid, why in plan.never:
             self.store.end_pending(jid, JobState.CANCELLED, why, fences[owner[jid]])
         started: list[int] = []
         if plan.starts:
             exclusive = {int(j["id"]): bool(j["exclusive"]) for j in snap.pending}
+            licensed = {int(j["id"]): j.get("licenses") for j in snap.pending}
             by_lease: dict[str, list[dict[str, Any]]] = {}
             for p in plan.starts:
                 by_lease.setdefault(owner[p.job_id], []).append(
@@ -365,6 +381,7 @@ class Controller:
                         "gpu_ids": p.gpu_ids,
                         "exclusive": exclusive[p.job_id],
                         "spares": p.spares,
+                        "licenses": licensed.get(p.job_id),
                     }
                 )
             for part, starts in sorted(by_lease.items()):
@@ -372,7 +389,7 @@ class Controller:
                 fence = self.leases.fence(sched_lease(part))
                 if fence is None:
                     continue
-                started += self.store.start_attempts(starts, fence)
+                started += self.store.start_attempts(starts, fence, license_totals=totals)
             STARTED.inc(len(started))
             self.waiters.notify(sorted({n for p in plan.starts for n in p.nodes}))
         current = {int(j["id"]): j["reason"] for j in snap.pending}

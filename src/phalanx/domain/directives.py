@@ -31,6 +31,7 @@ from typing import Any
 
 from phalanx.domain import policy, values
 from phalanx.domain.hostlist import expand_hostlist
+from phalanx.domain.licenses import format_licenses, parse_licenses
 from phalanx.errors import InvalidSpec
 
 Converter = Callable[[str], dict[str, Any]]
@@ -196,6 +197,11 @@ def _validated_raw(name: str, check: Callable[[str], object]) -> Converter:
         return {name: text.strip()}
 
     return convert
+
+
+def _licenses(text: str) -> dict[str, Any]:
+    """--licenses in canonical form (names sorted, counts explicit); refused now if invalid."""
+    return {"licenses": format_licenses(parse_licenses(text))}
 
 
 def _hosts_to(name: str) -> Converter:
@@ -367,6 +373,9 @@ OPTIONS: tuple[Option, ...] = (
          "SLURM_NODEID), not once on the first node"),
     _opt("spares", None, R, ("spares",), _int_to("spares", 0),
          "extra nodes to keep allocated as hot spares", "N"),
+    _opt("licenses", "L", R, ("licenses",), _licenses,
+         "cluster-wide licences the job holds while it runs, e.g. fluent:2,matlab",
+         "NAME[:N][,NAME[:N]]"),
     _opt("progress-timeout", None, R, ("progress_timeout_s",),
          _duration_to("progress_timeout_s"),
          "treat the job as hung when it reports no progress for this long", "TIME"),
@@ -417,7 +426,6 @@ OPTIONS: tuple[Option, ...] = (
     _ignored("ignore-pbs", arg=N),
     _ignored("immediate", "I", arg=OPT),
     _ignored("kill-on-invalid-dep"),
-    _ignored("licenses", "L"),
     _ignored("mcs-label"),
     _ignored("mem-bind"),
     _ignored("mincpus"),

@@ -32,6 +32,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from phalanx.domain.licenses import Pool
+
 __all__ = [
     "Allocation",
     "JobRequest",
@@ -91,6 +93,9 @@ class JobRequest:
     # A live restart reservation (rank order, then spares; see domain/elastic.py): the job is
     # placed first, on these nodes, and no other job may use them meanwhile.
     reserved: tuple[str, ...] = ()
+    # Cluster-wide counted resources (--licenses), (name, count) sorted by name; see
+    # domain/licenses.py. Checked against the pass's licence Pool before nodes are looked at.
+    licenses: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -518,6 +523,7 @@ def place(
     *,
     backfill: bool = True,
     reserved_nodes: Mapping[str, int] | None = None,
+    licenses: Pool | None = None,
 ) -> list[Placement]:
     """Decide which of ``jobs`` (eligible, in priority order) start now, and where.
 
@@ -529,6 +535,10 @@ def place(
     nodes; those nodes, and ``reserved_nodes`` (node -> job id: reservations of jobs that are
     not in ``jobs``, e.g. scheduled by another partition's lease holder), are closed to every
     other job for this pass.
+
+    ``licenses``: the free cluster-wide licences; a job whose licences are not free is skipped
+    (recorded in ``licenses.blocked``, it neither starts nor blocks others) and every job
+    placed takes its licences from the pool. None: licences are not checked.
     """
     cluster = _Cluster(nodes)
     state = _State()
@@ -551,7 +561,12 @@ def place(
             holds.append(h)
             if into_shadow and reservation is not None:
                 reservation.shadow.add(h)
+        if licenses is not None:
+            licenses.take(job.licenses)
         result.append(p)
+
+    def licensed(job: JobRequest) -> bool:
+        return licenses is None or not job.licenses or licenses.gate(job.job_id, job.licenses)
 
     owners = dict(reserved_nodes or {})
     for job in jobs:
@@ -562,6 +577,8 @@ def place(
             if not job.reserved or job.job_id in seen:
                 continue
             seen.add(job.job_id)  # placed now or waits for its reserved nodes
+            if not licensed(job):
+                continue
             closed_here = frozenset(n for n, j in owners.items() if j != job.job_id)
             p = _place_reserved(job, cluster, state, closed_here)
             if p is not None:
@@ -574,6 +591,8 @@ def place(
         if job.job_id in seen:
             continue  # a duplicate in the input must not start twice
         seen.add(job.job_id)
+        if not licensed(job):
+            continue  # waits for licences (reason Licenses); holds no nodes back
 
         if reservation is None and closed is None:
             p = _try(job, cluster, state)

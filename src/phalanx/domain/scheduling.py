@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from phalanx.domain import maintenance, values
+from phalanx.domain import licenses, maintenance, values
 from phalanx.domain.deps import DepVerdict, evaluate
 from phalanx.domain.placement import Allocation, JobRequest, NodeView, Placement, place
 
@@ -80,6 +80,7 @@ def resolved_fields(resolved: Any) -> dict[str, Any]:
         "time_limit_s": resolved.time_limit_s,
         "nodes_max": getattr(resolved, "nodes_max", None),
         "spares": getattr(resolved, "spares", 0),
+        "licenses": getattr(resolved, "licenses", None),
     }
 
 
@@ -104,7 +105,15 @@ def job_request(job: dict[str, Any]) -> JobRequest:
         time_limit_s=job["time_limit_s"],
         nodes_max=int(job["nodes_max"]) if job.get("nodes_max") else None,
         spares=int(job.get("spares") or 0),
+        licenses=license_request(job.get("licenses")),
     )
+
+
+def license_request(text: str | None) -> tuple[tuple[str, int], ...]:
+    """A stored --licenses text as placement's sorted (name, count) pairs; () for none."""
+    if not text:
+        return ()
+    return tuple(sorted(licenses.parse_licenses(text).items()))
 
 
 def live_reservation(job: dict[str, Any], now: float) -> tuple[str, ...]:
@@ -116,8 +125,19 @@ def live_reservation(job: dict[str, Any], now: float) -> tuple[str, ...]:
     return tuple(str(n) for n in nodes)
 
 
-def plan(snap: Any, now: float, *, backfill: bool = True) -> Plan:
-    """Decide which pending jobs start where (snap: a store.SchedSnapshot)."""
+def plan(
+    snap: Any,
+    now: float,
+    *,
+    backfill: bool = True,
+    license_totals: dict[str, int] | None = None,
+) -> Plan:
+    """Decide which pending jobs start where (snap: a store.SchedSnapshot).
+
+    ``license_totals``: the cluster's licence counts (config ``cluster.licenses``); the ones in
+    use are the snapshot's ``licenses_held`` (one request text per attempt that holds its
+    resources).
+    """
     out = Plan()
     views = node_views(snap.nodes, snap.partitions)
     allocs = [
@@ -176,12 +196,20 @@ def plan(snap: Any, now: float, *, backfill: bool = True) -> Plan:
     for r in getattr(snap, "reservations", None) or []:
         for name in live_reservation(r, now):
             others.setdefault(name, int(r["id"]))
-    placed = place(eligible, views, allocs, now, backfill=backfill, reserved_nodes=others)
+    held = licenses.held(
+        dict(license_request(t)) for t in getattr(snap, "licenses_held", None) or []
+    )
+    pool = licenses.Pool(license_totals or {}, held)
+    placed = place(
+        eligible, views, allocs, now, backfill=backfill, reserved_nodes=others, licenses=pool
+    )
     placed_ids = {p.job_id for p in placed}
     out.starts = placed
     first_blocked = True
     for req in eligible:
-        if req.job_id not in placed_ids and req.reserved:
+        if req.job_id in pool.blocked:
+            out.reasons[req.job_id] = "Licenses"
+        elif req.job_id not in placed_ids and req.reserved:
             out.reasons[req.job_id] = "Reserved (restarts on its nodes after a node failure)"
         elif req.job_id not in placed_ids:
             out.reasons[req.job_id] = "Resources" if first_blocked else "Priority"

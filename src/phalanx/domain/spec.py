@@ -13,9 +13,10 @@ import signal as _signal
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from phalanx.domain import policy, values
+from phalanx.domain.licenses import format_licenses, parse_licenses
 from phalanx.errors import InvalidSpec
 
 MAX_SCRIPT_BYTES = 4 * 1024 * 1024
@@ -84,6 +85,9 @@ class JobSpec(BaseModel):
     mail_user: str | None = None
     mail_type: str | None = None
     spares: int | None = Field(default=None, ge=0)
+    licenses: str | None = Field(
+        default=None, max_length=4096, description="cluster licences, e.g. fluent:2,matlab:1"
+    )
     all_nodes: bool = Field(
         default=False,
         description="run the batch script on every node (rank in SLURM_NODEID); default: once, "
@@ -110,6 +114,14 @@ class JobSpec(BaseModel):
         default=None, description='seconds between periodic checkpoint requests, or "auto"'
     )
     ignored: list[str] = Field(default_factory=list)
+
+    @field_validator("licenses")
+    @classmethod
+    def _canonical_licenses(cls, v: str | None) -> str | None:
+        """Stored and shown as fluent:2,matlab:1 however it was written (ValueError: 422)."""
+        if v is None or not v.strip():
+            return None
+        return format_licenses(parse_licenses(v))
 
 
 @dataclass(frozen=True)
@@ -150,6 +162,7 @@ class ResolvedJob:
     the cluster's checkpoint_grace), interval_s (seconds, "auto" or None), dir, batch_only."""
     nodes_max: int | None = None  # elastic (--nodes=MIN-MAX): `nodes` is MIN
     spares: int = 0  # hot spare nodes held with the allocation (--spares)
+    licenses: str | None = None  # canonical --licenses text (domain/licenses.py), None: none
 
 
 def _field_error(fieldname: str, message: str) -> InvalidSpec:
@@ -186,6 +199,7 @@ def normalize(
             "the batch script must start with an interpreter line such as '#!/bin/bash'",
         )
     nodes_max, spares = _elastic(spec)
+    licenses = _licenses(spec)
 
     nodes = spec.nodes
     if spec.ntasks is not None and spec.ntasks_per_node is not None:
@@ -296,6 +310,7 @@ def normalize(
         checkpoint=checkpoint,
         nodes_max=nodes_max,
         spares=spares,
+        licenses=licenses,
     )
 
 
@@ -394,6 +409,17 @@ def _elastic(spec: JobSpec) -> tuple[int | None, int]:
     if spares > 100_000:
         raise _field_error("spares", f"--spares={spares} is more than any cluster has")
     return nodes_max, spares
+
+
+def _licenses(spec: JobSpec) -> str | None:
+    """The --licenses request in canonical form; whether the cluster has them is checked at
+    submit against its configured counts (the controller knows them, not the spec)."""
+    if spec.licenses is None or not spec.licenses.strip():
+        return None
+    try:
+        return format_licenses(parse_licenses(spec.licenses))
+    except ValueError as e:
+        raise _field_error("licenses", str(e)) from None
 
 
 def _check_retry(spec: JobSpec) -> None:

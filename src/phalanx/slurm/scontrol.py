@@ -97,6 +97,8 @@ def job_lines(job: dict[str, Any], now: float) -> list[str]:
         f"CPUs/Task={job.get('cpus_per_task') or 1}",
         f"TRES={records.tres_text(job)}",
         f"Features={_null(job.get('constraint'))}",
+        # Slurm prints Licenses= on every job; here only on jobs that asked for some
+        *([f"Licenses={job['licenses']}"] if job.get("licenses") else []),
         f"Command={_null(job.get('command'))}",
         f"WorkDir={_null(job.get('workdir'))}",
     ]
