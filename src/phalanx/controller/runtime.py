@@ -118,6 +118,7 @@ class Controller:
         self.cid = cid
         self.url = url
         self.partition_names = [p.name for p in config.cluster.partitions]
+        self.topology = config.topology.layout()
         self.leases = LeaseKeeper(
             store,
             cid,
@@ -284,6 +285,7 @@ class Controller:
                     default_requeue=self.config.cluster.default_requeue,
                 )
                 self._check_licenses(resolved)
+                self._check_topology(resolved)
                 self._check_satisfiable(resolved, views)
             except PhalanxError as e:
                 if len(specs) > 1:
@@ -311,6 +313,22 @@ class Controller:
             raise Unsatisfiable(
                 f"this job can never run here: --licenses={resolved.licenses}: {why}"
             )
+
+    def _check_topology(self, resolved: Any) -> None:
+        """Refuse --spread/--anti-affinity with a level the cluster does not have (a typo
+        would silently spread over nodes instead of racks)."""
+        levels = self.config.topology.levels
+        for option, level in (
+            ("--spread", resolved.spread),
+            ("--anti-affinity", resolved.anti_affinity),
+        ):
+            if level is not None and level not in levels:
+                known = ", ".join(levels) or "none"
+                raise Unsatisfiable(
+                    f"{option}={level}: unknown topology level (levels of this cluster: {known})"
+                )
+        if resolved.switches is not None and not levels:
+            raise Unsatisfiable("--switches: this cluster has no topology levels configured")
 
     def _check_satisfiable(self, resolved: Any, views: list[Any]) -> None:
         from phalanx.domain.placement import unsatisfiable_reason
@@ -362,7 +380,7 @@ class Controller:
         owner = {int(j["id"]): j["partitions"].split(",")[0] for j in snap.pending}
         snap.pending = [j for j in snap.pending if owner[int(j["id"])] in fences]
         totals = self.config.cluster.license_totals()
-        plan = scheduling.plan(snap, time.time(), license_totals=totals)
+        plan = scheduling.plan(snap, time.time(), license_totals=totals, topo=self.topology)
         for jid, why in plan.never:
             self.store.end_pending(jid, JobState.CANCELLED, why, fences[owner[jid]])
         started: list[int] = []

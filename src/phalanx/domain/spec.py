@@ -88,6 +88,13 @@ class JobSpec(BaseModel):
     licenses: str | None = Field(
         default=None, max_length=4096, description="cluster licences, e.g. fluent:2,matlab:1"
     )
+    switches: int | None = Field(default=None, ge=1, le=100_000, description="--switches=N")
+    switches_wait_s: int | None = Field(
+        default=None, ge=-1, description="--switches=N@TIME: seconds; -1 for ever; absent 300"
+    )
+    spread: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    group: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    anti_affinity: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     all_nodes: bool = Field(
         default=False,
         description="run the batch script on every node (rank in SLURM_NODEID); default: once, "
@@ -163,6 +170,11 @@ class ResolvedJob:
     nodes_max: int | None = None  # elastic (--nodes=MIN-MAX): `nodes` is MIN
     spares: int = 0  # hot spare nodes held with the allocation (--spares)
     licenses: str | None = None  # canonical --licenses text (domain/licenses.py), None: none
+    # topology (domain/topology.py): --switches, --spread, --group, --anti-affinity
+    switches: int | None = None
+    spread: str | None = None
+    group: str | None = None
+    anti_affinity: str | None = None
 
 
 def _field_error(fieldname: str, message: str) -> InvalidSpec:
@@ -200,6 +212,12 @@ def normalize(
         )
     nodes_max, spares = _elastic(spec)
     licenses = _licenses(spec)
+    if spec.anti_affinity is not None and spec.group is None:
+        raise _field_error(
+            "anti_affinity",
+            f"--anti-affinity={spec.anti_affinity} keeps jobs of one group apart: "
+            "give the job's group with --group=NAME",
+        )
 
     nodes = spec.nodes
     if spec.ntasks is not None and spec.ntasks_per_node is not None:
@@ -311,6 +329,10 @@ def normalize(
         nodes_max=nodes_max,
         spares=spares,
         licenses=licenses,
+        switches=spec.switches,
+        spread=spec.spread,
+        group=spec.group,
+        anti_affinity=spec.anti_affinity,
     )
 
 

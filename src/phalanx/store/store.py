@@ -137,6 +137,8 @@ class SchedSnapshot:
     maintenance: list[dict[str, Any]] = field(default_factory=list)
     # the --licenses text of every attempt that holds its resources (not ENDED)
     licenses_held: list[str] = field(default_factory=list)
+    # job id -> --group of every job with an attempt that holds its nodes (anti-affinity)
+    groups_active: dict[int, str] = field(default_factory=dict)
 
 
 MAX_ID = 2**63 - 1  # the largest id an INTEGER column holds (SQLite and PostgreSQL)
@@ -828,7 +830,7 @@ class Store(JobSteps, MaintenanceWindows):
             pending = [
                 dict(r)
                 for r in conn.execute(
-                    select(*_JOB_SUMMARY, *_elastic_columns(), _LICENSES)
+                    select(*_JOB_SUMMARY, *_elastic_columns(), _LICENSES, *_topology_columns())
                     .where(s.jobs.c.state == JobState.PENDING.value)
                     .order_by(s.jobs.c.priority.desc(), s.jobs.c.id)
                     .limit(pending_limit)
@@ -887,7 +889,22 @@ class Store(JobSteps, MaintenanceWindows):
                 reservations=reservations,
                 maintenance=self._live_windows(conn),
                 licenses_held=self._licenses_held(conn),
+                groups_active=self._groups_active(conn),
             )
+
+    @staticmethod
+    def _groups_active(conn: Connection) -> dict[int, str]:
+        """The --group of every job with an attempt that still holds its nodes."""
+        group = s.jobs.c.spec["group"].as_string()
+        return {
+            int(r[0]): str(r[1])
+            for r in conn.execute(
+                select(s.attempts.c.job_id, group)
+                .select_from(s.attempts.join(s.jobs, s.jobs.c.id == s.attempts.c.job_id))
+                .where(s.attempts.c.state != AttemptState.ENDED.value, group.is_not(None))
+            )
+            if r[1]
+        }
 
     @staticmethod
     def _licenses_held(conn: Connection) -> list[str]:
@@ -2176,6 +2193,18 @@ _LICENSES_TEXT = s.jobs.c.spec["licenses"].as_string()
 _LICENSES = _LICENSES_TEXT.label("licenses")
 # pg_advisory_xact_lock key that serialises licence checks of concurrent start transactions
 _LICENSE_LOCK = 0x5048584C4943  # "PHXLIC"
+
+
+def _topology_columns() -> list[Any]:
+    """A job's topology options, read from its stored spec (domain/topology.py)."""
+    spec = s.jobs.c.spec
+    return [
+        spec["switches"].as_integer().label("switches"),
+        spec["switches_wait_s"].as_integer().label("switches_wait_s"),
+        spec["spread"].as_string().label("spread"),
+        spec["group"].as_string().label("group"),
+        spec["anti_affinity"].as_string().label("anti_affinity"),
+    ]
 
 
 def _elastic_columns() -> list[Any]:
