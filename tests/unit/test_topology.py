@@ -361,3 +361,18 @@ def test_topology_config(tmp_path: Any) -> None:
     cfg.write_text('[[topology.nodes]]\nnodes = "node0*"\nrak = "r1"\n')
     with pytest.raises(ConfigError, match=r"'rak' is not one of topology\.levels"):
         load_config(cfg)
+
+
+def test_agent_topology_flag_parsing() -> None:
+    assert topology.parse_place("switch=s1, rack=r1") == {"switch": "s1", "rack": "r1"}
+    assert topology.parse_place("") == {}
+    with pytest.raises(ValueError, match="LEVEL=DOMAIN"):
+        topology.parse_place("rack")
+    with pytest.raises(ValueError, match="twice"):
+        topology.parse_place("rack=a,rack=b")
+
+
+def test_a_level_no_node_has_does_not_break_packing() -> None:
+    places = {n: {"switch": p["switch"], "rack": p["rack"]} for n, p in PLACES.items()}
+    got = topology.pick_compact(["n01", "n07", "n02", "n08"], 2, places, LEVELS)
+    assert len({places[n]["rack"] for n in got}) == 1, got

@@ -112,6 +112,12 @@ def agent(
     mem: str | None = typer.Option(None, "--mem", help="override detected memory (e.g. 64G)"),
     gpus: str | None = typer.Option(None, "--gpus", help="override detected GPUs, e.g. h100:8"),
     features: str = typer.Option("", "--features", help="comma list of node features"),
+    topology: str = typer.Option(
+        "",
+        "--topology",
+        help="the node's place in the topology tree, e.g. switch=s1,rack=r1,pdu=a "
+        "(the config's [topology] rules win over it)",
+    ),
     health_config: Path | None = typer.Option(
         None, "--health-config", help="TOML file with a [health] table (default: built-in checks)"
     ),
@@ -142,6 +148,7 @@ def agent(
             mem=mem,
             gpus=gpus,
             features=features,
+            topology=topology,
             log_level=log_level,
             key_file=key_file,
             auth_socket=auth_socket,

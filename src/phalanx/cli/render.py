@@ -241,6 +241,11 @@ def node_detail(n: dict[str, Any]) -> str:
         + (f" ({','.join(gpu_types)})" if gpu_types else "")
         + f" GresUsed=gpu:{n['gpus_alloc']} Features={','.join(n['features']) or '(null)'}",
         f"   LastHeartbeat={_ts(n['last_heartbeat'])} Registered={_ts(n['registered_at'])}",
+        *(
+            ["   Topology=" + ",".join(f"{k}={v}" for k, v in n["topology"].items())]
+            if n.get("topology")
+            else []
+        ),
         f"   Jobs={','.join(str(x) for x in n['jobs']) or '(none)'}"
         + (f" SpareFor={','.join(str(x) for x in n['spare_for'])}" if n.get("spare_for") else ""),
     ]

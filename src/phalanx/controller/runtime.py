@@ -575,6 +575,7 @@ class Controller:
             boot_id=info.get("boot_id"),
             version=info.get("version"),
             health=info.get("health"),
+            topology=info.get("topology") or None,
         )
         self.seen(node)
         self._views_cache = None

@@ -31,6 +31,7 @@ deterministic and follows placement's preference: idle nodes first, then name or
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -41,6 +42,7 @@ __all__ = [
     "avoided",
     "count_domains",
     "domain",
+    "parse_place",
     "pick_compact",
     "pick_spread",
     "select",
@@ -77,6 +79,27 @@ class Layout:
         return tuple((lv, out[lv]) for lv in self.levels if out.get(lv))
 
 
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def parse_place(text: str) -> dict[str, str]:
+    """An agent's ``--topology switch=s1,rack=r1`` as {level: domain}; ValueError if bad."""
+    out: dict[str, str] = {}
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        level, eq, name = (p.strip() for p in item.partition("="))
+        if not eq or not _NAME.match(level) or not name or len(name) > 128:
+            raise ValueError(
+                f"{item!r} is not LEVEL=DOMAIN (e.g. switch=s1,rack=r1; levels are letters, "
+                "digits, '_', '.', '-')"
+            )
+        if level in out:
+            raise ValueError(f"level {level} is given twice")
+        out[level] = name
+    return out
+
+
 def domain(places: Places, node: str, level: str) -> str:
     """The node's domain at ``level``; a node without one is a domain of its own."""
     name = places.get(node, {}).get(level)
@@ -102,6 +125,9 @@ def pick_compact(
     need = min(need, len(cands))
     if need <= 0:
         return []
+    # a level none of the candidates has (no pdu given anywhere) says nothing about
+    # compactness; it must not make every node a domain of its own
+    levels = [lv for lv in levels if any(places.get(n, {}).get(lv) for n in cands)]
     if not levels:
         return list(cands[:need])
     top, below = levels[-1], levels[:-1]

@@ -1165,9 +1165,11 @@ class Store(JobSteps, MaintenanceWindows):
         boot_id: str | None,
         version: str | None,
         health: dict[str, Any] | None = None,
+        topology: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         now = _now()
         values = {
+            "topology": topology or None,
             "registered": True,
             "cpus": cpus,
             "mem_mb": mem_mb,
