@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from system.conftest import CLUSTERS
-from system.harness import Cluster, base_env, wait_for
+from system.harness import Cluster, base_env, run_cli, wait_for
 
 pytestmark = pytest.mark.system
 
@@ -92,6 +92,15 @@ def test_one_licence_two_jobs_run_one_after_the_other(
     assert "Reason=Licenses" in shown and "Licenses=fluent:1" in shown, shown
     # it stays pending while the first holds the licence, though a node is free
     assert cluster.client().job(second)[0]["state"] == "PENDING"
+    lic = slurm(cluster, tmp_path, "scontrol", "show", "lic", "fluent")
+    assert lic.stdout == (
+        "LicenseName=fluent\n   Total=1 Used=1 Free=0 Reserved=0 Remote=no\n\n"
+    ), lic.stdout
+    table = run_cli(["show", "licenses"], url=cluster.url, cwd=tmp_path, root=cluster.root)
+    assert table.stdout.split("\n")[1:3] == [
+        "fluent       1       1       0",
+        "matlab       4       0       4",
+    ], table.stdout
 
     (tmp_path / f"go-{first}").touch()
     cluster.wait_state(second, "RUNNING")

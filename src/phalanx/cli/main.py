@@ -371,13 +371,20 @@ def _queue_states(text: str) -> list[str]:
 
 @app.command()
 def show(
-    ref: str = typer.Argument(..., help="job id (123, 123_4) or 'node NAME'"),
+    ref: str = typer.Argument(..., help="job id (123, 123_4), 'node NAME' or 'licenses'"),
     name: str | None = typer.Argument(None),
     url: str | None = UrlOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Show a job in detail (or `show node NAME`), like scontrol show job."""
+    """Show a job in detail (or `show node NAME`, `show licenses`), like scontrol show job."""
     with _client(url) as c:
+        if ref in ("licenses", "license", "lic"):
+            lics = _run(c.licenses)
+            if as_json:
+                _emit(lics)
+            else:
+                console.print(render.licenses_table(lics), highlight=False)
+            return
         if ref == "node":
             if not name:
                 _fail("usage: phalanx show node NAME")

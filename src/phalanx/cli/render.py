@@ -60,6 +60,16 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Table:
     return t
 
 
+def licenses_table(lics: list[dict[str, Any]]) -> str:
+    """NAME TOTAL USED FREE, one licence a line (phalanx show licenses)."""
+    if not lics:
+        return "no licences configured (cluster.licenses)"
+    width = max(4, *(len(x["name"]) for x in lics))
+    rows = [f"{'NAME':<{width}} {'TOTAL':>7} {'USED':>7} {'FREE':>7}"]
+    rows += [f"{x['name']:<{width}} {x['total']:>7} {x['used']:>7} {x['free']:>7}" for x in lics]
+    return "\n".join(rows)
+
+
 def job_detail(j: dict[str, Any]) -> str:
     attempts = j.get("attempts") or []
     lines = [

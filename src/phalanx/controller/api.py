@@ -820,6 +820,25 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         ctl.kick()
         return node_view(ctl.store.get_node(name))
 
+    # ---------------------------------------------------------------- licences
+    @app.get("/v1/licenses")
+    def licenses_view() -> dict[str, Any]:
+        """Every configured licence with its total, what attempts holding nodes use, and
+        what is free (scontrol show licenses, phalanx show licenses)."""
+        totals = ctl.config.cluster.license_totals()
+        used = ctl.store.licenses_in_use()
+        return {
+            "licenses": [
+                {
+                    "name": name,
+                    "total": total,
+                    "used": used.get(name, 0),
+                    "free": max(0, total - used.get(name, 0)),
+                }
+                for name, total in sorted(totals.items())
+            ]
+        }
+
     # ---------------------------------------------------------------- cluster
     @app.get("/v1/cluster")
     def cluster() -> dict[str, Any]:

@@ -906,6 +906,11 @@ class Store(JobSteps, MaintenanceWindows):
             if r[1]
         }
 
+    def licenses_in_use(self) -> dict[str, int]:
+        """Licence name -> count held by attempts that hold their nodes."""
+        with self.db.begin(write=False) as conn:
+            return licenses.held(licenses.parse_licenses(t) for t in self._licenses_held(conn))
+
     @staticmethod
     def _licenses_held(conn: Connection) -> list[str]:
         """The --licenses text of every attempt that still holds its resources: a licence is
