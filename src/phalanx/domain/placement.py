@@ -595,7 +595,8 @@ def place(
 
     ``levels``: the topology levels, leaf first (nodes carry their place in ``NodeView.place``);
     ``groups``: job id -> --group of running jobs, for --anti-affinity (a job of a group is
-    kept off every domain where a running or just-placed job of its group has a rank node).
+    kept off every domain where a running or just-placed job of its group holds a node,
+    spares included).
     """
     cluster = _Cluster(nodes, levels)
     group_nodes: dict[str, set[str]] = {}
@@ -626,7 +627,7 @@ def place(
         if licenses is not None:
             licenses.take(job.licenses)
         if job.group is not None:
-            group_nodes.setdefault(job.group, set()).update(p.rank_nodes)
+            group_nodes.setdefault(job.group, set()).update(p.nodes)  # spares too
         result.append(p)
 
     def kept_apart(job: JobRequest) -> JobRequest:
