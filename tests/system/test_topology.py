@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from phalanx.domain.hostlist import expand_hostlist
+from phalanx.errors import PhalanxError
 from system.harness import Cluster
 
 pytestmark = pytest.mark.system
@@ -55,6 +56,10 @@ def test_spread_anti_affinity_and_packing_from_agent_places(
     packed = submit("packed", nodes=2)
     cluster.wait_state(packed, "RUNNING")
     assert len({RACK[n] for n in nodes_of(packed)}) == 1, nodes_of(packed)
+
+    # a level the cluster does not have is refused at submit, naming the levels it has
+    with pytest.raises(PhalanxError, match=r"--spread=rak: unknown topology level .*rack"):
+        submit("typo", nodes=2, spread="rak")
 
     go.touch()
     done = cluster.wait_terminal([spread, svc1, svc2, packed])
