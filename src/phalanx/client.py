@@ -241,6 +241,10 @@ class Client:
     def cluster(self) -> dict[str, Any]:
         return self.get("/v1/cluster")
 
+    def licenses(self) -> list[dict[str, Any]]:
+        """The cluster's licences: name, total, used, free."""
+        return self.get("/v1/licenses")["licenses"]
+
     def health(self) -> dict[str, Any]:
         return self.get("/healthz")
 

@@ -244,6 +244,24 @@ class ClusterConfig(BaseModel):
     partitions: list[PartitionConfig] = Field(
         default_factory=lambda: [PartitionConfig(name="batch", default=True, nodes="*")]
     )
+    licenses: str | dict[str, int] = Field(
+        default="",
+        description='cluster-wide licence counts (Slurm\'s Licenses=): "fluent:30,matlab:5" '
+        "or a table {fluent = 30, matlab = 5}; jobs ask with --licenses",
+    )
+
+    def license_totals(self) -> dict[str, int]:
+        """The configured licence counts (validated when the config was loaded)."""
+        from phalanx.domain.licenses import parse_totals
+
+        return parse_totals(self.licenses)
+
+    @model_validator(mode="after")
+    def _licenses(self) -> ClusterConfig:
+        from phalanx.domain.licenses import parse_totals
+
+        parse_totals(self.licenses)  # ValueError -> a one-line config error
+        return self
 
     @model_validator(mode="after")
     def _partitions(self) -> ClusterConfig:
@@ -701,6 +719,63 @@ class WatchdogConfig(BaseModel):
     )
 
 
+class TopologyRule(BaseModel):
+    """One `[[topology.nodes]]` entry: node globs and their domain at some levels."""
+
+    model_config = ConfigDict(extra="allow")
+
+    nodes: str = Field(description="node names: a glob (fnmatch) or a comma list of globs")
+
+
+class TopologyConfig(BaseModel):
+    """Where nodes sit in the network/power tree (docs/topology.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    levels: list[str] = Field(
+        default_factory=lambda: ["switch", "rack", "pdu"],
+        description="tree levels, leaf first; --switches counts the first",
+    )
+    nodes: list[TopologyRule] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> TopologyConfig:
+        import re
+
+        if len(set(self.levels)) != len(self.levels):
+            raise ValueError(f"topology.levels must be unique: {self.levels}")
+        for lv in self.levels:
+            if not re.match(r"^[A-Za-z0-9_.-]{1,64}$", lv) or lv == "nodes":
+                raise ValueError(f"topology.levels: {lv!r} is not a level name (e.g. rack)")
+        for i, rule in enumerate(self.nodes):
+            for key, value in (rule.model_extra or {}).items():
+                if key not in self.levels:
+                    raise ValueError(
+                        f"topology.nodes[{i}] ({rule.nodes}): {key!r} is not one of "
+                        f"topology.levels ({', '.join(self.levels)})"
+                    )
+                if not isinstance(value, str) or not value.strip():
+                    raise ValueError(
+                        f"topology.nodes[{i}] ({rule.nodes}): {key} must be a domain name"
+                    )
+        return self
+
+    def layout(self) -> Any:
+        """The pure form the scheduler uses (domain.topology.Layout)."""
+        from phalanx.domain.topology import Layout
+
+        return Layout(
+            levels=tuple(self.levels),
+            rules=tuple(
+                (
+                    tuple(g.strip() for g in r.nodes.split(",") if g.strip()),
+                    tuple((str(k), str(v)) for k, v in (r.model_extra or {}).items()),
+                )
+                for r in self.nodes
+            ),
+        )
+
+
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -715,6 +790,7 @@ class Config(BaseModel):
     priority: PriorityConfig = Field(default_factory=lambda: PriorityConfig())
     fairshare: FairShareConfig = Field(default_factory=lambda: FairShareConfig())
     watchdog: WatchdogConfig = Field(default_factory=lambda: WatchdogConfig())
+    topology: TopologyConfig = Field(default_factory=lambda: TopologyConfig())
 
     @model_validator(mode="after")
     def _watchdog_rules(self) -> Config:

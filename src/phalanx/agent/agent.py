@@ -364,6 +364,7 @@ class Agent:
                 "mem_mb": r.mem_mb,
                 "gpus": [list(g) for g in r.gpus],
                 "features": r.features,
+                **({"topology": r.topology} if r.topology else {}),
                 "addr": self.addr,
                 "boot_id": self.boot_id,
                 "version": __version__,

@@ -20,6 +20,7 @@ from phalanx.auth import localsock, service
 from phalanx.client import Client
 from phalanx.config import load_config
 from phalanx.controller.server import StartupError, check_state_dir, open_device, setup_logging
+from phalanx.domain.topology import parse_place
 from phalanx.domain.values import parse_memory_mb
 from phalanx.errors import PhalanxError
 from phalanx.sdnotify import Notifier
@@ -50,6 +51,7 @@ def run_agent(
     mem: str | None,
     gpus: str | None,
     features: str,
+    topology: str = "",
     health_config: Path | None = None,
     log_level: str = "info",
     key_file: Path | None = None,
@@ -78,6 +80,10 @@ def run_agent(
             except ValueError as e:
                 raise StartupError(f"--gpus: {e}") from None
         res.features = [f.strip() for f in features.split(",") if f.strip()]
+        try:
+            res.topology = parse_place(topology)
+        except ValueError as e:
+            raise StartupError(f"--topology: {e}") from None
         try:
             monitor = build_monitor(load_health_config(health_config))
         except ValueError as e:

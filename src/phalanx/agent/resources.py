@@ -99,6 +99,8 @@ class NodeResources:
     mem_mb: int
     gpus: list[tuple[int, str]] = field(default_factory=list)
     features: list[str] = field(default_factory=list)
+    # place in the topology tree, {level: domain} (--topology switch=s1,rack=r1)
+    topology: dict[str, str] = field(default_factory=dict)
 
 
 def detect(gpu_adapter: GpuAdapter | None = None) -> NodeResources:

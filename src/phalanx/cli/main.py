@@ -112,6 +112,12 @@ def agent(
     mem: str | None = typer.Option(None, "--mem", help="override detected memory (e.g. 64G)"),
     gpus: str | None = typer.Option(None, "--gpus", help="override detected GPUs, e.g. h100:8"),
     features: str = typer.Option("", "--features", help="comma list of node features"),
+    topology: str = typer.Option(
+        "",
+        "--topology",
+        help="the node's place in the topology tree, e.g. switch=s1,rack=r1,pdu=a "
+        "(the config's [topology] rules win over it)",
+    ),
     health_config: Path | None = typer.Option(
         None, "--health-config", help="TOML file with a [health] table (default: built-in checks)"
     ),
@@ -142,6 +148,7 @@ def agent(
             mem=mem,
             gpus=gpus,
             features=features,
+            topology=topology,
             log_level=log_level,
             key_file=key_file,
             auth_socket=auth_socket,
@@ -364,13 +371,20 @@ def _queue_states(text: str) -> list[str]:
 
 @app.command()
 def show(
-    ref: str = typer.Argument(..., help="job id (123, 123_4) or 'node NAME'"),
+    ref: str = typer.Argument(..., help="job id (123, 123_4), 'node NAME' or 'licenses'"),
     name: str | None = typer.Argument(None),
     url: str | None = UrlOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Show a job in detail (or `show node NAME`), like scontrol show job."""
+    """Show a job in detail (or `show node NAME`, `show licenses`), like scontrol show job."""
     with _client(url) as c:
+        if ref in ("licenses", "license", "lic"):
+            lics = _run(c.licenses)
+            if as_json:
+                _emit(lics)
+            else:
+                console.print(render.licenses_table(lics), highlight=False)
+            return
         if ref == "node":
             if not name:
                 _fail("usage: phalanx show node NAME")

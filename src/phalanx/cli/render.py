@@ -60,6 +60,16 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Table:
     return t
 
 
+def licenses_table(lics: list[dict[str, Any]]) -> str:
+    """NAME TOTAL USED FREE, one licence a line (phalanx show licenses)."""
+    if not lics:
+        return "no licences configured (cluster.licenses)"
+    width = max(4, *(len(x["name"]) for x in lics))
+    rows = [f"{'NAME':<{width}} {'TOTAL':>7} {'USED':>7} {'FREE':>7}"]
+    rows += [f"{x['name']:<{width}} {x['total']:>7} {x['used']:>7} {x['free']:>7}" for x in lics]
+    return "\n".join(rows)
+
+
 def job_detail(j: dict[str, Any]) -> str:
     attempts = j.get("attempts") or []
     lines = [
@@ -81,7 +91,8 @@ def job_detail(j: dict[str, Any]) -> str:
             if j["gpus_per_node"]
             else ""
         ),
-        f"   Exclusive={int(j['exclusive'])} Features={j.get('constraint') or '(null)'}",
+        f"   Exclusive={int(j['exclusive'])} Features={j.get('constraint') or '(null)'}"
+        f" Licenses={j.get('licenses') or '(null)'}",
         # another user's job under auth.private_data comes without these (access.redact)
         f"   Command={_private(j, 'command')}",
         f"   WorkDir={_private(j, 'workdir')}",
@@ -240,6 +251,11 @@ def node_detail(n: dict[str, Any]) -> str:
         + (f" ({','.join(gpu_types)})" if gpu_types else "")
         + f" GresUsed=gpu:{n['gpus_alloc']} Features={','.join(n['features']) or '(null)'}",
         f"   LastHeartbeat={_ts(n['last_heartbeat'])} Registered={_ts(n['registered_at'])}",
+        *(
+            ["   Topology=" + ",".join(f"{k}={v}" for k, v in n["topology"].items())]
+            if n.get("topology")
+            else []
+        ),
         f"   Jobs={','.join(str(x) for x in n['jobs']) or '(none)'}"
         + (f" SpareFor={','.join(str(x) for x in n['spare_for'])}" if n.get("spare_for") else ""),
     ]

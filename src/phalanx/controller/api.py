@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -124,6 +124,11 @@ class RegisterIn(BaseModel):
     boot_id: str | None = None
     version: str | None = None
     health: dict[str, Any] | None = None  # the preflight's result
+    # place in the topology tree, {level: domain} (phalanx agent --topology); absent: none
+    topology: dict[
+        Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")],
+        Annotated[str, Field(min_length=1, max_length=128)],
+    ] = Field(default_factory=dict, max_length=16)
 
 
 class ReportIn(BaseModel):
@@ -262,6 +267,7 @@ def job_view(row: dict[str, Any], *, detail: bool = False) -> dict[str, Any]:
                 "comment": spec.get("comment"),
                 "nodes_max": spec.get("nodes_max"),
                 "spares": int(spec.get("spares") or 0),
+                "licenses": spec.get("licenses"),
                 "checkpoint_spec": spec.get("checkpoint_parsed"),
                 "checkpoint": row.get("checkpoint"),  # the latest recorded checkpoint
             }
@@ -807,7 +813,7 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
                 job=str(ids[0]),
                 owner=row["user"],
             )
-        return explaining.explain_job(ctl.store, row, time.time()).as_dict()
+        return explaining.explain_job(ctl.store, row, time.time(), ctl.plan_options).as_dict()
 
     # ---------------------------------------------------------------- steps (srun)
     def _own_job(ref: str, ident: Identity, what: str) -> dict[str, Any]:
@@ -891,15 +897,20 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
     @app.get("/v1/nodes")
     def nodes() -> dict[str, Any]:
         windows = ctl.store.list_windows()
-        views = [node_view(n) for n in ctl.store.list_nodes()]
-        for v in views:
+        rows = ctl.store.list_nodes()
+        views = [node_view(n) for n in rows]
+        for v, n in zip(views, rows, strict=True):
             v["maintenance"] = maint_api.node_windows(v["name"], windows)
+            v["topology"] = dict(ctl.topology.place(n["name"], n.get("topology")))
         return {"nodes": views}
 
     @app.get("/v1/nodes/{name}")
     def node(name: str) -> dict[str, Any]:
-        view = node_view(ctl.store.get_node(name))
+        row = ctl.store.get_node(name)
+        view = node_view(row)
         view["maintenance"] = maint_api.node_windows(name, ctl.store.list_windows())
+        # the place placement uses: the config's [topology] rules, else what the agent reported
+        view["topology"] = dict(ctl.topology.place(name, row.get("topology")))
         view["events"] = ctl.store.events(node=name)[-50:]
         return view
 
@@ -916,6 +927,25 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         ctl.store.resume(name, ident.actor)
         ctl.kick()
         return node_view(ctl.store.get_node(name))
+
+    # ---------------------------------------------------------------- licences
+    @app.get("/v1/licenses")
+    def licenses_view() -> dict[str, Any]:
+        """Every configured licence with its total, what attempts holding nodes use, and
+        what is free (scontrol show licenses, phalanx show licenses)."""
+        totals = ctl.config.cluster.license_totals()
+        used = ctl.store.licenses_in_use()
+        return {
+            "licenses": [
+                {
+                    "name": name,
+                    "total": total,
+                    "used": used.get(name, 0),
+                    "free": max(0, total - used.get(name, 0)),
+                }
+                for name, total in sorted(totals.items())
+            ]
+        }
 
     # ---------------------------------------------------------------- cluster
     @app.get("/v1/cluster")

@@ -8,6 +8,7 @@ job's view (GET /v1/jobs/{ref} ``usage``), not from here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from phalanx.domain import explain
@@ -19,8 +20,15 @@ _NODE_EVENT_SLACK_S = 120.0
 display_id = explain.display_id
 
 
-def explain_job(store: Any, row: dict[str, Any], now: float) -> explain.Explanation:
-    """Why job ``row`` (a full jobs row) is where it is, as of ``now``."""
+def explain_job(
+    store: Any,
+    row: dict[str, Any],
+    now: float,
+    plan_options: Callable[[Any], dict[str, Any]] | None = None,
+) -> explain.Explanation:
+    """Why job ``row`` (a full jobs row) is where it is, as of ``now``; ``plan_options`` gives
+    the scheduling pass's keywords for a snapshot (Controller.plan_options: queue policy,
+    licences, topology), so the explanation runs the pass the scheduler runs."""
     state = row["state"]
     attempts = store.attempts_of(int(row["id"]))
     if state in (JobState.PENDING.value, JobState.HELD.value):
@@ -31,7 +39,8 @@ def explain_job(store: Any, row: dict[str, Any], now: float) -> explain.Explanat
             for r in store.list_jobs(ids=missing):
                 snap.dep_states[int(r["id"])] = JobState(r["state"])
                 snap.dep_started[int(r["id"])] = r["start_time"] is not None
-        waiting = explain.explain_pending(row, snap, now)
+        options = plan_options(snap) if plan_options else {}
+        waiting = explain.explain_pending(row, snap, now, **options)
         if attempts:  # requeued: say why it came back, after why it waits now
             history = _history(store, row, attempts, now)
             waiting.lines += ["earlier attempts:"] + [f"  {x}" for x in history.lines]

@@ -40,7 +40,7 @@ from phalanx.controller.metrics import (
     observe_placements,
 )
 from phalanx.controller.submitq import SubmitQueue
-from phalanx.domain import checkpointing, scheduling, values
+from phalanx.domain import checkpointing, licenses, scheduling, values
 from phalanx.domain.checkpointing import IntervalDecision
 from phalanx.domain.detector import silent_nodes
 from phalanx.domain.spec import JobSpec, ResolvedJob, normalize
@@ -134,6 +134,7 @@ class Controller:
         self.cid = cid
         self.url = url
         self.partition_names = [p.name for p in config.cluster.partitions]
+        self.topology = config.topology.layout()
         self.leases = LeaseKeeper(
             store,
             cid,
@@ -396,6 +397,8 @@ class Controller:
             default_mem_per_cpu_mb=self.config.cluster.default_mem_per_cpu_mb,
             default_requeue=self.config.cluster.default_requeue,
         )
+        self._check_licenses(resolved)
+        self._check_topology(resolved)
         self._check_satisfiable(resolved, views)
         dump = spec.model_dump(exclude={"ignored"})
         dump["account"], dump["qos"] = self.fairshare.resolve(user, spec.account, spec.qos)
@@ -415,6 +418,45 @@ class Controller:
         SUBMITTED.inc(sum(len(i) for i in ids))
         if any(not resolved.hold for resolved, _ in items):
             self.kick()
+
+    def plan_options(self, snap: Any) -> dict[str, Any]:
+        """What a scheduling pass over `snap` takes besides the snapshot (scheduling.plan's
+        keywords): the queue policy (priority, limits), the licence totals, the topology. The
+        scheduler and `phalanx explain` use the same, so an explanation agrees with the pass."""
+        return {
+            "policy": self.fairshare.policy(snap),
+            "license_totals": self.config.cluster.license_totals(),
+            "topo": self.topology,
+        }
+
+    def _check_licenses(self, resolved: Any) -> None:
+        """Refuse a job asking for a licence the cluster does not have, or more than its
+        total (it would wait forever); whether they are free now is the scheduler's matter."""
+        if not resolved.licenses:
+            return
+        why = licenses.refusal(
+            licenses.parse_licenses(resolved.licenses), self.config.cluster.license_totals()
+        )
+        if why:
+            raise Unsatisfiable(
+                f"this job can never run here: --licenses={resolved.licenses}: {why}"
+            )
+
+    def _check_topology(self, resolved: Any) -> None:
+        """Refuse --spread/--anti-affinity with a level the cluster does not have (a typo
+        would silently spread over nodes instead of racks)."""
+        levels = self.config.topology.levels
+        for option, level in (
+            ("--spread", resolved.spread),
+            ("--anti-affinity", resolved.anti_affinity),
+        ):
+            if level is not None and level not in levels:
+                known = ", ".join(levels) or "none"
+                raise Unsatisfiable(
+                    f"{option}={level}: unknown topology level (levels of this cluster: {known})"
+                )
+        if resolved.switches is not None and not levels:
+            raise Unsatisfiable("--switches: this cluster has no topology levels configured")
 
     def _check_satisfiable(self, resolved: Any, views: list[Any]) -> None:
         from phalanx.domain.placement import unsatisfiable_reason
@@ -470,12 +512,15 @@ class Controller:
         snap = self.store.sched_snapshot()
         owner = {int(j["id"]): j["partitions"].split(",")[0] for j in snap.pending}
         snap.pending = [j for j in snap.pending if owner[int(j["id"])] in fences]
-        plan = scheduling.plan(snap, time.time(), policy=self.fairshare.policy(snap))
+        options = self.plan_options(snap)
+        totals = options["license_totals"]
+        plan = scheduling.plan(snap, time.time(), **options)
         for jid, why in plan.never:
             self.store.end_pending(jid, JobState.CANCELLED, why, fences[owner[jid]])
         started: list[int] = []
         if plan.starts:
             exclusive = {int(j["id"]): bool(j["exclusive"]) for j in snap.pending}
+            licensed = {int(j["id"]): j.get("licenses") for j in snap.pending}
             by_lease: dict[str, list[dict[str, Any]]] = {}
             for p in plan.starts:
                 by_lease.setdefault(owner[p.job_id], []).append(
@@ -488,6 +533,7 @@ class Controller:
                         "gpu_ids": p.gpu_ids,
                         "exclusive": exclusive[p.job_id],
                         "spares": p.spares,
+                        "licenses": licensed.get(p.job_id),
                     }
                 )
             for part, starts in sorted(by_lease.items()):
@@ -495,7 +541,7 @@ class Controller:
                 fence = self.leases.fence(sched_lease(part))
                 if fence is None:
                     continue
-                started += self.store.start_attempts(starts, fence)
+                started += self.store.start_attempts(starts, fence, license_totals=totals)
             STARTED.inc(len(started))
             self._placed = len(started)
             self._observe_starts(snap.pending, started)
@@ -705,6 +751,7 @@ class Controller:
             boot_id=info.get("boot_id"),
             version=info.get("version"),
             health=stored_health(info.get("health")),
+            topology=info.get("topology") or None,
         )
         self.seen(node)
         self._views_cache = None

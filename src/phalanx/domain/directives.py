@@ -31,6 +31,7 @@ from typing import Any
 
 from phalanx.domain import policy, values
 from phalanx.domain.hostlist import expand_hostlist
+from phalanx.domain.licenses import format_licenses, parse_licenses
 from phalanx.errors import InvalidSpec
 
 Converter = Callable[[str], dict[str, Any]]
@@ -193,6 +194,37 @@ def _validated_raw(name: str, check: Callable[[str], object]) -> Converter:
 
     def convert(text: str) -> dict[str, Any]:
         check(text)
+        return {name: text.strip()}
+
+    return convert
+
+
+def _licenses(text: str) -> dict[str, Any]:
+    """--licenses in canonical form (names sorted, counts explicit); refused now if invalid."""
+    return {"licenses": format_licenses(parse_licenses(text))}
+
+
+def _switches(text: str) -> dict[str, Any]:
+    """Slurm's ``--switches=N[@TIME]``: N leaf switches at most, for at most TIME (0: do
+    not wait; UNLIMITED: wait for ever; absent: 5 minutes, Slurm's max_switch_wait)."""
+    count, at, wait = text.strip().partition("@")
+    n = _whole(count, 1, "2@10:00")
+    if not at:
+        return {"switches": n}
+    wait = wait.strip()
+    if wait == "0":
+        return {"switches": n, "switches_wait_s": 0}
+    secs = values.parse_duration(wait)
+    return {"switches": n, "switches_wait_s": -1 if secs is None else secs}
+
+
+_LEVEL = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def _level_to(name: str, what: str = "topology level") -> Converter:
+    def convert(text: str) -> dict[str, Any]:
+        if not _LEVEL.match(text.strip()):
+            raise ValueError(f"invalid {what} {text!r}: letters, digits, '_', '.', '-' (e.g. rack)")
         return {name: text.strip()}
 
     return convert
@@ -381,6 +413,19 @@ OPTIONS: tuple[Option, ...] = (
          "SLURM_NODEID), not once on the first node"),
     _opt("spares", None, R, ("spares",), _int_to("spares", 0),
          "extra nodes to keep allocated as hot spares", "N"),
+    _opt("licenses", "L", R, ("licenses",), _licenses,
+         "cluster-wide licences the job holds while it runs, e.g. fluent:2,matlab",
+         "NAME[:N][,NAME[:N]]"),
+    _opt("switches", None, R, ("switches", "switches_wait_s"), _switches,
+         "pack the job under at most N leaf switches, waiting at most TIME for that "
+         "(default 5 minutes) before ignoring it", "N[@TIME]"),
+    _opt("spread", None, R, ("spread",), _level_to("spread"),
+         "spread the job's nodes over the domains of this topology level, e.g. rack", "LEVEL"),
+    _opt("group", None, R, ("group",), _level_to("group", "group name"),
+         "the job's group, for --anti-affinity", "NAME"),
+    _opt("anti-affinity", None, R, ("anti_affinity",), _level_to("anti_affinity"),
+         "keep this job off every domain of LEVEL where a running job of its --group is",
+         "LEVEL"),
     _opt("progress-timeout", None, R, ("progress_timeout_s",),
          _duration_to("progress_timeout_s"),
          "treat the job as hung when it reports no progress for this long", "TIME"),
@@ -431,7 +476,6 @@ OPTIONS: tuple[Option, ...] = (
     _ignored("ignore-pbs", arg=N),
     _ignored("immediate", "I", arg=OPT),
     _ignored("kill-on-invalid-dep"),
-    _ignored("licenses", "L"),
     _ignored("mcs-label"),
     _ignored("mem-bind"),
     _ignored("mincpus"),
@@ -451,7 +495,6 @@ OPTIONS: tuple[Option, ...] = (
     _ignored("reservation"),
     _ignored("sockets-per-node"),
     _ignored("spread-job", arg=N),
-    _ignored("switches"),
     _ignored("thread-spec"),
     _ignored("threads-per-core"),
     _ignored("time-min"),

@@ -306,10 +306,23 @@ def _competing(reason: str | None) -> bool:
 
 
 def explain_pending(
-    job: Mapping[str, Any], snap: Any, now: float, *, backfill: bool = True
+    job: Mapping[str, Any],
+    snap: Any,
+    now: float,
+    *,
+    backfill: bool = True,
+    policy: Any = None,
+    license_totals: dict[str, int] | None = None,
+    topo: Any = None,
 ) -> Explanation:
     """Why pending (or held) ``job`` waits, from ``snap`` (a `store.SchedSnapshot` that the job
-    is in, or that lacks it: a held job, or one beyond the snapshot's limit, is added)."""
+    is in, or that lacks it: a held job, or one beyond the snapshot's limit, is added).
+
+    ``policy``, ``license_totals`` and ``topo`` are the scheduling pass's own keywords
+    (scheduling.plan): with a queue policy the jobs ahead are those ahead in its order."""
+    if policy is not None:
+        snap = copy.copy(snap)
+        snap.pending = policy.order(snap, now)
     jid = int(job["id"])
     state = str(job["state"])
     shown = display_id(job)
@@ -325,9 +338,11 @@ def explain_pending(
     pending = pending[: pos + 1] + [p for p in pending[pos + 1 :] if p.get("reserved_until")]
     snap = copy.copy(snap)  # the caller's snapshot stays as it was
     snap.pending = pending
-    plan = scheduling.plan(snap, now, backfill=backfill)
+    plan = scheduling.plan(
+        snap, now, backfill=backfill, policy=policy, license_totals=license_totals, topo=topo
+    )
 
-    views = scheduling.node_views(snap.nodes, snap.partitions)
+    views = scheduling.node_views(snap.nodes, snap.partitions, topo)
     views.sort(key=lambda v: _natural(v.name))
     rows = {n["name"]: n for n in snap.nodes}
     allocs = _allocations(snap.allocations)

@@ -32,6 +32,9 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from phalanx.domain import topology
+from phalanx.domain.licenses import Pool
+
 __all__ = [
     "Allocation",
     "JobRequest",
@@ -59,6 +62,8 @@ class NodeView:
     features: frozenset[str]
     partitions: frozenset[str]
     schedulable: bool  # registered, not DOWN, not DRAIN
+    # Place in the network/power tree, (level, domain) pairs (domain/topology.py); () = none.
+    place: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +102,16 @@ class JobRequest:
     # A live restart reservation (rank order, then spares; see domain/elastic.py): the job is
     # placed first, on these nodes, and no other job may use them meanwhile.
     reserved: tuple[str, ...] = ()
+    # Cluster-wide counted resources (--licenses), (name, count) sorted by name; see
+    # domain/licenses.py. Checked against the pass's licence Pool before nodes are looked at.
+    licenses: tuple[tuple[str, int], ...] = ()
+    # Topology (domain/topology.py): at most this many leaf switches (--switches, None: any);
+    # rank nodes spread over the domains of this level (--spread); jobs of the same group kept
+    # in different domains of `anti_affinity` (--group, --anti-affinity).
+    switches: int | None = None
+    spread: str | None = None
+    group: str | None = None
+    anti_affinity: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,11 +308,15 @@ def _statically_eligible(job: JobRequest, node: NodeView) -> bool:
 class _Cluster:
     """Schedulable nodes indexed by partition, in natural name order (built once per call)."""
 
-    def __init__(self, nodes: Sequence[NodeView]) -> None:
+    def __init__(self, nodes: Sequence[NodeView], levels: Sequence[str] = ()) -> None:
         by_name: dict[str, NodeView] = {}
         for n in nodes:
             by_name[n.name] = n  # a duplicate name: the last view wins, deterministically
         self.by_name = by_name
+        self.levels = tuple(levels)  # topology levels, leaf first; () = no topology
+        self.places: dict[str, dict[str, str]] = {
+            n.name: dict(n.place) for n in by_name.values() if n.place
+        }
         ordered = sorted(by_name.values(), key=lambda n: _name_key(n.name))
         self.by_partition: dict[str, list[NodeView]] = {}
         for n in ordered:
@@ -351,7 +370,9 @@ def _fit_in_partition(
         # Multi-node: idle nodes first (they are the ones big jobs are kept whole for and avoid
         # noisy neighbours), then name order for a stable, readable rank layout.
         others.sort(key=lambda f: (not f.idle, _name_key(f.node.name)))
-    picked = others[:need]
+    picked = _pick(job, others, ranks - len(required), spares, required, cluster)
+    if picked is None:
+        return None
     rank_fits = [fits[r] for r in required] + picked[: ranks - len(required)]
     spare_fits = picked[ranks - len(required) :]
     rank_fits.sort(key=lambda f: _name_key(f.node.name))
@@ -374,6 +395,41 @@ def _fit_in_partition(
         gpu_type=gtype,
         spares=len(spare_fits),
     )
+
+
+def _pick(
+    job: JobRequest,
+    others: list[_NodeFit],
+    ranks: int,
+    spares: int,
+    required: list[str],
+    cluster: _Cluster,
+) -> list[_NodeFit] | None:
+    """The rank nodes to add (``ranks``), then the spares, from ``others`` (in preference
+    order). Without topology rules this is simply the first ones; with them, the choice is
+    domain/topology.py's (compact for multi-node jobs, --switches, --spread, spares outside
+    the job's own domains)."""
+    multi = ranks + len(required) > 1
+    topo = job.switches is not None or job.spread is not None
+    if not topo and not (cluster.places and (multi or spares)):
+        return others[: ranks + spares]
+    got = topology.select(
+        [f.node.name for f in others],
+        ranks,
+        spares,
+        cluster.places,
+        cluster.levels if multi or job.switches is not None else (),
+        fixed=required,
+        switches=job.switches,
+        spread=job.spread,
+        spare_level=job.spread
+        or job.anti_affinity
+        or (cluster.levels[-1] if cluster.levels else None),
+    )
+    if got is None:
+        return None
+    by_name = {f.node.name: f for f in others}
+    return [by_name[n] for n in (*got[0], *got[1])]
 
 
 def _place_reserved(
@@ -524,6 +580,9 @@ def place(
     *,
     backfill: bool = True,
     reserved_nodes: Mapping[str, int] | None = None,
+    licenses: Pool | None = None,
+    levels: Sequence[str] = (),
+    groups: Mapping[int, str] | None = None,
 ) -> list[Placement]:
     """Decide which of ``jobs`` (eligible, in priority order) start now, and where.
 
@@ -535,8 +594,22 @@ def place(
     nodes; those nodes, and ``reserved_nodes`` (node -> job id: reservations of jobs that are
     not in ``jobs``, e.g. scheduled by another partition's lease holder), are closed to every
     other job for this pass.
+
+    ``licenses``: the free cluster-wide licences; a job whose licences are not free is skipped
+    (recorded in ``licenses.blocked``, it neither starts nor blocks others) and every job
+    placed takes its licences from the pool. None: licences are not checked.
+
+    ``levels``: the topology levels, leaf first (nodes carry their place in ``NodeView.place``);
+    ``groups``: job id -> --group of running jobs, for --anti-affinity (a job of a group is
+    kept off every domain where a running or just-placed job of its group holds a node,
+    spares included).
     """
-    cluster = _Cluster(nodes)
+    cluster = _Cluster(nodes, levels)
+    group_nodes: dict[str, set[str]] = {}
+    for a in allocations:
+        g = (groups or {}).get(a.job_id)
+        if g is not None:
+            group_nodes.setdefault(g, set()).add(a.node)
     state = _State()
     holds: list[_Hold] = []
     for a in allocations:
@@ -557,7 +630,25 @@ def place(
             holds.append(h)
             if into_shadow and reservation is not None:
                 reservation.shadow.add(h)
+        if licenses is not None:
+            licenses.take(job.licenses)
+        if job.group is not None:
+            group_nodes.setdefault(job.group, set()).update(p.nodes)  # spares too
         result.append(p)
+
+    def kept_apart(job: JobRequest) -> JobRequest:
+        """The job with the nodes its group's anti-affinity forbids added to its excludes."""
+        if job.group is None or job.anti_affinity is None:
+            return job
+        away = topology.avoided(
+            cluster.by_name, cluster.places, job.anti_affinity, group_nodes.get(job.group, ())
+        )
+        if not away:
+            return job
+        return replace(job, exclude=tuple(sorted(set(job.exclude) | away)))
+
+    def licensed(job: JobRequest) -> bool:
+        return licenses is None or not job.licenses or licenses.gate(job.job_id, job.licenses)
 
     owners = dict(reserved_nodes or {})
     for job in jobs:
@@ -568,18 +659,23 @@ def place(
             if not job.reserved or job.job_id in seen:
                 continue
             seen.add(job.job_id)  # placed now or waits for its reserved nodes
+            if not licensed(job):
+                continue
             closed_here = frozenset(n for n, j in owners.items() if j != job.job_id)
             p = _place_reserved(job, cluster, state, closed_here)
             if p is not None:
                 commit(job, p, into_shadow=False)
         cluster = _Cluster(
-            [replace(n, schedulable=False) if n.name in owners else n for n in nodes]
+            [replace(n, schedulable=False) if n.name in owners else n for n in nodes], levels
         )
 
     for job in jobs:
         if job.job_id in seen:
             continue  # a duplicate in the input must not start twice
         seen.add(job.job_id)
+        if not licensed(job):
+            continue  # waits for licences (reason Licenses); holds no nodes back
+        job = kept_apart(job)
 
         if reservation is None and closed is None:
             p = _try(job, cluster, state)

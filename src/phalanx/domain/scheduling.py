@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from phalanx.domain import maintenance, values
+from phalanx.domain import licenses, maintenance, topology, values
 from phalanx.domain.deps import DepVerdict, evaluate
 from phalanx.domain.placement import Allocation, JobRequest, NodeView, Placement, place
 from phalanx.domain.priority import QueuePolicy
@@ -43,8 +43,12 @@ def node_partitions(node: str, partitions: Iterable[dict[str, Any]]) -> frozense
 
 
 def node_views(
-    nodes: list[dict[str, Any]], partitions: dict[str, dict[str, Any]]
+    nodes: list[dict[str, Any]],
+    partitions: dict[str, dict[str, Any]],
+    topo: topology.Layout | None = None,
 ) -> list[NodeView]:
+    """Nodes as placement sees them; ``topo``: their places in the tree (config, or what
+    each agent reported at register, in the row's ``topology``)."""
     return [
         NodeView(
             name=n["name"],
@@ -54,6 +58,7 @@ def node_views(
             features=frozenset(n["features"] or []),
             partitions=node_partitions(n["name"], partitions.values()),
             schedulable=bool(n["registered"]) and not n["down"] and not n["drain"],
+            place=topo.place(n["name"], n.get("topology")) if topo is not None else (),
         )
         for n in nodes
     ]
@@ -81,6 +86,11 @@ def resolved_fields(resolved: Any) -> dict[str, Any]:
         "time_limit_s": resolved.time_limit_s,
         "nodes_max": getattr(resolved, "nodes_max", None),
         "spares": getattr(resolved, "spares", 0),
+        "licenses": getattr(resolved, "licenses", None),
+        "switches": getattr(resolved, "switches", None),
+        "spread": getattr(resolved, "spread", None),
+        "group": getattr(resolved, "group", None),
+        "anti_affinity": getattr(resolved, "anti_affinity", None),
     }
 
 
@@ -105,7 +115,34 @@ def job_request(job: dict[str, Any]) -> JobRequest:
         time_limit_s=job["time_limit_s"],
         nodes_max=int(job["nodes_max"]) if job.get("nodes_max") else None,
         spares=int(job.get("spares") or 0),
+        licenses=license_request(job.get("licenses")),
+        switches=int(job["switches"]) if job.get("switches") else None,
+        spread=job.get("spread") or None,
+        group=job.get("group") or None,
+        anti_affinity=job.get("anti_affinity") or None,
     )
+
+
+# Slurm's max_switch_wait default: how long --switches=N without @TIME holds out for N switches
+DEFAULT_SWITCH_WAIT_S = 300
+
+
+def switch_wait_over(job: dict[str, Any], now: float) -> bool:
+    """Whether a --switches=N[@TIME] job has waited TIME (default 300 s; -1: for ever) since
+    it was submitted: its switch count is then ignored, as Slurm does."""
+    wait = job.get("switches_wait_s")
+    wait = DEFAULT_SWITCH_WAIT_S if wait is None else int(wait)
+    if wait < 0:
+        return False  # --switches=N@UNLIMITED: waits for its switches for ever
+    submitted = job.get("submit_time")
+    return submitted is not None and now - float(submitted) >= wait
+
+
+def license_request(text: str | None) -> tuple[tuple[str, int], ...]:
+    """A stored --licenses text as placement's sorted (name, count) pairs; () for none."""
+    if not text:
+        return ()
+    return tuple(sorted(licenses.parse_licenses(text).items()))
 
 
 def live_reservation(job: dict[str, Any], now: float) -> tuple[str, ...]:
@@ -118,17 +155,28 @@ def live_reservation(job: dict[str, Any], now: float) -> tuple[str, ...]:
 
 
 def plan(
-    snap: Any, now: float, *, backfill: bool = True, policy: QueuePolicy | None = None
+    snap: Any,
+    now: float,
+    *,
+    backfill: bool = True,
+    policy: QueuePolicy | None = None,
+    license_totals: dict[str, int] | None = None,
+    topo: topology.Layout | None = None,
 ) -> Plan:
     """Decide which pending jobs start where (snap: a store.SchedSnapshot).
 
     With a `policy` (multifactor priority and limits, domain/priority.py) the pending jobs are
     taken in its order and jobs over a limit wait with the limit's reason; without one, in the
-    snapshot's order."""
+    snapshot's order. ``license_totals``: the cluster's licence counts (config
+    ``cluster.licenses``); the ones in use are the snapshot's ``licenses_held`` (one request
+    text per attempt that holds its resources). ``topo``: the topology layout (config
+    ``topology``); the snapshot's ``groups_active`` (job id -> --group of jobs holding nodes)
+    feeds --anti-affinity.
+    """
     out = Plan()
     pending = policy.order(snap, now) if policy else snap.pending
     holding = policy.holding(snap) if policy else None
-    views = node_views(snap.nodes, snap.partitions)
+    views = node_views(snap.nodes, snap.partitions, topo)
     allocs = [
         Allocation(
             job_id=int(a["job_id"]),
@@ -181,6 +229,8 @@ def plan(
         if singleton:
             names_taken.add(key)
         req = keep_off.restrict(job_request(job))
+        if req.switches is not None and switch_wait_over(job, now):
+            req = replace(req, switches=None)
         reserved = live_reservation(job, now)
         if reserved:
             req = replace(req, reserved=reserved)
@@ -190,14 +240,30 @@ def plan(
     for r in getattr(snap, "reservations", None) or []:
         for name in live_reservation(r, now):
             others.setdefault(name, int(r["id"]))
-    placed = place(eligible, views, allocs, now, backfill=backfill, reserved_nodes=others)
+    held = licenses.held(
+        dict(license_request(t)) for t in getattr(snap, "licenses_held", None) or []
+    )
+    pool = licenses.Pool(license_totals or {}, held)
+    placed = place(
+        eligible,
+        views,
+        allocs,
+        now,
+        backfill=backfill,
+        reserved_nodes=others,
+        licenses=pool,
+        levels=topo.levels if topo is not None else (),
+        groups=getattr(snap, "groups_active", None),
+    )
     if policy and holding is not None:
         placed = _within_limits(placed, snap.pending, policy, holding, out.reasons)
     placed_ids = {p.job_id for p in placed}
     out.starts = placed
     first_blocked = True
     for req in eligible:
-        if req.job_id not in placed_ids and req.reserved:
+        if req.job_id in pool.blocked:
+            out.reasons[req.job_id] = "Licenses"
+        elif req.job_id not in placed_ids and req.reserved:
             out.reasons[req.job_id] = "Reserved (restarts on its nodes after a node failure)"
         elif req.job_id not in placed_ids and req.job_id not in out.reasons:  # not over a limit
             out.reasons[req.job_id] = "Resources" if first_blocked else "Priority"

@@ -13,9 +13,10 @@ import signal as _signal
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from phalanx.domain import policy, values
+from phalanx.domain.licenses import format_licenses, parse_licenses
 from phalanx.errors import InvalidSpec
 
 MAX_SCRIPT_BYTES = 4 * 1024 * 1024
@@ -90,6 +91,16 @@ class JobSpec(BaseModel):
     mail_user: str | None = None
     mail_type: str | None = None
     spares: int | None = Field(default=None, ge=0)
+    licenses: str | None = Field(
+        default=None, max_length=4096, description="cluster licences, e.g. fluent:2,matlab:1"
+    )
+    switches: int | None = Field(default=None, ge=1, le=100_000, description="--switches=N")
+    switches_wait_s: int | None = Field(
+        default=None, ge=-1, description="--switches=N@TIME: seconds; -1 for ever; absent 300"
+    )
+    spread: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    group: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    anti_affinity: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     all_nodes: bool = Field(
         default=False,
         description="run the batch script on every node (rank in SLURM_NODEID); default: once, "
@@ -116,6 +127,14 @@ class JobSpec(BaseModel):
         default=None, description='seconds between periodic checkpoint requests, or "auto"'
     )
     ignored: list[str] = Field(default_factory=list)
+
+    @field_validator("licenses")
+    @classmethod
+    def _canonical_licenses(cls, v: str | None) -> str | None:
+        """Stored and shown as fluent:2,matlab:1 however it was written (ValueError: 422)."""
+        if v is None or not v.strip():
+            return None
+        return format_licenses(parse_licenses(v))
 
 
 @dataclass(frozen=True)
@@ -156,6 +175,12 @@ class ResolvedJob:
     the cluster's checkpoint_grace), interval_s (seconds, "auto" or None), dir, batch_only."""
     nodes_max: int | None = None  # elastic (--nodes=MIN-MAX): `nodes` is MIN
     spares: int = 0  # hot spare nodes held with the allocation (--spares)
+    licenses: str | None = None  # canonical --licenses text (domain/licenses.py), None: none
+    # topology (domain/topology.py): --switches, --spread, --group, --anti-affinity
+    switches: int | None = None
+    spread: str | None = None
+    group: str | None = None
+    anti_affinity: str | None = None
 
 
 def _field_error(fieldname: str, message: str) -> InvalidSpec:
@@ -192,6 +217,13 @@ def normalize(
             "the batch script must start with an interpreter line such as '#!/bin/bash'",
         )
     nodes_max, spares = _elastic(spec)
+    licenses = _licenses(spec)
+    if spec.anti_affinity is not None and spec.group is None:
+        raise _field_error(
+            "anti_affinity",
+            f"--anti-affinity={spec.anti_affinity} keeps jobs of one group apart: "
+            "give the job's group with --group=NAME",
+        )
 
     nodes = spec.nodes
     if spec.ntasks is not None and spec.ntasks_per_node is not None:
@@ -302,6 +334,11 @@ def normalize(
         checkpoint=checkpoint,
         nodes_max=nodes_max,
         spares=spares,
+        licenses=licenses,
+        switches=spec.switches,
+        spread=spec.spread,
+        group=spec.group,
+        anti_affinity=spec.anti_affinity,
     )
 
 
@@ -400,6 +437,17 @@ def _elastic(spec: JobSpec) -> tuple[int | None, int]:
     if spares > 100_000:
         raise _field_error("spares", f"--spares={spares} is more than any cluster has")
     return nodes_max, spares
+
+
+def _licenses(spec: JobSpec) -> str | None:
+    """The --licenses request in canonical form; whether the cluster has them is checked at
+    submit against its configured counts (the controller knows them, not the spec)."""
+    if spec.licenses is None or not spec.licenses.strip():
+        return None
+    try:
+        return format_licenses(parse_licenses(spec.licenses))
+    except ValueError as e:
+        raise _field_error("licenses", str(e)) from None
 
 
 def _check_retry(spec: JobSpec) -> None:

@@ -97,6 +97,8 @@ def job_lines(job: dict[str, Any], now: float) -> list[str]:
         f"CPUs/Task={job.get('cpus_per_task') or 1}",
         f"TRES={records.tres_text(job)}",
         f"Features={_null(job.get('constraint'))}",
+        # Slurm prints Licenses= on every job; here only on jobs that asked for some
+        *([f"Licenses={job['licenses']}"] if job.get("licenses") else []),
         f"Command={_null(job.get('command'))}",
         f"WorkDir={_null(job.get('workdir'))}",
     ]
@@ -371,10 +373,27 @@ def show(cli: Client | None, words: list[str], *, oneliner: bool, now: float) ->
             blocks.append(partition_lines(p, [n for n in nodes if n["name"] in members]))
         sys.stdout.write(render_blocks(blocks, oneliner=oneliner))
         return 0
+    if what in ("lic", "license", "licenses"):
+        lics = cli.licenses()
+        if rest:
+            lics = [x for x in lics if x["name"] == rest[0]]
+            if not lics:
+                raise CommandError(f"License {rest[0]} not found")
+        sys.stdout.write(render_blocks([license_lines(x) for x in lics], oneliner=oneliner))
+        return 0
     raise SlurmUsageError(
-        f"show {words[0]} is not supported here (supported: job, node, partition, hostnames, "
-        "hostlist)"
+        f"show {words[0]} is not supported here (supported: job, node, partition, licenses, "
+        "hostnames, hostlist)"
     )
+
+
+def license_lines(lic: dict[str, Any]) -> list[str]:
+    """Slurm 22.05's record: LicenseName=, then Total/Used/Free (no reservations, no remote
+    licences here)."""
+    return [
+        f"LicenseName={lic['name']}",
+        f"Total={lic['total']} Used={lic['used']} Free={lic['free']} Reserved=0 Remote=no",
+    ]
 
 
 def update(cli: Client, words: list[str]) -> int:

@@ -169,6 +169,8 @@ nodes = Table(
     Column("work_gen", Integer, nullable=False, default=0),  # bumped when its desired work changes
     Column("health", JSON, nullable=True),  # the agent's last health summary
     Column("launch_failures", Integer, nullable=False, default=0, server_default="0"),  # in a row
+    # {level: domain} the agent reported (phalanx agent --topology); config rules win over it
+    Column("topology", JSON, nullable=True),
 )
 
 partitions = Table(

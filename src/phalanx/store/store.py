@@ -41,7 +41,7 @@ from sqlalchemy import (
     update,
 )
 
-from phalanx.domain import checkpointing, efficiency, job_reports
+from phalanx.domain import checkpointing, efficiency, job_reports, licenses
 from phalanx.domain.elastic import restart_layout
 from phalanx.domain.policy import (
     Action,
@@ -142,6 +142,10 @@ class SchedSnapshot:
     maintenance: list[dict[str, Any]] = field(default_factory=list)
     # jobs holding resources (for limits): user, account, qos, nodes, gpus_per_node
     active_jobs: list[dict[str, Any]] = field(default_factory=list)
+    # the --licenses text of every attempt that holds its resources (not ENDED)
+    licenses_held: list[str] = field(default_factory=list)
+    # job id -> --group of every job with an attempt that holds its nodes (anti-affinity)
+    groups_active: dict[int, str] = field(default_factory=dict)
 
 
 MAX_ID = 2**63 - 1  # the largest id an INTEGER column holds (SQLite and PostgreSQL)
@@ -892,7 +896,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage):
             pending = [
                 dict(r)
                 for r in conn.execute(
-                    select(*_JOB_SUMMARY, *_elastic_columns())
+                    select(*_JOB_SUMMARY, *_elastic_columns(), _LICENSES, *_topology_columns())
                     .where(s.jobs.c.state == JobState.PENDING.value)
                     .order_by(s.jobs.c.priority.desc(), s.jobs.c.id)
                     .limit(pending_limit)
@@ -951,15 +955,58 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage):
                 reservations=reservations,
                 maintenance=self._live_windows(conn),
                 active_jobs=self._limit_rows(conn, active_states),
+                licenses_held=self._licenses_held(conn),
+                groups_active=self._groups_active(conn),
             )
 
-    def start_attempts(self, starts: Sequence[dict[str, Any]], fence: Fence | None) -> list[int]:
+    @staticmethod
+    def _groups_active(conn: Connection) -> dict[int, str]:
+        """The --group of every job with an attempt that still holds its nodes."""
+        group = s.jobs.c.spec["group"].as_string()
+        return {
+            int(r[0]): str(r[1])
+            for r in conn.execute(
+                select(s.attempts.c.job_id, group)
+                .select_from(s.attempts.join(s.jobs, s.jobs.c.id == s.attempts.c.job_id))
+                .where(s.attempts.c.state != AttemptState.ENDED.value, group.is_not(None))
+            )
+            if r[1]
+        }
+
+    def licenses_in_use(self) -> dict[str, int]:
+        """Licence name -> count held by attempts that hold their nodes."""
+        with self.db.begin(write=False) as conn:
+            return licenses.held(licenses.parse_licenses(t) for t in self._licenses_held(conn))
+
+    @staticmethod
+    def _licenses_held(conn: Connection) -> list[str]:
+        """The --licenses text of every attempt that still holds its resources: a licence is
+        given back when the attempt ENDS, not when the job leaves RUNNING."""
+        return [
+            str(r[0])
+            for r in conn.execute(
+                select(_LICENSES_TEXT)
+                .select_from(s.attempts.join(s.jobs, s.jobs.c.id == s.attempts.c.job_id))
+                .where(s.attempts.c.state != AttemptState.ENDED.value, _LICENSES_TEXT.is_not(None))
+            )
+            if r[0]
+        ]
+
+    def start_attempts(
+        self,
+        starts: Sequence[dict[str, Any]],
+        fence: Fence | None,
+        *,
+        license_totals: Mapping[str, int] | None = None,
+    ) -> list[int]:
         """Create attempts for placements, in one fenced transaction; return the job ids started.
 
         Each item: job_id, partition, nodes (rank order), cpus_per_node, mem_per_node_mb (list),
         gpu_ids (list of lists), exclusive, time_limit_s, and optionally spares: how many of the
         last `nodes` are hot spares (their tasks hold resources, rank -1, and run nothing). A
         job that is no longer PENDING is skipped. Starting ends a job's restart reservation.
+        An item with `licenses` (its --licenses text) is skipped when they are no longer free
+        against `license_totals` (another partition's scheduler took them since the snapshot).
         """
         now = _now()
         if not starts:
@@ -983,6 +1030,8 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage):
                 and r.state == JobState.PENDING.value
             ]
             ok = self._fitting(conn, ok)
+            if any(st.get("licenses") for st in ok):
+                ok = self._licensed(conn, ok, license_totals or {})
             if not ok:
                 return []
             res = conn.execute(
@@ -1062,6 +1111,30 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage):
             )
             self._bump_gen(conn, {n for st in ok for n in st["nodes"]})
         return [int(st["job_id"]) for st in ok]
+
+    def _licensed(
+        self, conn: Connection, starts: list[dict[str, Any]], totals: Mapping[str, int]
+    ) -> list[dict[str, Any]]:
+        """The starts whose licences are still free, checked inside the write transaction
+        (PostgreSQL: under a transaction-scoped advisory lock, so two schedulers of different
+        partitions cannot both hand out the last licence; SQLite writers are serialised)."""
+        if self.dialect == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _LICENSE_LOCK})
+        pool = licenses.Pool(
+            totals,
+            licenses.held(licenses.parse_licenses(t) for t in self._licenses_held(conn)),
+        )
+        out = []
+        for st in starts:
+            want = (
+                sorted(licenses.parse_licenses(st["licenses"]).items())
+                if st.get("licenses")
+                else []
+            )
+            if pool.fits(want):
+                pool.take(want)
+                out.append(st)
+        return out
 
     def _fitting(self, conn: Connection, starts: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The starts that still fit their nodes, checked inside the write transaction.
@@ -1164,9 +1237,11 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage):
         boot_id: str | None,
         version: str | None,
         health: dict[str, Any] | None = None,
+        topology: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         now = _now()
         values = {
+            "topology": topology or None,
             "registered": True,
             "cpus": cpus,
             "mem_mb": mem_mb,
@@ -2193,6 +2268,25 @@ def _submit_event(job_id: int, row: dict[str, Any], user: str, now: float) -> di
         "message": f"submitted by {user} to {row['partitions']}{held}",
         "ts": now,
     }
+
+
+# A job's --licenses text, read from its stored spec (no own column, so no migration).
+_LICENSES_TEXT = s.jobs.c.spec["licenses"].as_string()
+_LICENSES = _LICENSES_TEXT.label("licenses")
+# pg_advisory_xact_lock key that serialises licence checks of concurrent start transactions
+_LICENSE_LOCK = 0x5048584C4943  # "PHXLIC"
+
+
+def _topology_columns() -> list[Any]:
+    """A job's topology options, read from its stored spec (domain/topology.py)."""
+    spec = s.jobs.c.spec
+    return [
+        spec["switches"].as_integer().label("switches"),
+        spec["switches_wait_s"].as_integer().label("switches_wait_s"),
+        spec["spread"].as_string().label("spread"),
+        spec["group"].as_string().label("group"),
+        spec["anti_affinity"].as_string().label("anti_affinity"),
+    ]
 
 
 def _elastic_columns() -> list[Any]:
