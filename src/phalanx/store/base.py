@@ -57,6 +57,12 @@ class StoreBase:
         cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
         with self.db.begin(unbounded=True) as conn:  # a migration may rewrite large tables
             if self.dialect == "postgresql":
+                # Between its statements Alembic runs Python (it loads and runs each revision
+                # script): on a loaded host those gaps can outlast the idle limit set for the
+                # controllers' short transactions (engine.idle_in_transaction_ms), and the
+                # server would end the migration half way. Its own, longer limit still frees
+                # the lock of a controller that froze mid-migration.
+                conn.execute(text("SET LOCAL idle_in_transaction_session_timeout = '300s'"))
                 conn.execute(text("SELECT pg_advisory_xact_lock(7263501)"))
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "head")
