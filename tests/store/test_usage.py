@@ -109,3 +109,48 @@ def test_an_attempt_that_never_started_costs_nothing(store: Store) -> None:
     start(store, jid, ["n1"])
     assert _charge(store, time.time()) == 0
     assert store.usage_table(time.time(), 0.0) == {}
+
+
+def test_a_backlog_is_charged_in_batches_and_nothing_is_lost(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More uncharged attempts than one transaction takes (usage.CHARGE_BATCH, 2 here): each
+    charge takes the oldest batch, the next ones the rest, and the total is what one charge of
+    everything would have given."""
+    from phalanx.store import usage
+
+    monkeypatch.setattr(usage, "CHARGE_BATCH", 2)
+    add_node(store, "n1", cpus=8, gpus=0)
+    t0 = time.time() - 1000.0
+    atts: list[dict[str, object]] = []
+    for _ in range(5):
+        jid = submit1(store, cpus_per_task=1, account="phys")
+        job = store.get_job(jid)
+        store.start_attempts(
+            [
+                {
+                    "job_id": jid,
+                    "partition": job["partition"],
+                    "nodes": ["n1"],
+                    "cpus_per_node": 1,
+                    "mem_per_node_mb": [job["mem_per_node_mb"]],
+                    "gpu_ids": [[]],
+                    "exclusive": False,
+                }
+            ],
+            None,
+        )
+        atts.append(store.attempts_of(jid)[-1])
+        # a report names every task the node runs (one left out has ended)
+        store.apply_reports("n1", [running(a) for a in atts], time.time())
+        _set_start(store, atts[-1]["id"], t0)
+    # each a running CPU: 1 unit a second. Two charges reach 4 of the 5 attempts...
+    assert [_charge(store, t0 + 100) for _ in range(2)] == [2, 2]
+    assert store.usage_table(t0 + 100, 0.0) == {("phys", "alice"): pytest.approx(400.0)}
+    # ... the third the last one (never charged goes first) and then the least recently
+    # charged: running attempts stay open, and all of them come round in turn
+    _charge(store, t0 + 100)
+    assert store.usage_table(t0 + 100, 0.0)[("phys", "alice")] == pytest.approx(500.0)
+    for _ in range(3):  # a later moment: every one is charged its 50 s, none twice
+        _charge(store, t0 + 150)
+    assert store.usage_table(t0 + 150, 0.0)[("phys", "alice")] == pytest.approx(750.0)

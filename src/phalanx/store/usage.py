@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, func, insert, select, update
+from sqlalchemy import Connection, bindparam, func, insert, select, update
 
 from phalanx.domain import fairshare
 from phalanx.domain.states import AttemptState, JobState
@@ -26,6 +26,11 @@ from phalanx.store.sqlbits import chunks as _chunks
 
 HOLDING = (JobState.STARTING.value, JobState.RUNNING.value, JobState.COMPLETING.value)
 SUBMITTED = (JobState.PENDING.value, JobState.HELD.value, *HOLDING)
+# Attempts charged in one transaction at most: a backlog (attempts recorded while no controller
+# charged them, or written by a tool) is charged over a few periods, each a short transaction,
+# instead of one that holds the store's write lock for seconds. None is lost: an attempt not
+# reached stays uncharged, and is charged from its own mark when it is.
+CHARGE_BATCH = 5_000
 
 
 class FairShareUsage(StoreBase):
@@ -58,6 +63,14 @@ class FairShareUsage(StoreBase):
                     )
                     .join(s.jobs, s.jobs.c.id == s.attempts.c.job_id)
                     .where(s.attempts.c.uncharged.is_(True))
+                    # the least recently charged first (never charged before all): running
+                    # attempts stay uncharged-marked, and every one of them must come round
+                    .order_by(
+                        s.attempts.c.charged_until.is_not(None),
+                        s.attempts.c.charged_until,
+                        s.attempts.c.id,
+                    )
+                    .limit(CHARGE_BATCH)
                 ).mappings()
             )
             held = self._held_resources(conn, [int(r["id"]) for r in rows if r["start_time"]])
@@ -95,11 +108,12 @@ class FairShareUsage(StoreBase):
                         for (a, u), v in charges.items()
                     ],
                 )
-            for aid, until_, still_open in marks:
+            if marks:  # one statement, many parameter sets: a long backlog costs one round
                 conn.execute(
                     update(s.attempts)
-                    .where(s.attempts.c.id == aid)
-                    .values(charged_until=until_, uncharged=still_open)
+                    .where(s.attempts.c.id == bindparam("b_id"))
+                    .values(charged_until=bindparam("b_until"), uncharged=bindparam("b_open")),
+                    [{"b_id": a, "b_until": u, "b_open": o} for a, u, o in marks],
                 )
             return sum(1 for m in marks if m[1] is not None)
 
