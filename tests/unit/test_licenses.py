@@ -9,6 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
+from test_scheduling import job as scheduling_job
+from test_scheduling import node as scheduling_node
 
 from phalanx.config import ConfigError, load_config
 from phalanx.domain import licenses
@@ -99,40 +101,11 @@ def test_directive_and_spec() -> None:
 
 
 def _node(name: str, cpus: int = 64) -> dict[str, Any]:
-    return {
-        "name": name,
-        "cpus": cpus,
-        "mem_mb": 1 << 20,
-        "gpus": [],
-        "features": [],
-        "registered": True,
-        "down": False,
-        "drain": False,
-    }
+    return scheduling_node(name, cpus=cpus, mem_mb=1 << 20)
 
 
 def _job(jid: int, lic: str | None) -> dict[str, Any]:
-    return {
-        "id": jid,
-        "name": f"job{jid}",
-        "user": "alice",
-        "partitions": "batch",
-        "nodes": 1,
-        "cpus_per_node": 1,
-        "mem_per_node_mb": 1,
-        "gpus_per_node": 0,
-        "gpu_type": None,
-        "exclusive": False,
-        "constraint_expr": None,
-        "nodelist": [],
-        "exclude": [],
-        "time_limit_s": 3600,
-        "dependency": [],
-        "array_job_id": None,
-        "array_limit": None,
-        "reason": None,
-        "licenses": lic,
-    }
+    return scheduling_job(jid, mem_per_node_mb=1, licenses=lic)
 
 
 def _snap(pending: list[dict[str, Any]], held: list[str] | None = None) -> SchedSnapshot:

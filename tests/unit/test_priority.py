@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_scheduling import job as scheduling_job
+from test_scheduling import node as scheduling_node
 
 from phalanx.domain import limits as lim
 from phalanx.domain.priority import ClusterSize, QueuePolicy, Weights, breakdown, order
@@ -18,43 +20,12 @@ NOW = 1_000_000.0
 
 
 def node(name: str, cpus: int = 4, gpus: int = 0) -> dict[str, Any]:
-    return {
-        "name": name,
-        "cpus": cpus,
-        "mem_mb": 8192,
-        "gpus": [[i, "a100"] for i in range(gpus)],
-        "features": [],
-        "registered": True,
-        "down": False,
-        "drain": False,
-    }
+    return scheduling_node(name, cpus=cpus, gpus=gpus)
 
 
 def job(jid: int, **kw: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "id": jid,
-        "name": f"job{jid}",
-        "user": "alice",
-        "partitions": "batch",
-        "nodes": 1,
-        "cpus_per_node": 1,
-        "mem_per_node_mb": 512,
-        "gpus_per_node": 0,
-        "gpu_type": None,
-        "exclusive": False,
-        "constraint_expr": None,
-        "nodelist": [],
-        "exclude": [],
-        "time_limit_s": 3600,
-        "dependency": [],
-        "array_job_id": None,
-        "array_limit": None,
-        "reason": None,
-        "submit_time": NOW,
-        "priority": 0,
-    }
-    base.update(kw)
-    return base
+    """test_scheduling's job row, submitted at NOW with no explicit priority unless told."""
+    return scheduling_job(jid, **{"submit_time": NOW, "priority": 0, **kw})
 
 
 def snap(nodes: list[dict[str, Any]], pending: list[dict[str, Any]]) -> SchedSnapshot:
