@@ -59,7 +59,7 @@ import psutil
 import psycopg
 from psycopg import sql
 
-from pgcluster import _postgres_user_processes_in
+from pgcluster import _postgres_user_processes_in, sweep
 from pgserver import (
     DEFAULT_DBNAME,
     PG_ROLE,
@@ -604,15 +604,7 @@ class PatroniCluster:
             with contextlib.suppress(Exception):
                 self.etcd.stop()
         finally:
-            for _ in range(5):
-                left = _postgres_user_processes_in(self.base_dir)
-                if not left:
-                    break
-                for proc in left:
-                    with contextlib.suppress(psutil.NoSuchProcess):
-                        proc.send_signal(signal.SIGKILL)
-                psutil.wait_procs(left, timeout=5)
-            shutil.rmtree(self.base_dir, ignore_errors=True)
+            sweep(self.base_dir)
 
     def leftover_processes(self) -> list[int]:
         """PIDs of processes still running in the cluster's directory (empty after stop)."""

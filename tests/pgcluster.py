@@ -103,6 +103,20 @@ def _postgres_user_processes_in(base_dir: Path) -> list[psutil.Process]:
     return out
 
 
+def sweep(base_dir: Path) -> None:
+    """Kill what still runs in ``base_dir`` (backends orphaned by a SIGKILLed postmaster, a
+    server a failed stop left behind) and remove the directory: a test's last cleanup step."""
+    for _ in range(5):
+        left = _postgres_user_processes_in(base_dir)
+        if not left:
+            break
+        for proc in left:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.send_signal(signal.SIGKILL)
+        psutil.wait_procs(left, timeout=5)
+    shutil.rmtree(base_dir, ignore_errors=True)
+
+
 class PgNode(PgServer):
     """One server of a :class:`PgCluster`: a :class:`PgServer` with replication helpers."""
 
@@ -356,15 +370,7 @@ class PgCluster:
                 with contextlib.suppress(Exception):
                     node.stop()  # also removes the node's own directory
         finally:
-            for _ in range(5):
-                left = _postgres_user_processes_in(self.base_dir)
-                if not left:
-                    break
-                for proc in left:
-                    with contextlib.suppress(psutil.NoSuchProcess):
-                        proc.send_signal(signal.SIGKILL)
-                psutil.wait_procs(left, timeout=5)
-            shutil.rmtree(self.base_dir, ignore_errors=True)
+            sweep(self.base_dir)
 
     def leftover_processes(self) -> list[int]:
         """PIDs of processes still running in this cluster's directory (empty after stop)."""
