@@ -345,7 +345,7 @@ def explain_pending(
     views = scheduling.node_views(snap.nodes, snap.partitions, topo)
     views.sort(key=lambda v: _natural(v.name))
     rows = {n["name"]: n for n in snap.nodes}
-    allocs = _allocations(snap.allocations)
+    allocs = scheduling.allocations(snap.allocations)
     by_node: dict[str, list[Allocation]] = {}
     for a in allocs:
         by_node.setdefault(a.node, []).append(a)
@@ -450,21 +450,6 @@ def explain_pending(
 
 def _natural(name: str) -> tuple[Any, ...]:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
-
-
-def _allocations(rows: Iterable[Mapping[str, Any]]) -> list[Allocation]:
-    return [
-        Allocation(
-            job_id=int(a["job_id"]),
-            node=a["node"],
-            cpus=int(a["cpus"]),
-            mem_mb=int(a["mem_mb"]),
-            gpu_ids=tuple(a["gpu_ids"] or ()),
-            exclusive=bool(a["exclusive"]),
-            expected_end=a["expected_end"],
-        )
-        for a in rows
-    ]
 
 
 def _ahead(

@@ -572,6 +572,18 @@ def _usable_nodes(job: JobRequest, cluster: _Cluster) -> frozenset[str]:
     return frozenset(names)
 
 
+def _holding(allocations: Iterable[Allocation]) -> tuple[_State, list[_Hold]]:
+    """The usage running work puts on the nodes, and each allocation as a hold (whose end
+    frees it, for the backfill reservation)."""
+    state = _State()
+    holds: list[_Hold] = []
+    for a in allocations:
+        h = _Hold(a.node, a.cpus, a.mem_mb, tuple(a.gpu_ids), a.exclusive, a.expected_end)
+        state.add(h)
+        holds.append(h)
+    return state, holds
+
+
 def place(
     jobs: Sequence[JobRequest],
     nodes: Sequence[NodeView],
@@ -610,12 +622,7 @@ def place(
         g = (groups or {}).get(a.job_id)
         if g is not None:
             group_nodes.setdefault(g, set()).add(a.node)
-    state = _State()
-    holds: list[_Hold] = []
-    for a in allocations:
-        h = _Hold(a.node, a.cpus, a.mem_mb, tuple(a.gpu_ids), a.exclusive, a.expected_end)
-        state.add(h)
-        holds.append(h)
+    state, holds = _holding(allocations)
 
     result: list[Placement] = []
     seen: set[int] = set()
@@ -733,15 +740,7 @@ def node_shortfall(job: JobRequest, node: NodeView) -> str | None:
 
 
 def _usage_of(node: str, allocations: Iterable[Allocation]) -> tuple[_State, list[_Hold]]:
-    state = _State()
-    holds = []
-    for a in allocations:
-        if a.node != node:
-            continue
-        h = _Hold(a.node, a.cpus, a.mem_mb, tuple(a.gpu_ids), a.exclusive, a.expected_end)
-        state.add(h)
-        holds.append(h)
-    return state, holds
+    return _holding(a for a in allocations if a.node == node)
 
 
 def fits_now(job: JobRequest, node: NodeView, allocations: Sequence[Allocation]) -> bool:
@@ -782,12 +781,7 @@ def earliest_start(
     None when that cannot be known (it needs nodes held by work without a time limit, or
     nodes that are not schedulable)."""
     cluster = _Cluster(nodes)
-    state = _State()
-    holds: list[_Hold] = []
-    for a in allocations:
-        h = _Hold(a.node, a.cpus, a.mem_mb, tuple(a.gpu_ids), a.exclusive, a.expected_end)
-        state.add(h)
-        holds.append(h)
+    state, holds = _holding(allocations)
     if _try(job, cluster, state) is not None:
         return now
     res = _reserve(job, cluster, state, holds, now)

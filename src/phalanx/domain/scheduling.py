@@ -154,6 +154,22 @@ def live_reservation(job: dict[str, Any], now: float) -> tuple[str, ...]:
     return tuple(str(n) for n in nodes)
 
 
+def allocations(rows: Iterable[dict[str, Any]]) -> list[Allocation]:
+    """What running work holds, as placement takes it, from a snapshot's allocation rows."""
+    return [
+        Allocation(
+            job_id=int(a["job_id"]),
+            node=a["node"],
+            cpus=int(a["cpus"]),
+            mem_mb=int(a["mem_mb"]),
+            gpu_ids=tuple(a["gpu_ids"] or ()),
+            exclusive=bool(a["exclusive"]),
+            expected_end=a["expected_end"],
+        )
+        for a in rows
+    ]
+
+
 def plan(
     snap: Any,
     now: float,
@@ -177,18 +193,7 @@ def plan(
     pending = policy.order(snap, now) if policy else snap.pending
     holding = policy.holding(snap) if policy else None
     views = node_views(snap.nodes, snap.partitions, topo)
-    allocs = [
-        Allocation(
-            job_id=int(a["job_id"]),
-            node=a["node"],
-            cpus=int(a["cpus"]),
-            mem_mb=int(a["mem_mb"]),
-            gpu_ids=tuple(a["gpu_ids"] or ()),
-            exclusive=bool(a["exclusive"]),
-            expected_end=a["expected_end"],
-        )
-        for a in snap.allocations
-    ]
+    allocs = allocations(snap.allocations)
     array_active = dict(snap.array_active)
     names_taken = set(snap.active_names)
     keep_off = maintenance.KeepOff(getattr(snap, "maintenance", None) or [], now)
