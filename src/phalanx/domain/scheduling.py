@@ -8,6 +8,7 @@ verdicts, array concurrency limits, singleton, placement) is unit-testable on pl
 from __future__ import annotations
 
 import fnmatch
+import functools
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -17,6 +18,10 @@ from phalanx.domain import licenses, maintenance, topology, values
 from phalanx.domain.deps import DepVerdict, evaluate
 from phalanx.domain.placement import Allocation, JobRequest, NodeView, Placement, place
 from phalanx.domain.priority import QueuePolicy
+
+# How many pending jobs, in queue order, one pass examines for a start (Slurm's
+# default_queue_depth / bf_max_job_test, Armada's maxQueueLookback); config cluster.queue_depth.
+DEFAULT_QUEUE_DEPTH = 1000
 
 
 @dataclass
@@ -34,12 +39,23 @@ class Plan:
 
 def node_partitions(node: str, partitions: Iterable[dict[str, Any]]) -> frozenset[str]:
     """Partitions whose node pattern (globs, comma separated) matches this node name."""
-    out = set()
-    for p in partitions:
-        pats = [x.strip() for x in str(p["nodes"]).split(",") if x.strip()]
-        if any(fnmatch.fnmatchcase(node, pat) for pat in pats):
-            out.add(p["name"])
-    return frozenset(out)
+    return _matching(node, _patterns(partitions))
+
+
+def _patterns(partitions: Iterable[dict[str, Any]]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    return tuple(
+        (str(p["name"]), tuple(x.strip() for x in str(p["nodes"]).split(",") if x.strip()))
+        for p in partitions
+    )
+
+
+@functools.lru_cache(maxsize=1 << 17)
+def _matching(node: str, patterns: tuple[tuple[str, tuple[str, ...]], ...]) -> frozenset[str]:
+    """node_partitions, remembered: the partitions and the node names seldom change, and a
+    pass over 10,000 nodes would otherwise run every glob against every name each time."""
+    return frozenset(
+        name for name, pats in patterns if any(fnmatch.fnmatchcase(node, pat) for pat in pats)
+    )
 
 
 def node_views(
@@ -49,6 +65,7 @@ def node_views(
 ) -> list[NodeView]:
     """Nodes as placement sees them; ``topo``: their places in the tree (config, or what
     each agent reported at register, in the row's ``topology``)."""
+    patterns = _patterns(partitions.values())
     return [
         NodeView(
             name=n["name"],
@@ -56,7 +73,7 @@ def node_views(
             mem_mb=int(n["mem_mb"]),
             gpus=tuple((int(i), str(t)) for i, t in (n["gpus"] or [])),
             features=frozenset(n["features"] or []),
-            partitions=node_partitions(n["name"], partitions.values()),
+            partitions=_matching(n["name"], patterns),
             schedulable=bool(n["registered"]) and not n["down"] and not n["drain"],
             place=topo.place(n["name"], n.get("topology")) if topo is not None else (),
         )
@@ -120,6 +137,7 @@ def job_request(job: dict[str, Any]) -> JobRequest:
         spread=job.get("spread") or None,
         group=job.get("group") or None,
         anti_affinity=job.get("anti_affinity") or None,
+        constraint_key=expr or None,
     )
 
 
@@ -162,6 +180,7 @@ def plan(
     policy: QueuePolicy | None = None,
     license_totals: dict[str, int] | None = None,
     topo: topology.Layout | None = None,
+    queue_depth: int | None = None,
 ) -> Plan:
     """Decide which pending jobs start where (snap: a store.SchedSnapshot).
 
@@ -172,6 +191,12 @@ def plan(
     text per attempt that holds its resources). ``topo``: the topology layout (config
     ``topology``); the snapshot's ``groups_active`` (job id -> --group of jobs holding nodes)
     feeds --anti-affinity.
+
+    ``queue_depth`` (config ``cluster.queue_depth``; None: no bound): at most this many jobs,
+    in queue order, are examined for a start or a backfill reservation; the ones behind them
+    are not looked at this pass and wait with reason ``Priority`` (Slurm's
+    ``default_queue_depth``). Jobs skipped before the depth is reached (BeginTime, a
+    dependency, a limit, an array's task limit) do not count against it.
     """
     out = Plan()
     pending = policy.order(snap, now) if policy else snap.pending
@@ -193,7 +218,12 @@ def plan(
     names_taken = set(snap.active_names)
     keep_off = maintenance.KeepOff(getattr(snap, "maintenance", None) or [], now)
     eligible: list[JobRequest] = []
-    for job in pending:
+    depth = len(pending) if queue_depth is None else max(1, queue_depth)
+    for at, job in enumerate(pending):
+        if len(eligible) >= depth:
+            for rest in pending[at:]:  # beyond the lookahead: not examined this pass
+                out.reasons[int(rest["id"])] = "Priority"
+            break
         jid = int(job["id"])
         key = (job["name"], job["user"])
         eligible_at = job.get("eligible_time")
