@@ -219,12 +219,13 @@ def plan(
     keep_off = maintenance.KeepOff(getattr(snap, "maintenance", None) or [], now)
     eligible: list[JobRequest] = []
     depth = len(pending) if queue_depth is None else max(1, queue_depth)
+    examined: dict[int, dict[str, Any]] = {}
     for at, job in enumerate(pending):
-        if len(eligible) >= depth:
-            for rest in pending[at:]:  # beyond the lookahead: not examined this pass
-                out.reasons[int(rest["id"])] = "Priority"
+        if len(eligible) >= depth:  # beyond the lookahead: not examined this pass
+            out.reasons.update(dict.fromkeys([int(j["id"]) for j in pending[at:]], "Priority"))
             break
         jid = int(job["id"])
+        examined[jid] = job
         key = (job["name"], job["user"])
         eligible_at = job.get("eligible_time")
         if eligible_at and eligible_at > now:
@@ -286,7 +287,7 @@ def plan(
         groups=getattr(snap, "groups_active", None),
     )
     if policy and holding is not None:
-        placed = _within_limits(placed, snap.pending, policy, holding, out.reasons)
+        placed = _within_limits(placed, examined, policy, holding, out.reasons)
     placed_ids = {p.job_id for p in placed}
     out.starts = placed
     first_blocked = True
@@ -298,21 +299,22 @@ def plan(
         elif req.job_id not in placed_ids and req.job_id not in out.reasons:  # not over a limit
             out.reasons[req.job_id] = "Resources" if first_blocked else "Priority"
             first_blocked = False
-    exclusive = {int(j["id"]): bool(j["exclusive"]) for j in snap.pending}
-    out.reasons.update(keep_off.reasons(out.reasons, placed, views, allocs, exclusive))
+    if keep_off.blocked:
+        exclusive = {p.job_id: bool(examined[p.job_id]["exclusive"]) for p in placed}
+        out.reasons.update(keep_off.reasons(out.reasons, placed, views, allocs, exclusive))
     return out
 
 
 def _within_limits(
     placed: list[Placement],
-    pending: list[dict[str, Any]],
+    by_id: dict[int, dict[str, Any]],
     policy: QueuePolicy,
     holding: Any,
     reasons: dict[int, str],
 ) -> list[Placement]:
     """Keep the placements that fit the limits, counted in start order (several jobs of one
-    user may each fit alone but not together); the others wait with the limit's reason."""
-    by_id = {int(j["id"]): j for j in pending}
+    user may each fit alone but not together); the others wait with the limit's reason.
+    ``by_id``: the job rows the pass examined (every placed job is one)."""
     kept = []
     for p in placed:
         job = by_id[p.job_id]
