@@ -439,6 +439,8 @@ ClassKey = tuple[object, ...]
 def _class_key(node: NodeView, u: _Usage) -> ClassKey:
     """What `_fit_node` looks at of a node and its usage, and nothing else (not its name):
     two nodes with the same key fit every job alike, with the same devices."""
+    if u is _IDLE:
+        return (node.cpus, node.mem_mb, node.gpus, node.features, *_IDLE_TAIL)
     return (
         node.cpus,
         node.mem_mb,
@@ -452,6 +454,9 @@ def _class_key(node: NodeView, u: _Usage) -> ClassKey:
     )
 
 
+_IDLE_TAIL = (0, 0, _NOGPU, False, False)
+
+
 class _Index:
     """The schedulable nodes of each partition grouped in classes (`_class_key` over one
     `_State`): each class is the ascending list of its nodes' ordinals (natural name order).
@@ -460,10 +465,17 @@ class _Index:
 
     __slots__ = ("cluster", "key", "parts")
 
-    def __init__(self, cluster: _Cluster, state: _State) -> None:
+    def __init__(self, cluster: _Cluster, state: _State, like: _Index | None = None) -> None:
         self.cluster = cluster
-        self.key: dict[str, ClassKey] = {}
-        self.parts: dict[str, dict[ClassKey, list[int]]] = {}
+        if like is not None:
+            # a copy of another state's index, then the nodes where the states differ moved:
+            # a few list copies instead of a class key per node
+            self.key = dict(like.key)
+            self.parts = {p: {k: list(v) for k, v in c.items()} for p, c in like.parts.items()}
+            state.index = self
+            return
+        self.key = {}
+        self.parts = {}
         for p, members in cluster.by_partition.items():
             classes: dict[ClassKey, list[int]] = {}
             self.parts[p] = classes
@@ -830,6 +842,24 @@ def _usable_nodes(job: JobRequest, cluster: _Cluster) -> frozenset[str]:
     return frozenset(names)
 
 
+_CLUSTERS: dict[tuple[tuple[NodeView, ...], tuple[str, ...]], tuple[_Cluster, _Index]] = {}
+
+
+def _cluster_of(nodes: Sequence[NodeView], levels: Sequence[str]) -> tuple[_Cluster, _Index]:
+    """The indexed cluster of these node views, and the classes of its idle state: the same
+    from pass to pass while no node changes, so remembered (the last few node sets; the views
+    are immutable and compared whole, so a changed node is a new entry, never a stale one)."""
+    key = (tuple(nodes), tuple(levels))
+    got = _CLUSTERS.get(key)
+    if got is None:
+        cluster = _Cluster(nodes, levels)
+        got = (cluster, _Index(cluster, _State()))
+        if len(_CLUSTERS) >= 4:
+            _CLUSTERS.pop(next(iter(_CLUSTERS)))
+        _CLUSTERS[key] = got
+    return got
+
+
 def place(
     jobs: Sequence[JobRequest],
     nodes: Sequence[NodeView],
@@ -869,7 +899,7 @@ def place(
     kept off every domain where a running or just-placed job of its group holds a node,
     spares included).
     """
-    cluster = _Cluster(nodes, levels)
+    cluster, idle_index = _cluster_of(nodes, levels) if fast else (_Cluster(nodes, levels), None)
     group_nodes: dict[str, set[str]] = {}
     for a in allocations:
         g = (groups or {}).get(a.job_id)
@@ -944,7 +974,10 @@ def place(
     # whether a shape fits the idle cluster
     if fast:
         _Index(cluster, state)
-        _Index(cluster, idle)
+        if idle_index is not None and idle_index.cluster is cluster:
+            idle.index = idle_index  # the idle cluster's classes never change
+        else:
+            _Index(cluster, idle)
     fit_memo: dict[tuple[object, ...], dict[ClassKey, _NodeFit | None]] = {}
     failed: set[tuple[str, tuple[object, ...]]] = set()
     idle_fits: dict[tuple[object, ...], bool] = {}
@@ -1007,8 +1040,10 @@ def place(
                     both = _State(
                         {n: _merged(state.get(n), reservation.shadow.get(n)) for n in names}
                     )
-                    if fast:
-                        _Index(cluster, both)
+                    if fast and state.index is not None:
+                        state.index.refresh(state)
+                        _Index(cluster, both, like=state.index)
+                        both.dirty.update(reservation.shadow.usage.keys())
                 p = attempt(job, both, "b")
                 if p is not None:
                     commit(job, p, into_shadow=True)

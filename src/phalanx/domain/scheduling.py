@@ -222,7 +222,7 @@ def plan(
     examined: dict[int, dict[str, Any]] = {}
     for at, job in enumerate(pending):
         if len(eligible) >= depth:  # beyond the lookahead: not examined this pass
-            out.reasons.update(dict.fromkeys([int(j["id"]) for j in pending[at:]], "Priority"))
+            out.reasons.update(dict.fromkeys([j["id"] for j in pending[at:]], "Priority"))
             break
         jid = int(job["id"])
         examined[jid] = job
