@@ -470,8 +470,10 @@ class _Index:
         if like is not None:
             # a copy of another state's index, then the nodes where the states differ moved:
             # a few list copies instead of a class key per node
-            self.key = dict(like.key)
-            self.parts = {p: {k: list(v) for k, v in c.items()} for p, c in like.parts.items()}
+            self.key: dict[str, ClassKey] = dict(like.key)
+            self.parts: dict[str, dict[ClassKey, list[int]]] = {
+                p: {k: list(v) for k, v in c.items()} for p, c in like.parts.items()
+            }
             state.index = self
             return
         self.key = {}
@@ -581,8 +583,8 @@ def _fit_classes(
         g = (f.idle, f.cpus_left, f.gpus_left, f.mem_left) if job.nodes == 1 else (not f.idle,)
         groups.setdefault(g, []).append((f, members))
     picked: list[_NodeFit] = []
-    for g in sorted(groups):
-        group = groups[g]
+    for gk in sorted(groups):
+        group = groups[gk]
         heap = [(members[0], i, 0) for i, (_, members) in enumerate(group)]
         heapq.heapify(heap)
         while heap and len(picked) < need:

@@ -243,8 +243,14 @@ class QueuePolicy:
         keyed = []
         for i, job in enumerate(snap.pending):
             get = job.get
-            g = (get("account") or default, job["user"], job["nodes"], job["cpus_per_node"])
-            g += (job["partitions"], get("qos") or "")
+            g: tuple[Any, ...] = (
+                get("account") or default,
+                job["user"],
+                job["nodes"],
+                job["cpus_per_node"],
+                job["partitions"],
+                get("qos") or "",
+            )
             parts4 = groups.get(g)
             if parts4 is None:
                 parts4 = groups[g] = self._static_products(g, n_nodes, n_cpus, part_w, qos_w)

@@ -20,7 +20,8 @@ from phalanx.domain.placement import Allocation, JobRequest, NodeView, Placement
 from phalanx.domain.priority import QueuePolicy
 
 # How many pending jobs, in queue order, one pass examines for a start (Slurm's
-# default_queue_depth / bf_max_job_test, Armada's maxQueueLookback); config cluster.queue_depth.
+# default_queue_depth / bf_max_job_test, Armada's maxQueueLookback); config cluster.queue_depth
+# (its default is this value; tests/unit/test_config.py holds them equal).
 DEFAULT_QUEUE_DEPTH = 1000
 
 
@@ -29,6 +30,8 @@ class Plan:
     starts: list[Placement] = field(default_factory=list)
     never: list[tuple[int, str]] = field(default_factory=list)  # (job id, why it can never run)
     reasons: dict[int, str] = field(default_factory=dict)  # why a pending job still waits
+    # ids of the jobs behind the queue depth, not examined this pass (reason Priority)
+    beyond: list[int] = field(default_factory=list)
 
     def sentence(self) -> str:
         return (
@@ -222,15 +225,16 @@ def plan(
     examined: dict[int, dict[str, Any]] = {}
     for at, job in enumerate(pending):
         if len(eligible) >= depth:  # beyond the lookahead: not examined this pass
-            out.reasons.update(dict.fromkeys([j["id"] for j in pending[at:]], "Priority"))
+            out.beyond = [j["id"] for j in pending[at:]]
+            out.reasons.update(dict.fromkeys(out.beyond, "Priority"))
             break
         jid = int(job["id"])
         examined[jid] = job
         key = (job["name"], job["user"])
         eligible_at = job.get("eligible_time")
         if eligible_at and eligible_at > now:
-            at = time.strftime("%H:%M:%S", time.localtime(eligible_at))
-            out.reasons[jid] = f"BeginTime (not before {at})"
+            when = time.strftime("%H:%M:%S", time.localtime(eligible_at))
+            out.reasons[jid] = f"BeginTime (not before {when})"
             continue
         singleton = any(d["type"] == "singleton" for d in job["dependency"])
         verdict, why = evaluate(
