@@ -384,7 +384,8 @@ def main() -> int:
     rate = timed_starts / (sum(walls) or 1e-9)
     print(
         f"cycle wall: p50 {p50:.3f} s, p99 {p99:.3f} s, max {max(timed):.3f} s over "
-        f"{len(walls)} timed passes; CPU p50 {statistics.median(cpus or [0.0]):.3f} s"
+        f"{len(walls)} timed passes; CPU p50 {statistics.median(cpus or [0.0]):.3f} s, "
+        f"p99 {pct(cpus or [0.0], 0.99):.3f} s"
     )
     print(
         f"memory: {pend_bytes / max(1, a.jobs):.0f} B per pending job row, "
