@@ -31,7 +31,6 @@ from __future__ import annotations
 import bisect
 import functools
 import heapq
-import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -780,58 +779,67 @@ def _reserve(
 def _reserve_by_node(
     job: JobRequest, cluster: _Cluster, state: _State, holds: list[_Hold], now: float
 ) -> _Reservation | None:
-    """`_reserve` when nodes fit independently (no --nodelist, no topology): each candidate
-    node's free time is the first of its own hold ends (overdue: now) after which one rank
-    fits; the job fits at time t iff ``nodes + spares`` candidates of one partition are free
-    by t, so the start is the smallest, over its partitions, of the that-many-th free time.
-    O(nodes + holds) once, where the replay tries a placement at every distinct end time. The
-    shadow state is then built as the replay would: the ends up to the start, the head placed.
+    """`_reserve` when nodes fit independently (no --nodelist, no topology): the job fits at
+    time t iff ``nodes + spares`` candidate nodes of one of its partitions can each take a
+    rank once the work ending by t has ended. So the ends of the work on candidate nodes are
+    swept once in time order, each only re-checking its own node, counting the nodes that
+    have become free per partition, and the sweep stops at the first end where a partition
+    has enough: the start. O(candidates + holds up to the start), where the replay tries a
+    whole placement at every distinct end. The shadow state (usage at the start, with the
+    head placed) is then built as the replay builds it.
     """
-    ends: dict[str, list[tuple[float, int, _Hold]]] = {}
-    for i, h in enumerate(holds):
-        if h.end is not None:
-            ends.setdefault(h.node, []).append((max(h.end, now), i, h))
-    free_at: dict[str, float | None] = {}
-
-    def node_free(node: NodeView) -> float | None:
-        if node.name in free_at:
-            return free_at[node.name]
-        t: float | None = None
-        u = state.get(node.name)
-        if _fit_node(job, node, u) is not None:
-            t = -math.inf
-        else:
-            sim = _State({node.name: u.copy()})
-            for end, _, h in sorted(ends.get(node.name, ()), key=lambda e: (e[0], e[1])):
-                sim.remove(h)
-                if _fit_node(job, node, sim.get(node.name)) is not None:
-                    t = end
-                    break
-        free_at[node.name] = t
-        return t
-
     need = job.nodes + max(0, job.spares)
+    parts_of: dict[str, list[str]] = {}  # candidate node -> the job's partitions it is in
+    for partition in dict.fromkeys(job.partitions):
+        for node in cluster.by_partition.get(partition, ()):
+            if _statically_eligible(job, node):
+                parts_of.setdefault(node.name, []).append(partition)
+    count = dict.fromkeys(job.partitions, 0)
+    free: set[str] = set()
+    for name in parts_of:
+        if _fit_node(job, cluster.by_name[name], state.get(name)) is not None:
+            free.add(name)
+            for partition in parts_of[name]:
+                count[partition] += 1
+    if any(c >= need for c in count.values()):
+        return None  # it fits now, which the caller has ruled out
+    timed = sorted(
+        (max(h.end, now), i, h)
+        for i, h in enumerate(holds)
+        if h.end is not None and h.node in parts_of and h.node not in free
+    )
+    sim: dict[str, _State] = {}
     start: float | None = None
-    for partition in job.partitions:
-        times = sorted(
-            t
-            for node in cluster.by_partition.get(partition, ())
-            if _statically_eligible(job, node) and (t := node_free(node)) is not None
-        )
-        if len(times) >= need and (start is None or times[need - 1] < start):
-            start = times[need - 1]
-    if start is None or start == -math.inf:
-        return None  # never (or it fits now, which the caller has ruled out)
-    sim = state.copy()
+    i = 0
+    while i < len(timed) and start is None:
+        t = timed[i][0]
+        while i < len(timed) and timed[i][0] == t:
+            h = timed[i][2]
+            i += 1
+            if h.node in free:
+                continue
+            one = sim.get(h.node)
+            if one is None:
+                one = sim[h.node] = _State({h.node: state.get(h.node).copy()})
+            one.remove(h)
+            if _fit_node(job, cluster.by_name[h.node], one.get(h.node)) is not None:
+                free.add(h.node)
+                for partition in parts_of[h.node]:
+                    count[partition] += 1
+        if any(c >= need for c in count.values()):
+            start = t
+    if start is None:
+        return None  # the known ends never free enough nodes
+    shadow = state.copy()
     for h in holds:
         if h.end is not None and max(h.end, now) <= start:
-            sim.remove(h)
-    p = _try(job, cluster, sim)
+            shadow.remove(h)
+    p = _try(job, cluster, shadow)
     if p is None:
         return None  # cannot happen: `need` nodes of a partition are free at `start`
     for h in _holds_of(p, job.exclusive, None):
-        sim.add(h)
-    return _Reservation(start, sim)
+        shadow.add(h)
+    return _Reservation(start, shadow)
 
 
 def _usable_nodes(job: JobRequest, cluster: _Cluster) -> frozenset[str]:
