@@ -32,6 +32,7 @@ import bisect
 import functools
 import heapq
 import re
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -853,6 +854,7 @@ def _usable_nodes(job: JobRequest, cluster: _Cluster) -> frozenset[str]:
 
 
 _CLUSTERS: dict[tuple[tuple[NodeView, ...], tuple[str, ...]], tuple[_Cluster, _Index]] = {}
+_CLUSTERS_LOCK = threading.Lock()
 
 
 def _cluster_of(nodes: Sequence[NodeView], levels: Sequence[str]) -> tuple[_Cluster, _Index]:
@@ -860,13 +862,15 @@ def _cluster_of(nodes: Sequence[NodeView], levels: Sequence[str]) -> tuple[_Clus
     from pass to pass while no node changes, so remembered (the last few node sets; the views
     are immutable and compared whole, so a changed node is a new entry, never a stale one)."""
     key = (tuple(nodes), tuple(levels))
-    got = _CLUSTERS.get(key)
+    with _CLUSTERS_LOCK:  # the scheduling loop and `explain` (API threads) share it
+        got = _CLUSTERS.get(key)
     if got is None:
         cluster = _Cluster(nodes, levels)
-        got = (cluster, _Index(cluster, _State()))
-        if len(_CLUSTERS) >= 4:
-            _CLUSTERS.pop(next(iter(_CLUSTERS)))
-        _CLUSTERS[key] = got
+        got = (cluster, _Index(cluster, _State()))  # both only read from now on
+        with _CLUSTERS_LOCK:
+            while len(_CLUSTERS) >= 4:
+                _CLUSTERS.pop(next(iter(_CLUSTERS)))
+            _CLUSTERS[key] = got
     return got
 
 
