@@ -175,6 +175,12 @@ def order(pending: Sequence[J], score: Callable[[Mapping[str, Any]], Breakdown])
     return [job for _, job in keyed]
 
 
+# the ranges the integer sort key of `QueuePolicy.order` holds exactly: -2^62 < total < 2^62,
+# 0 <= id < 2^64 (store ids are below 2^63)
+_HALF = 1 << 62
+_SPAN = 1 << 64
+
+
 @dataclass
 class QueuePolicy:
     """What the scheduling pass needs to order the queue and apply limits: the weights, the
@@ -240,8 +246,8 @@ class QueuePolicy:
         # (account, user, nodes, cpus, partitions, qos): computed once per such group. The
         # sum is still taken in `breakdown`'s order, so the totals stay equal to the bit.
         groups: dict[tuple[Any, ...], tuple[float, float, float, float]] = {}
-        keyed = []
-        for i, job in enumerate(snap.pending):
+        keyed: list[int] = []
+        for job in snap.pending:
             get = job.get
             g: tuple[Any, ...] = (
                 get("account") or default,
@@ -262,10 +268,15 @@ class QueuePolicy:
             else:
                 age = 1.0
             total = round(w_age * age + f + size_w + p_w + q_w) - int(get("nice") or 0)
-            keyed.append((-int(get("priority") or 0), -total, int(job["id"]), i))
-        keyed.sort()
+            jid = int(job["id"])
+            if not (-_HALF < total < _HALF and 0 <= jid < _SPAN):
+                # beyond what one integer key encodes (absurd nice or ids): the plain order
+                return order(snap.pending, self.scorer(snap, now))
+            # (-priority, -total, id) as one integer: sorting ints is 3-4 times faster than
+            # sorting tuples whose first fields are mostly equal
+            keyed.append(((-int(get("priority") or 0)) << 128) + ((_HALF - total) << 64) + jid)
         pending = snap.pending
-        return [pending[k[3]] for k in keyed]
+        return [pending[i] for i in sorted(range(len(keyed)), key=keyed.__getitem__)]
 
     def _static_products(
         self,
