@@ -16,7 +16,7 @@ snapshot rows, and the peak of one pass), the issue's references, and as the las
 
     scale: nodes=N pending=M cycle_p50=Xs cycle_p99=Ys placements_per_s=Z
 
-``placements_per_s`` is the starts of all passes over their summed wall time (how fast the core
+``placements_per_s`` is the starts of the timed passes over their summed wall time (how fast the core
 decides starts; applying them to a store is another matter). Timings taken on a loaded machine are
 noisy: the CPU seconds and the load average are printed beside them.
 """
