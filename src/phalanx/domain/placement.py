@@ -732,6 +732,7 @@ def _holds_of(p: Placement, exclusive: bool, end: float | None) -> list[_Hold]:
 class _Reservation:
     start: float
     shadow: _State  # usage at ``start`` including the head job and long backfilled jobs
+    head: tuple[str, ...] = ()  # the head's nodes in it
 
 
 def _reserve(
@@ -773,7 +774,7 @@ def _reserve(
         if p is not None:
             for h in _holds_of(p, job.exclusive, None):
                 sim.add(h)
-            return _Reservation(t, sim)
+            return _Reservation(t, sim, p.nodes)
     return None
 
 
@@ -840,7 +841,7 @@ def _reserve_by_node(
         return None  # cannot happen: `need` nodes of a partition are free at `start`
     for h in _holds_of(p, job.exclusive, None):
         shadow.add(h)
-    return _Reservation(start, shadow)
+    return _Reservation(start, shadow, p.nodes)
 
 
 def _usable_nodes(job: JobRequest, cluster: _Cluster) -> frozenset[str]:
@@ -1049,15 +1050,22 @@ def place(
                 # Must fit now and beside the head at its start: check against the per-node
                 # maximum of both states (only nodes busy in either can differ from idle),
                 # built once and kept up to date by `commit`.
-                if both is None:
+                if both is None and fast and state.index is not None:
+                    # The shadow is the state with work ended and the head added, and only
+                    # `commit` changes either afterwards (and updates `both` where it does):
+                    # off the head's nodes the maximum is the state itself. So `both` starts
+                    # as the state (its usages are replaced, never changed, by `put`) and
+                    # its classes as the state's, with the head's nodes moved.
+                    state.index.refresh(state)
+                    both = _State(dict(state.usage))
+                    _Index(cluster, both, like=state.index)
+                    for n in reservation.head:
+                        both.put(n, _merged(state.get(n), reservation.shadow.get(n)))
+                elif both is None:
                     names = state.usage.keys() | reservation.shadow.usage.keys()
                     both = _State(
                         {n: _merged(state.get(n), reservation.shadow.get(n)) for n in names}
                     )
-                    if fast and state.index is not None:
-                        state.index.refresh(state)
-                        _Index(cluster, both, like=state.index)
-                        both.dirty.update(reservation.shadow.usage.keys())
                 p = attempt(job, both, "b")
                 if p is not None:
                     commit(job, p, into_shadow=True)
