@@ -747,7 +747,8 @@ def _reserve(
     """Earliest time the head job fits, replaying known ends in time order; None if never.
 
     With ``fast`` (and no --nodelist or topology) the same answer from `_reserve_by_node`:
-    each node's own free time, once, instead of a placement attempt at every end time.
+    one sweep of the ends re-checking only the node each frees, instead of a placement
+    attempt at every end time.
 
     Work whose ``expected_end`` has already passed is still running (overdue); it is assumed to
     end "now" at the earliest, since time-limit enforcement is about to end it. An elastic job
@@ -892,7 +893,7 @@ def place(
 
     ``fast`` (the default) places jobs against node classes (`_Index`), remembers within the
     pass the job shapes that did not fit (usage only grows during a pass, so they still do
-    not), and reserves the blocked head by per-node free times (`_reserve_by_node`); the
+    not), and reserves the blocked head node by node (`_reserve_by_node`); the
     decisions are the same as with ``fast=False``, the plain node-by-node algorithm kept as
     the test oracle (tests/unit/test_placement_fast.py compares them on random cases).
 
