@@ -97,6 +97,31 @@ def test_fast_places_as_the_plain_algorithm(seed: int) -> None:
     assert fast == plain
 
 
+@pytest.mark.parametrize("seed", range(200))
+def test_fast_places_as_the_plain_algorithm_with_topology(seed: int) -> None:
+    """Nodes with a place in a tree: single-node jobs go by class, the others node by node
+    through domain/topology.py; the decisions are the plain algorithm's."""
+    rng = random.Random(20_000 + seed)
+    nodes, allocs, jobs = random_case(rng)
+    nodes = [
+        NodeView(
+            n.name,
+            n.cpus,
+            n.mem_mb,
+            n.gpus,
+            n.features,
+            n.partitions,
+            n.schedulable,
+            (("switch", f"s{i // 2}"), ("rack", f"r{i // 4}")),
+        )
+        for i, n in enumerate(nodes)
+    ]
+    levels = ("switch", "rack")
+    fast = place(jobs, nodes, allocs, NOW, levels=levels)
+    plain = place(jobs, nodes, allocs, NOW, levels=levels, fast=False)
+    assert fast == plain
+
+
 @pytest.mark.parametrize("seed", range(300))
 def test_per_node_reservation_is_the_replay(seed: int) -> None:
     """`_reserve_by_node` gives the start and shadow state the full replay gives."""

@@ -515,13 +515,16 @@ class _Index:
 def _classable(job: JobRequest, cluster: _Cluster) -> bool:
     """Whether `_fit_classes` decides this job exactly as `_fit_in_partition` would: no
     per-node lists, no topology, and a constraint known by its text."""
+    # with topology, a single-node job without spares still takes the first node in the
+    # packing order (`_pick`); several nodes or spares are chosen by domain/topology.py
+    single = job.nodes == 1 and (job.nodes_max or 1) <= 1 and job.spares <= 0
     return (
         job.nodes >= 1
         and not job.nodelist
         and not job.exclude
         and job.switches is None
         and job.spread is None
-        and not cluster.places
+        and (not cluster.places or single)
         and (job.constraint is None or job.constraint_key is not None)
     )
 
