@@ -244,6 +244,14 @@ class ClusterConfig(BaseModel):
     partitions: list[PartitionConfig] = Field(
         default_factory=lambda: [PartitionConfig(name="batch", default=True, nodes="*")]
     )
+    queue_depth: int = Field(
+        1000,
+        ge=1,
+        le=1_000_000,
+        description="pending jobs, in queue order, one scheduling pass examines for a start "
+        "or a backfill reservation (Slurm's default_queue_depth); the ones behind wait with "
+        "reason Priority until they come within it (docs/scheduling.md)",
+    )
     licenses: str | dict[str, int] = Field(
         default="",
         description='cluster-wide licence counts (Slurm\'s Licenses=): "fluent:30,matlab:5" '

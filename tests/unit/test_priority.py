@@ -295,3 +295,23 @@ def test_the_pass_order_is_breakdowns_order(rows):
     fast = [j["id"] for j in pol.order(s, NOW)]
     slow = [j["id"] for j in order(pending, pol.scorer(s, NOW))]
     assert fast == slow
+
+
+@pytest.mark.parametrize(
+    "nices,priorities",
+    [
+        ([0, 0, 0, 0], [0, -3, 2**70, -(2**70)]),  # --priority beyond 64 bits: still exact
+        ([2**63, -(2**63), 0, 5], [0, 0, 0, 0]),  # totals beyond the integer key: plain order
+        ([0, 0, 0, 0], [1, 1, 0, 0]),  # ties in everything but the id
+    ],
+)
+def test_the_integer_sort_key_orders_as_the_breakdowns(nices, priorities):
+    pending = [
+        job(10 + i, user="alice", submit_time=NOW - 100, nice=n, priority=p)
+        for i, (n, p) in enumerate(zip(nices, priorities, strict=True))
+    ]
+    s = snap([node("n1")], list(reversed(pending)))
+    pol = _policy({"alice": 0.5})
+    fast = [j["id"] for j in pol.order(s, NOW)]
+    slow = [j["id"] for j in order(s.pending, pol.scorer(s, NOW))]
+    assert fast == slow

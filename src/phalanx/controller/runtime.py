@@ -427,6 +427,7 @@ class Controller:
             "policy": self.fairshare.policy(snap),
             "license_totals": self.config.cluster.license_totals(),
             "topo": self.topology,
+            "queue_depth": self.config.cluster.queue_depth,
         }
 
     def _check_licenses(self, resolved: Any) -> None:

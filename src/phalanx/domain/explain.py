@@ -314,12 +314,14 @@ def explain_pending(
     policy: Any = None,
     license_totals: dict[str, int] | None = None,
     topo: Any = None,
+    queue_depth: int | None = None,
 ) -> Explanation:
     """Why pending (or held) ``job`` waits, from ``snap`` (a `store.SchedSnapshot` that the job
     is in, or that lacks it: a held job, or one beyond the snapshot's limit, is added).
 
-    ``policy``, ``license_totals`` and ``topo`` are the scheduling pass's own keywords
-    (scheduling.plan): with a queue policy the jobs ahead are those ahead in its order."""
+    ``policy``, ``license_totals``, ``topo`` and ``queue_depth`` are the scheduling pass's
+    own keywords (scheduling.plan): with a queue policy the jobs ahead are those ahead in its
+    order; a job behind the queue depth is not examined by the pass, and says so."""
     if policy is not None:
         snap = copy.copy(snap)
         snap.pending = policy.order(snap, now)
@@ -339,7 +341,13 @@ def explain_pending(
     snap = copy.copy(snap)  # the caller's snapshot stays as it was
     snap.pending = pending
     plan = scheduling.plan(
-        snap, now, backfill=backfill, policy=policy, license_totals=license_totals, topo=topo
+        snap,
+        now,
+        backfill=backfill,
+        policy=policy,
+        license_totals=license_totals,
+        topo=topo,
+        queue_depth=queue_depth,
     )
 
     views = scheduling.node_views(snap.nodes, snap.partitions, topo)
@@ -431,6 +439,11 @@ def explain_pending(
         lines.append(
             "first in line for these nodes: the scheduler keeps lower-priority jobs from "
             f"delaying it (backfill){est}"
+        )
+    elif reason == "Priority" and jid in plan.beyond:
+        summary = (
+            f"behind the scheduler's queue depth ({queue_depth} jobs examined per pass, "
+            "cluster.queue_depth): not looked at until the jobs ahead of it start or leave"
         )
     elif reason == "Priority":
         summary = (

@@ -28,7 +28,11 @@ Algorithm of :func:`place` (EASY backfill):
 
 from __future__ import annotations
 
+import bisect
+import functools
+import heapq
 import re
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -112,6 +116,9 @@ class JobRequest:
     spread: str | None = None
     group: str | None = None
     anti_affinity: str | None = None
+    # The text of the --constraint expression behind ``constraint`` (None: none, or unknown):
+    # jobs of one shape share placement work within a pass only when it is known.
+    constraint_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +149,7 @@ class Placement:
 _DIGITS = re.compile(r"(\d+)")
 
 
+@functools.lru_cache(maxsize=1 << 17)
 def _name_key(name: str) -> tuple[tuple[str | int, ...], str]:
     """Natural order ("node2" < "node10") so rank layouts read like hostlists; raw name breaks ties.
 
@@ -183,17 +191,27 @@ class _Hold:
 
 
 class _State:
-    """Usage of every node; nodes never mentioned are idle."""
+    """Usage of every node; nodes never mentioned are idle. ``index``: the node classes of
+    this state (see _Index), kept up to date through ``dirty`` (nodes changed since)."""
 
-    __slots__ = ("usage",)
+    __slots__ = ("dirty", "index", "usage")
 
     def __init__(self, usage: dict[str, _Usage] | None = None) -> None:
         self.usage: dict[str, _Usage] = usage if usage is not None else {}
+        self.index: _Index | None = None
+        self.dirty: set[str] = set()
 
     def get(self, node: str) -> _Usage:
         return self.usage.get(node, _IDLE)
 
+    def put(self, node: str, u: _Usage) -> None:
+        self.usage[node] = u
+        if self.index is not None:
+            self.dirty.add(node)
+
     def add(self, hold: _Hold) -> None:
+        if self.index is not None:
+            self.dirty.add(hold.node)
         u = self.usage.get(hold.node)
         if u is None:
             u = self.usage[hold.node] = _Usage()
@@ -205,6 +223,8 @@ class _State:
         u.exclusive += int(hold.exclusive)
 
     def remove(self, hold: _Hold) -> None:
+        if self.index is not None:
+            self.dirty.add(hold.node)
         u = self.usage[hold.node]
         u.cpus -= hold.cpus
         u.mem -= hold.mem
@@ -318,6 +338,8 @@ class _Cluster:
             n.name: dict(n.place) for n in by_name.values() if n.place
         }
         ordered = sorted(by_name.values(), key=lambda n: _name_key(n.name))
+        self.ordered = ordered  # natural name order; a node's ordinal is its place here
+        self.ordinal = {n.name: i for i, n in enumerate(ordered)}
         self.by_partition: dict[str, list[NodeView]] = {}
         for n in ordered:
             if not n.schedulable:
@@ -375,6 +397,13 @@ def _fit_in_partition(
         return None
     rank_fits = [fits[r] for r in required] + picked[: ranks - len(required)]
     spare_fits = picked[ranks - len(required) :]
+    return _placement(job, partition, rank_fits, spare_fits)
+
+
+def _placement(
+    job: JobRequest, partition: str, rank_fits: list[_NodeFit], spare_fits: list[_NodeFit]
+) -> Placement:
+    """The placement of the chosen nodes: ranks, then spares, each in natural name order."""
     rank_fits.sort(key=lambda f: _name_key(f.node.name))
     spare_fits.sort(key=lambda f: _name_key(f.node.name))
     chosen = rank_fits + spare_fits
@@ -395,6 +424,186 @@ def _fit_in_partition(
         gpu_type=gtype,
         spares=len(spare_fits),
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Node classes: placement against groups of identical nodes instead of node by node
+# --------------------------------------------------------------------------------------------
+
+_NOGPU: frozenset[int] = frozenset()
+_MISS = object()
+
+ClassKey = tuple[object, ...]
+
+
+def _class_key(node: NodeView, u: _Usage) -> ClassKey:
+    """What `_fit_node` looks at of a node and its usage, and nothing else (not its name):
+    two nodes with the same key fit every job alike, with the same devices."""
+    if u is _IDLE:
+        return (node.cpus, node.mem_mb, node.gpus, node.features, *_IDLE_TAIL)
+    return (
+        node.cpus,
+        node.mem_mb,
+        node.gpus,
+        node.features,
+        u.cpus,
+        u.mem,
+        frozenset(u.gpus) if u.gpus else _NOGPU,
+        u.holders > 0,
+        u.exclusive > 0,
+    )
+
+
+_IDLE_TAIL = (0, 0, _NOGPU, False, False)
+
+
+class _Index:
+    """The schedulable nodes of each partition grouped in classes (`_class_key` over one
+    `_State`): each class is the ascending list of its nodes' ordinals (natural name order).
+    A 10,000-node cluster has a few hundred classes, and a job is checked once per class.
+    The state marks the nodes it changes (``dirty``); `refresh` moves just those."""
+
+    __slots__ = ("cluster", "key", "parts")
+
+    def __init__(self, cluster: _Cluster, state: _State, like: _Index | None = None) -> None:
+        self.cluster = cluster
+        if like is not None:
+            # a copy of another state's index, then the nodes where the states differ moved:
+            # a few list copies instead of a class key per node
+            self.key: dict[str, ClassKey] = dict(like.key)
+            self.parts: dict[str, dict[ClassKey, list[int]]] = {
+                p: {k: list(v) for k, v in c.items()} for p, c in like.parts.items()
+            }
+            state.index = self
+            return
+        self.key = {}
+        self.parts = {}
+        for p, members in cluster.by_partition.items():
+            classes: dict[ClassKey, list[int]] = {}
+            self.parts[p] = classes
+            for n in members:  # natural name order: every list is built ascending
+                k = self.key.get(n.name)
+                if k is None:
+                    k = self.key[n.name] = _class_key(n, state.get(n.name))
+                classes.setdefault(k, []).append(cluster.ordinal[n.name])
+        state.index = self
+        state.dirty.clear()
+
+    def refresh(self, state: _State) -> None:
+        for name in state.dirty:
+            old = self.key.get(name)
+            if old is None:
+                continue  # not schedulable, or in no partition
+            node = self.cluster.by_name[name]
+            new = _class_key(node, state.get(name))
+            if new == old:
+                continue
+            o = self.cluster.ordinal[name]
+            for p in node.partitions:
+                classes = self.parts.get(p)
+                if classes is None:
+                    continue
+                members = classes[old]
+                del members[bisect.bisect_left(members, o)]
+                if not members:
+                    del classes[old]
+                bisect.insort(classes.setdefault(new, []), o)
+            self.key[name] = new
+        state.dirty.clear()
+
+
+def _classable(job: JobRequest, cluster: _Cluster) -> bool:
+    """Whether `_fit_classes` decides this job exactly as `_fit_in_partition` would: no
+    per-node lists, no topology, and a constraint known by its text."""
+    # with topology, a single-node job without spares still takes the first node in the
+    # packing order (`_pick`); several nodes or spares are chosen by domain/topology.py
+    single = job.nodes == 1 and (job.nodes_max or 1) <= 1 and job.spares <= 0
+    return (
+        job.nodes >= 1
+        and not job.nodelist
+        and not job.exclude
+        and job.switches is None
+        and job.spread is None
+        and (not cluster.places or single)
+        and (job.constraint is None or job.constraint_key is not None)
+    )
+
+
+def _shape(job: JobRequest) -> tuple[object, ...]:
+    """What of a classable job its placement depends on (not its id, time limit, licences)."""
+    return (
+        job.partitions,
+        job.nodes,
+        job.nodes_max,
+        job.cpus_per_node,
+        job.mem_per_node_mb,
+        job.gpus_per_node,
+        job.gpu_type,
+        job.exclusive,
+        job.constraint_key,
+        job.spares,
+    )
+
+
+def _fit_classes(
+    job: JobRequest,
+    partition: str,
+    cluster: _Cluster,
+    state: _State,
+    memo: dict[ClassKey, _NodeFit | None],
+) -> Placement | None:
+    """`_fit_in_partition` for a classable job on an indexed state, class by class: the
+    same nodes in the same order (packing for one node, idle nodes then name order for
+    several), at the cost of one `_fit_node` per class and shape (``memo``)."""
+    index = state.index
+    assert index is not None
+    index.refresh(state)
+    classes = index.parts.get(partition)
+    if not classes:
+        return None
+    fitting: list[tuple[_NodeFit, list[int]]] = []
+    total = 0
+    for k, members in classes.items():
+        f = memo.get(k, _MISS)
+        if f is _MISS:
+            rep = cluster.ordered[members[0]]
+            ok = job.constraint is None or bool(job.constraint(rep.features))
+            f = _fit_node(job, rep, state.get(rep.name)) if ok else None
+            memo[k] = f
+        if f is not None:
+            assert isinstance(f, _NodeFit)
+            fitting.append((f, members))
+            total += len(members)
+    spares = max(0, job.spares)
+    ranks = job.nodes
+    if job.nodes_max is not None and job.nodes_max > job.nodes:
+        ranks = max(job.nodes, min(job.nodes_max, total - spares))
+    need = ranks + spares
+    if total < need:
+        return None
+    groups: dict[tuple[object, ...], list[tuple[_NodeFit, list[int]]]] = {}
+    for f, members in fitting:
+        g = (f.idle, f.cpus_left, f.gpus_left, f.mem_left) if job.nodes == 1 else (not f.idle,)
+        groups.setdefault(g, []).append((f, members))
+    picked: list[_NodeFit] = []
+    for gk in sorted(groups):
+        group = groups[gk]
+        heap = [(members[0], i, 0) for i, (_, members) in enumerate(group)]
+        heapq.heapify(heap)
+        while heap and len(picked) < need:
+            o, i, at = heapq.heappop(heap)
+            f, members = group[i]
+            n = cluster.ordered[o]
+            picked.append(
+                _NodeFit(
+                    n, f.mem, f.gpu_ids, f.gpu_type, f.idle, f.cpus_left, f.gpus_left, f.mem_left
+                )
+            )
+            if at + 1 < len(members):
+                heapq.heappush(heap, (members[at + 1], i, at + 1))
+        if len(picked) >= need:
+            break
+    return _placement(job, partition, picked[:ranks], picked[ranks:need])
 
 
 def _pick(
@@ -526,6 +735,7 @@ def _holds_of(p: Placement, exclusive: bool, end: float | None) -> list[_Hold]:
 class _Reservation:
     start: float
     shadow: _State  # usage at ``start`` including the head job and long backfilled jobs
+    head: tuple[str, ...] = ()  # the head's nodes in it
 
 
 def _reserve(
@@ -534,8 +744,14 @@ def _reserve(
     state: _State,
     holds: Iterable[_Hold],
     now: float,
+    *,
+    fast: bool = True,
 ) -> _Reservation | None:
     """Earliest time the head job fits, replaying known ends in time order; None if never.
+
+    With ``fast`` (and no --nodelist or topology) the same answer from `_reserve_by_node`:
+    one sweep of the ends re-checking only the node each frees, instead of a placement
+    attempt at every end time.
 
     Work whose ``expected_end`` has already passed is still running (overdue); it is assumed to
     end "now" at the earliest, since time-limit enforcement is about to end it. An elastic job
@@ -543,6 +759,10 @@ def _reserve(
     """
     if job.nodes_max is not None:
         job = replace(job, nodes_max=None)
+    holds = list(holds)
+    independent = not job.nodelist and job.switches is None and job.spread is None
+    if fast and independent and not cluster.places and job.nodes >= 1:
+        return _reserve_by_node(job, cluster, state, holds, now)
     timed = sorted(
         ((max(h.end, now), i, h) for i, h in enumerate(holds) if h.end is not None),
         key=lambda e: (e[0], e[1]),
@@ -558,8 +778,74 @@ def _reserve(
         if p is not None:
             for h in _holds_of(p, job.exclusive, None):
                 sim.add(h)
-            return _Reservation(t, sim)
+            return _Reservation(t, sim, p.nodes)
     return None
+
+
+def _reserve_by_node(
+    job: JobRequest, cluster: _Cluster, state: _State, holds: list[_Hold], now: float
+) -> _Reservation | None:
+    """`_reserve` when nodes fit independently (no --nodelist, no topology): the job fits at
+    time t iff ``nodes + spares`` candidate nodes of one of its partitions can each take a
+    rank once the work ending by t has ended. So the ends of the work on candidate nodes are
+    swept once in time order, each only re-checking its own node, counting the nodes that
+    have become free per partition, and the sweep stops at the first end where a partition
+    has enough: the start. O(candidates + holds up to the start), where the replay tries a
+    whole placement at every distinct end. The shadow state (usage at the start, with the
+    head placed) is then built as the replay builds it.
+    """
+    need = job.nodes + max(0, job.spares)
+    parts_of: dict[str, list[str]] = {}  # candidate node -> the job's partitions it is in
+    for partition in dict.fromkeys(job.partitions):
+        for node in cluster.by_partition.get(partition, ()):
+            if _statically_eligible(job, node):
+                parts_of.setdefault(node.name, []).append(partition)
+    count = dict.fromkeys(job.partitions, 0)
+    free: set[str] = set()
+    for name in parts_of:
+        if _fit_node(job, cluster.by_name[name], state.get(name)) is not None:
+            free.add(name)
+            for partition in parts_of[name]:
+                count[partition] += 1
+    if any(c >= need for c in count.values()):
+        return None  # it fits now, which the caller has ruled out
+    timed = sorted(
+        (max(h.end, now), i, h)
+        for i, h in enumerate(holds)
+        if h.end is not None and h.node in parts_of and h.node not in free
+    )
+    sim: dict[str, _State] = {}
+    start: float | None = None
+    i = 0
+    while i < len(timed) and start is None:
+        t = timed[i][0]
+        while i < len(timed) and timed[i][0] == t:
+            h = timed[i][2]
+            i += 1
+            if h.node in free:
+                continue
+            one = sim.get(h.node)
+            if one is None:
+                one = sim[h.node] = _State({h.node: state.get(h.node).copy()})
+            one.remove(h)
+            if _fit_node(job, cluster.by_name[h.node], one.get(h.node)) is not None:
+                free.add(h.node)
+                for partition in parts_of[h.node]:
+                    count[partition] += 1
+        if any(c >= need for c in count.values()):
+            start = t
+    if start is None:
+        return None  # the known ends never free enough nodes
+    shadow = state.copy()
+    for h in holds:
+        if h.end is not None and max(h.end, now) <= start:
+            shadow.remove(h)
+    p = _try(job, cluster, shadow)
+    if p is None:
+        return None  # cannot happen: `need` nodes of a partition are free at `start`
+    for h in _holds_of(p, job.exclusive, None):
+        shadow.add(h)
+    return _Reservation(start, shadow, p.nodes)
 
 
 def _usable_nodes(job: JobRequest, cluster: _Cluster) -> frozenset[str]:
@@ -584,6 +870,27 @@ def _holding(allocations: Iterable[Allocation]) -> tuple[_State, list[_Hold]]:
     return state, holds
 
 
+_CLUSTERS: dict[tuple[tuple[NodeView, ...], tuple[str, ...]], tuple[_Cluster, _Index]] = {}
+_CLUSTERS_LOCK = threading.Lock()
+
+
+def _cluster_of(nodes: Sequence[NodeView], levels: Sequence[str]) -> tuple[_Cluster, _Index]:
+    """The indexed cluster of these node views, and the classes of its idle state: the same
+    from pass to pass while no node changes, so remembered (the last few node sets; the views
+    are immutable and compared whole, so a changed node is a new entry, never a stale one)."""
+    key = (tuple(nodes), tuple(levels))
+    with _CLUSTERS_LOCK:  # the scheduling loop and `explain` (API threads) share it
+        got = _CLUSTERS.get(key)
+    if got is None:
+        cluster = _Cluster(nodes, levels)
+        got = (cluster, _Index(cluster, _State()))  # both only read from now on
+        with _CLUSTERS_LOCK:
+            while len(_CLUSTERS) >= 4:
+                _CLUSTERS.pop(next(iter(_CLUSTERS)))
+            _CLUSTERS[key] = got
+    return got
+
+
 def place(
     jobs: Sequence[JobRequest],
     nodes: Sequence[NodeView],
@@ -595,8 +902,15 @@ def place(
     licenses: Pool | None = None,
     levels: Sequence[str] = (),
     groups: Mapping[int, str] | None = None,
+    fast: bool = True,
 ) -> list[Placement]:
     """Decide which of ``jobs`` (eligible, in priority order) start now, and where.
+
+    ``fast`` (the default) places jobs against node classes (`_Index`), remembers within the
+    pass the job shapes that did not fit (usage only grows during a pass, so they still do
+    not), and reserves the blocked head node by node (`_reserve_by_node`); the
+    decisions are the same as with ``fast=False``, the plain node-by-node algorithm kept as
+    the test oracle (tests/unit/test_placement_fast.py compares them on random cases).
 
     Never overcommits CPUs, memory or a GPU device, respects exclusivity, and never lets a
     lower-priority job delay the highest-priority blocked job (EASY backfill; see module doc).
@@ -616,7 +930,7 @@ def place(
     kept off every domain where a running or just-placed job of its group holds a node,
     spares included).
     """
-    cluster = _Cluster(nodes, levels)
+    cluster, idle_index = _cluster_of(nodes, levels) if fast else (_Cluster(nodes, levels), None)
     group_nodes: dict[str, set[str]] = {}
     for a in allocations:
         g = (groups or {}).get(a.job_id)
@@ -630,6 +944,8 @@ def place(
     closed: frozenset[str] | None = None  # set when the head's reservation is not computable
     idle = _State()
 
+    both: _State | None = None  # per node, the larger of `state` and the head's shadow
+
     def commit(job: JobRequest, p: Placement, *, into_shadow: bool) -> None:
         end = None if job.time_limit_s is None else now + job.time_limit_s
         for h in _holds_of(p, job.exclusive, end):
@@ -637,6 +953,9 @@ def place(
             holds.append(h)
             if into_shadow and reservation is not None:
                 reservation.shadow.add(h)
+        if both is not None and reservation is not None:
+            for name in p.nodes:
+                both.put(name, _merged(state.get(name), reservation.shadow.get(name)))
         if licenses is not None:
             licenses.take(job.licenses)
         if job.group is not None:
@@ -676,6 +995,38 @@ def place(
             [replace(n, schedulable=False) if n.name in owners else n for n in nodes], levels
         )
 
+    # fast: the states jobs are tried on get node-class indexes; the shapes that did not fit
+    # on `state` ("s") or `both` ("b") are remembered (both only grow during the pass), and
+    # whether a shape fits the idle cluster
+    if fast:
+        _Index(cluster, state)
+        if idle_index is not None and idle_index.cluster is cluster:
+            idle.index = idle_index  # the idle cluster's classes never change
+        else:
+            _Index(cluster, idle)
+    fit_memo: dict[tuple[object, ...], dict[ClassKey, _NodeFit | None]] = {}
+    failed: set[tuple[str, tuple[object, ...]]] = set()
+    idle_fits: dict[tuple[object, ...], bool] = {}
+
+    def attempt(job: JobRequest, on: _State, tag: str) -> Placement | None:
+        if on.index is None or not _classable(job, cluster):
+            return _try(job, cluster, on)
+        shape = _shape(job)
+        if tag == "i":
+            if shape not in idle_fits:
+                idle_fits[shape] = attempt(job, on, "") is not None
+            return _DUMMY if idle_fits[shape] else None
+        if tag and ((tag, shape) in failed or ("s", shape) in failed):
+            return None  # fit on `both` implies fit on `state`: a miss there is a miss here
+        memo = fit_memo.setdefault(shape, {})
+        for partition in job.partitions:
+            p = _fit_classes(job, partition, cluster, on, memo)
+            if p is not None:
+                return p
+        if tag:
+            failed.add((tag, shape))
+        return None
+
     for job in jobs:
         if job.job_id in seen:
             continue  # a duplicate in the input must not start twice
@@ -685,15 +1036,15 @@ def place(
         job = kept_apart(job)
 
         if reservation is None and closed is None:
-            p = _try(job, cluster, state)
+            p = attempt(job, state, "s")
             if p is not None:
                 commit(job, p, into_shadow=False)
                 continue
-            if _try(job, cluster, idle) is None:
+            if attempt(job, idle, "i") is None:
                 continue  # cannot run even on the idle cluster: not blocked by anyone
             if not backfill:
                 break
-            reservation = _reserve(job, cluster, state, holds, now)
+            reservation = _reserve(job, cluster, state, holds, now, fast=fast)
             if reservation is None:
                 closed = _usable_nodes(job, cluster)
             continue
@@ -703,15 +1054,30 @@ def place(
                 job.time_limit_s is not None and now + job.time_limit_s <= reservation.start
             )
             if ends_in_time:
-                p = _try(job, cluster, state)
+                p = attempt(job, state, "s")
                 if p is not None:
                     commit(job, p, into_shadow=False)
             else:
                 # Must fit now and beside the head at its start: check against the per-node
-                # maximum of both states (only nodes busy in either can differ from idle).
-                names = state.usage.keys() | reservation.shadow.usage.keys()
-                both = _State({n: _merged(state.get(n), reservation.shadow.get(n)) for n in names})
-                p = _try(job, cluster, both)
+                # maximum of both states (only nodes busy in either can differ from idle),
+                # built once and kept up to date by `commit`.
+                if both is None and fast and state.index is not None:
+                    # The shadow is the state with work ended and the head added, and only
+                    # `commit` changes either afterwards (and updates `both` where it does):
+                    # off the head's nodes the maximum is the state itself. So `both` starts
+                    # as the state (its usages are replaced, never changed, by `put`) and
+                    # its classes as the state's, with the head's nodes moved.
+                    state.index.refresh(state)
+                    both = _State(dict(state.usage))
+                    _Index(cluster, both, like=state.index)
+                    for n in reservation.head:
+                        both.put(n, _merged(state.get(n), reservation.shadow.get(n)))
+                elif both is None:
+                    names = state.usage.keys() | reservation.shadow.usage.keys()
+                    both = _State(
+                        {n: _merged(state.get(n), reservation.shadow.get(n)) for n in names}
+                    )
+                p = attempt(job, both, "b")
                 if p is not None:
                     commit(job, p, into_shadow=True)
         else:
@@ -720,6 +1086,10 @@ def place(
             if p is not None:
                 commit(job, p, into_shadow=False)
     return result
+
+
+# what `attempt` answers for "fits on the idle cluster" (only its being not None is used)
+_DUMMY = Placement(0, "", (), 0, (), (), None)
 
 
 # --------------------------------------------------------------------------------------------

@@ -175,6 +175,12 @@ def order(pending: Sequence[J], score: Callable[[Mapping[str, Any]], Breakdown])
     return [job for _, job in keyed]
 
 
+# the ranges the integer sort key of `QueuePolicy.order` holds exactly: -2^62 < total < 2^62,
+# 0 <= id < 2^64 (store ids are below 2^63)
+_HALF = 1 << 62
+_SPAN = 1 << 64
+
+
 @dataclass
 class QueuePolicy:
     """What the scheduling pass needs to order the queue and apply limits: the weights, the
@@ -233,34 +239,66 @@ class QueuePolicy:
             k: w.qos * (clamp01(v / top_qos) if top_qos > 0 else 0.0)
             for k, v in self.qos_priority.items()
         }
-        fs_w: dict[tuple[str, str], float] = {}
         max_age = w.max_age_s
+        w_age = w.age
         default = self.default_account
-        keyed = []
+        # The products that do not depend on the job's age are the same for every job of one
+        # (account, user, nodes, cpus, partitions, qos): computed once per such group. The
+        # sum is still taken in `breakdown`'s order, so the totals stay equal to the bit.
+        groups: dict[tuple[Any, ...], tuple[float, float, float, float]] = {}
+        keyed: list[int] = []
         for job in snap.pending:
-            key = (job.get("account") or default, job["user"])
-            f = fs_w.get(key)
-            if f is None:
-                f = fs_w[key] = w.fairshare * clamp01(self.fairshare(str(key[0]), str(key[1])))
-            since = job.get("eligible_time") or job["submit_time"]
-            age = clamp01((now - float(since)) / max_age) if max_age > 0 else 1.0
-            nn = int(job["nodes"])
-            frac = max(
-                nn / n_nodes if n_nodes > 0 else 0.0,
-                nn * int(job["cpus_per_node"]) / n_cpus if n_cpus > 0 else 0.0,
+            get = job.get
+            g: tuple[Any, ...] = (
+                get("account") or default,
+                job["user"],
+                job["nodes"],
+                job["cpus_per_node"],
+                job["partitions"],
+                get("qos") or "",
             )
-            size = clamp01(1.0 - frac) if w.favor_small else clamp01(frac)
-            first = job["partitions"].split(",", 1)[0]
-            total = round(
-                w.age * age
-                + f
-                + w.jobsize * size
-                + part_w.get(first, 0.0)
-                + qos_w.get(job.get("qos") or "", 0.0)
-            ) - int(job.get("nice") or 0)
-            keyed.append((-int(job.get("priority") or 0), -total, int(job["id"]), job))
-        keyed.sort(key=lambda k: k[:3])
-        return [k[3] for k in keyed]
+            parts4 = groups.get(g)
+            if parts4 is None:
+                parts4 = groups[g] = self._static_products(g, n_nodes, n_cpus, part_w, qos_w)
+            f, size_w, p_w, q_w = parts4
+            since = get("eligible_time") or job["submit_time"]
+            if max_age > 0:
+                age = (now - float(since)) / max_age
+                age = 0.0 if age < 0 else 1.0 if age > 1 else age
+            else:
+                age = 1.0
+            total = round(w_age * age + f + size_w + p_w + q_w) - int(get("nice") or 0)
+            jid = int(job["id"])
+            if not (-_HALF < total < _HALF and 0 <= jid < _SPAN):
+                # beyond what one integer key encodes (absurd nice or ids): the plain order
+                return order(snap.pending, self.scorer(snap, now))
+            # (-priority, -total, id) as one integer: sorting ints is 3-4 times faster than
+            # sorting tuples whose first fields are mostly equal
+            keyed.append(((-int(get("priority") or 0)) << 128) + ((_HALF - total) << 64) + jid)
+        pending = snap.pending
+        return [pending[i] for i in sorted(range(len(keyed)), key=keyed.__getitem__)]
+
+    def _static_products(
+        self,
+        g: tuple[Any, ...],
+        n_nodes: int,
+        n_cpus: int,
+        part_w: Mapping[str, float],
+        qos_w: Mapping[str, float],
+    ) -> tuple[float, float, float, float]:
+        """weight x factor of fair share, job size, partition and QOS for one job group
+        (account, user, nodes, cpus per node, partitions, qos), as `breakdown` has them."""
+        w = self.weights
+        account, user, nodes, cpus_per_node, partitions, qos = g
+        f = w.fairshare * clamp01(self.fairshare(str(account), str(user)))
+        nn = int(nodes)
+        frac = max(
+            nn / n_nodes if n_nodes > 0 else 0.0,
+            nn * int(cpus_per_node) / n_cpus if n_cpus > 0 else 0.0,
+        )
+        size = clamp01(1.0 - frac) if w.favor_small else clamp01(frac)
+        first = str(partitions).split(",", 1)[0]
+        return f, w.jobsize * size, part_w.get(first, 0.0), qos_w.get(qos, 0.0)
 
     def holding(self, snap: Any) -> lim.Usage:
         """What the jobs that hold resources count against the limits."""

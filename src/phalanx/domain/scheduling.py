@@ -8,6 +8,7 @@ verdicts, array concurrency limits, singleton, placement) is unit-testable on pl
 from __future__ import annotations
 
 import fnmatch
+import functools
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -18,12 +19,19 @@ from phalanx.domain.deps import DepVerdict, evaluate
 from phalanx.domain.placement import Allocation, JobRequest, NodeView, Placement, place
 from phalanx.domain.priority import QueuePolicy
 
+# How many pending jobs, in queue order, one pass examines for a start (Slurm's
+# default_queue_depth / bf_max_job_test, Armada's maxQueueLookback); config cluster.queue_depth
+# (its default is this value; tests/unit/test_config.py holds them equal).
+DEFAULT_QUEUE_DEPTH = 1000
+
 
 @dataclass
 class Plan:
     starts: list[Placement] = field(default_factory=list)
     never: list[tuple[int, str]] = field(default_factory=list)  # (job id, why it can never run)
     reasons: dict[int, str] = field(default_factory=dict)  # why a pending job still waits
+    # ids of the jobs behind the queue depth, not examined this pass (reason Priority)
+    beyond: list[int] = field(default_factory=list)
 
     def sentence(self) -> str:
         return (
@@ -34,12 +42,23 @@ class Plan:
 
 def node_partitions(node: str, partitions: Iterable[dict[str, Any]]) -> frozenset[str]:
     """Partitions whose node pattern (globs, comma separated) matches this node name."""
-    out = set()
-    for p in partitions:
-        pats = [x.strip() for x in str(p["nodes"]).split(",") if x.strip()]
-        if any(fnmatch.fnmatchcase(node, pat) for pat in pats):
-            out.add(p["name"])
-    return frozenset(out)
+    return _matching(node, _patterns(partitions))
+
+
+def _patterns(partitions: Iterable[dict[str, Any]]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    return tuple(
+        (str(p["name"]), tuple(x.strip() for x in str(p["nodes"]).split(",") if x.strip()))
+        for p in partitions
+    )
+
+
+@functools.lru_cache(maxsize=1 << 17)
+def _matching(node: str, patterns: tuple[tuple[str, tuple[str, ...]], ...]) -> frozenset[str]:
+    """node_partitions, remembered: the partitions and the node names seldom change, and a
+    pass over 10,000 nodes would otherwise run every glob against every name each time."""
+    return frozenset(
+        name for name, pats in patterns if any(fnmatch.fnmatchcase(node, pat) for pat in pats)
+    )
 
 
 def node_views(
@@ -49,6 +68,7 @@ def node_views(
 ) -> list[NodeView]:
     """Nodes as placement sees them; ``topo``: their places in the tree (config, or what
     each agent reported at register, in the row's ``topology``)."""
+    patterns = _patterns(partitions.values())
     return [
         NodeView(
             name=n["name"],
@@ -56,7 +76,7 @@ def node_views(
             mem_mb=int(n["mem_mb"]),
             gpus=tuple((int(i), str(t)) for i, t in (n["gpus"] or [])),
             features=frozenset(n["features"] or []),
-            partitions=node_partitions(n["name"], partitions.values()),
+            partitions=_matching(n["name"], patterns),
             schedulable=bool(n["registered"]) and not n["down"] and not n["drain"],
             place=topo.place(n["name"], n.get("topology")) if topo is not None else (),
         )
@@ -120,6 +140,7 @@ def job_request(job: dict[str, Any]) -> JobRequest:
         spread=job.get("spread") or None,
         group=job.get("group") or None,
         anti_affinity=job.get("anti_affinity") or None,
+        constraint_key=expr or None,
     )
 
 
@@ -178,6 +199,7 @@ def plan(
     policy: QueuePolicy | None = None,
     license_totals: dict[str, int] | None = None,
     topo: topology.Layout | None = None,
+    queue_depth: int | None = None,
 ) -> Plan:
     """Decide which pending jobs start where (snap: a store.SchedSnapshot).
 
@@ -188,6 +210,12 @@ def plan(
     text per attempt that holds its resources). ``topo``: the topology layout (config
     ``topology``); the snapshot's ``groups_active`` (job id -> --group of jobs holding nodes)
     feeds --anti-affinity.
+
+    ``queue_depth`` (config ``cluster.queue_depth``; None: no bound): at most this many jobs,
+    in queue order, are examined for a start or a backfill reservation; the ones behind them
+    are not looked at this pass and wait with reason ``Priority`` (Slurm's
+    ``default_queue_depth``). Jobs skipped before the depth is reached (BeginTime, a
+    dependency, a limit, an array's task limit) do not count against it.
     """
     out = Plan()
     pending = policy.order(snap, now) if policy else snap.pending
@@ -198,13 +226,20 @@ def plan(
     names_taken = set(snap.active_names)
     keep_off = maintenance.KeepOff(getattr(snap, "maintenance", None) or [], now)
     eligible: list[JobRequest] = []
-    for job in pending:
+    depth = len(pending) if queue_depth is None else max(1, queue_depth)
+    examined: dict[int, dict[str, Any]] = {}
+    for at, job in enumerate(pending):
+        if len(eligible) >= depth:  # beyond the lookahead: not examined this pass
+            out.beyond = [j["id"] for j in pending[at:]]
+            out.reasons.update(dict.fromkeys(out.beyond, "Priority"))
+            break
         jid = int(job["id"])
+        examined[jid] = job
         key = (job["name"], job["user"])
         eligible_at = job.get("eligible_time")
         if eligible_at and eligible_at > now:
-            at = time.strftime("%H:%M:%S", time.localtime(eligible_at))
-            out.reasons[jid] = f"BeginTime (not before {at})"
+            when = time.strftime("%H:%M:%S", time.localtime(eligible_at))
+            out.reasons[jid] = f"BeginTime (not before {when})"
             continue
         singleton = any(d["type"] == "singleton" for d in job["dependency"])
         verdict, why = evaluate(
@@ -261,7 +296,7 @@ def plan(
         groups=getattr(snap, "groups_active", None),
     )
     if policy and holding is not None:
-        placed = _within_limits(placed, snap.pending, policy, holding, out.reasons)
+        placed = _within_limits(placed, examined, policy, holding, out.reasons)
     placed_ids = {p.job_id for p in placed}
     out.starts = placed
     first_blocked = True
@@ -273,21 +308,22 @@ def plan(
         elif req.job_id not in placed_ids and req.job_id not in out.reasons:  # not over a limit
             out.reasons[req.job_id] = "Resources" if first_blocked else "Priority"
             first_blocked = False
-    exclusive = {int(j["id"]): bool(j["exclusive"]) for j in snap.pending}
-    out.reasons.update(keep_off.reasons(out.reasons, placed, views, allocs, exclusive))
+    if keep_off.blocked:
+        exclusive = {p.job_id: bool(examined[p.job_id]["exclusive"]) for p in placed}
+        out.reasons.update(keep_off.reasons(out.reasons, placed, views, allocs, exclusive))
     return out
 
 
 def _within_limits(
     placed: list[Placement],
-    pending: list[dict[str, Any]],
+    by_id: dict[int, dict[str, Any]],
     policy: QueuePolicy,
     holding: Any,
     reasons: dict[int, str],
 ) -> list[Placement]:
     """Keep the placements that fit the limits, counted in start order (several jobs of one
-    user may each fit alone but not together); the others wait with the limit's reason."""
-    by_id = {int(j["id"]): j for j in pending}
+    user may each fit alone but not together); the others wait with the limit's reason.
+    ``by_id``: the job rows the pass examined (every placed job is one)."""
     kept = []
     for p in placed:
         job = by_id[p.job_id]
