@@ -447,7 +447,7 @@ OPTIONS: tuple[Option, ...] = (
          "time between the checkpoint request and a planned stop, e.g. 2m", "DURATION"),
     _opt("checkpoint-interval", None, R, ("checkpoint_interval_s",), _checkpoint_interval,
          "ask for a checkpoint this often (e.g. 30m), or auto (Young/Daly)", "DURATION|auto"),
-    # --- bookkeeping: kept, shown, no effect here ---
+    # --- bookkeeping: kept and shown (account and QOS also weigh in fair share and limits) ---
     _opt("comment", None, R, ("comment",), _str_to("comment"), "free-text comment", "TEXT"),
     _opt("account", "A", R, ("account",), _str_to("account"),
          "account to charge (fair share, limits; docs/fairshare.md)", "ACCOUNT"),
