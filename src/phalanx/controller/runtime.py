@@ -804,11 +804,11 @@ class Controller:
         if fresh_steps:
             self.store.apply_step_reports(node, fresh_steps)
             self._step_memo.applied(node, fresh_steps)
-        work = self.store.node_work(node)
+        work, step_work = self.store.node_all_work(node)
         if needs_write(work, reports, taken_at):
             changed = state_changes(work, reports, taken_at)  # not only checkpoints/progress
             self.store.apply_reports(node, reports, taken_at)
-            work = self.store.node_work(node)
+            work, step_work = self.store.node_all_work(node)  # the attempt may end its steps
             if changed:
                 self.kick()
         ended = self.store.finished_attempts(
@@ -818,11 +818,13 @@ class Controller:
         reply.signals = signal_items(work, reports)
         self.maintenance.adjust_stops(reply.stop)  # stopped at the window's start
         reply.checkpoint = checkpoint_items(work, lambda w: self.checkpoint_interval(w).seconds)
-        return reply, self._step_exchange(node, step_reports or [])
+        return reply, self._step_exchange(node, step_reports or [], step_work)
 
-    def _step_exchange(self, node: str, reports: list[StepReport]) -> StepReply:
-        """The step half of a heartbeat (its reports were recorded first), the step reply."""
-        work = self.store.node_step_work(node)
+    def _step_exchange(
+        self, node: str, reports: list[StepReport], work: list[dict[str, Any]]
+    ) -> StepReply:
+        """The step half of a heartbeat (its reports were recorded first, `work` read after
+        them), the step reply."""
         if not work and not reports:
             return StepReply()
         over = [r for r in reports if r.state in ("exited", "lost")]
