@@ -422,8 +422,8 @@ class Agent:
         A trivial step (``srun true``) ends within a few milliseconds of its launch; reporting
         its exit from the watcher costs the controllers a whole exchange per node and step,
         on top of this heartbeat (which must follow anyway: it is the next long-poll).  Work
-        that arrives meanwhile is not delayed beyond the wait: the heartbeat's reply carries
-        it at once (the protocol is level-triggered).  The watcher skips the held dirs; those
+        that arrives meanwhile waits for the end of the wait at most: the heartbeat's reply
+        carries it at once (the protocol is level-triggered).  The watcher skips the held dirs; those
         that ended are marked reported before the heartbeat (should it fail, the poller's
         retry reports them: every heartbeat carries every step), the others are the watcher's
         again."""
