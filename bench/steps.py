@@ -23,8 +23,12 @@ its step to it.  For each loop the benchmark also reports the CPU time spent per
 kind of process, read from /proc around the loop (the script waits for a go file before each
 loop, so the sampling is outside the timed part): the controller, the 4 agents, the srun helper,
 and "srun+shell" (the batch shell and the sruns it waited for).  The shepherds and tasks are not
-in it (they are new processes each step).  On a shared machine these CPU figures are what to
-compare; the rates are the idle-machine figures the bars are about.
+in it (they are new processes each step).  The controller and the agents also spend CPU when
+no step runs (heartbeats, exit watchers, scheduler ticks); that idle rate is sampled for
+`--idle` seconds before each loop, and the "net of idle" figures take it away for the loop's
+duration, so that runs at different rates compare (a slow run on a loaded machine pays more
+seconds of idle cost per step).  On a shared machine these CPU figures are what to compare;
+the rates are the idle-machine figures the bars are about.
 
 Results are the median (min, max) over `--runs` runs beside the bars of issue 10 (a step on 4
 nodes starts in under 0.2 s; at least 20 trivial steps/s). Slurm 22.05 was not measured here
@@ -82,6 +86,7 @@ await 3   # alive until its CPU time is read
 """
 
 KINDS = ("controller", "agents", "srun helper", "srun+shell")
+IDLE_KINDS = ("controller", "agents")  # what runs when no step does (the shell waits then)
 
 
 def _cpu_s(pid: int, children: bool) -> float:
@@ -128,19 +133,35 @@ def _await_file(path: Path, deadline: float, what: str) -> None:
         time.sleep(0.02)
 
 
-def _loop_cpu(out: Path, state: Path, loop: int, deadline: float) -> dict[str, dict[str, float]]:
-    """Release each loop of the script in turn; CPU ms per step by kind, and the load."""
+def _loop_cpu(
+    out: Path, state: Path, loop: int, deadline: float, idle_s: float
+) -> dict[str, dict[str, float]]:
+    """Release each loop of the script in turn; CPU ms per step by kind, and the load.
+
+    Before each loop, the idle CPU rate of the controller and the agents is sampled for
+    `idle_s` (heartbeats, the agents' exit watchers, the scheduler's ticks: a cost per second,
+    not per step); "net" figures take that rate times the loop's duration away, so that runs
+    at different rates (a loaded machine) compare."""
     res: dict[str, dict[str, float]] = {}
     for n, name in ((1, "loop"), (2, "loop1")):
         _await_file(out / f"ready.{n}", deadline, f"the job's loop {n}")
         procs = _cluster_processes(state)
         procs["srun+shell"] = [int((out / "shell").read_text())]  # the batch shell
+        idle0 = _cpu_by_kind(procs)
+        time.sleep(idle_s)
         before = _cpu_by_kind(procs)
+        rate = {k: (before[k] - idle0[k]) / idle_s for k in IDLE_KINDS}
+        t0 = time.monotonic()
         (out / f"go.{n}").touch()
         _await_file(out / f"ready.{n + 1}", deadline, f"the end of the job's loop {n}")
+        took = time.monotonic() - t0
         after = _cpu_by_kind(procs)
         res[name] = {k: (after[k] - before[k]) / loop * 1000 for k in KINDS}
         res[name]["load"] = os.getloadavg()[0]
+        res[name]["idle_ms_per_s"] = sum(rate.values()) * 1000
+        for k in KINDS:
+            idle = rate[k] * took if k in IDLE_KINDS else 0.0
+            res[name][f"net {k}"] = max(0.0, after[k] - before[k] - idle) / loop * 1000
     (out / "go.3").touch()
     return res
 
@@ -186,7 +207,7 @@ def one_run(i: int, args: argparse.Namespace, bindir: str) -> dict[str, Any]:
         jid = sub.stdout.strip().split()[-1]
         api = common.Api(url, timeout=30.0)
         deadline = time.monotonic() + args.timeout
-        cpu = _loop_cpu(out, state, args.loop, deadline)
+        cpu = _loop_cpu(out, state, args.loop, deadline, args.idle)
         while True:
             job = api.job(int(jid))
             if job["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
@@ -220,7 +241,9 @@ def one_run(i: int, args: argparse.Namespace, bindir: str) -> dict[str, Any]:
             log(
                 f"  {name}: CPU ms/step "
                 + ", ".join(f"{k} {per[k]:.1f}" for k in KINDS)
-                + f" (load average {per['load']:.1f})"
+                + f" (load average {per['load']:.1f}); net of idle "
+                + ", ".join(f"{k} {per['net ' + k]:.1f}" for k in KINDS)
+                + f" (idle {per['idle_ms_per_s']:.0f} ms/s)"
             )
         return res
 
@@ -231,6 +254,9 @@ def main() -> int:
     p.add_argument("--samples", type=int, default=10, help="step start samples per run")
     p.add_argument("--loop", type=int, default=40, help="trivial steps per loop")
     p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument(
+        "--idle", type=float, default=2.0, help="seconds of idle CPU sampled before each loop"
+    )
     p.add_argument("--keep", action="store_true", help="keep the state dirs")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
@@ -254,12 +280,18 @@ def main() -> int:
         )
         out[key] = {"median": med, "min": min(vals), "max": max(vals), "bar": bar, "ok": ok}
     for name, label in (("loop", "srun true (4 tasks)"), ("loop1", "srun -n 1 true")):
-        per = {k: statistics.median(r["cpu_ms_per_step"][name][k] for r in runs) for k in KINDS}
-        print(
-            f"CPU ms per step, {label}: "
-            + ", ".join(f"{k} {v:.1f}" for k, v in per.items())
-            + f" (total {sum(per.values()):.1f}, shepherds and tasks not counted)"
-        )
+        for prefix, what in (("", ""), ("net ", " net of idle")):
+            per = {
+                k: statistics.median(r["cpu_ms_per_step"][name][prefix + k] for r in runs)
+                for k in KINDS
+            }
+            print(
+                f"CPU ms per step{what}, {label}: "
+                + ", ".join(f"{k} {v:.1f}" for k, v in per.items())
+                + f" (total {sum(per.values()):.1f}, shepherds and tasks not counted)"
+            )
+    loads = [r["cpu_ms_per_step"][n]["load"] for r in runs for n in ("loop", "loop1")]
+    print(f"load average during the loops: median {statistics.median(loads):.1f}")
     print("Slurm 22.05: not measured on this machine (no slurmctld); run the same script there")
     print(host_line(before, after))
     if args.json:

@@ -203,3 +203,29 @@ def test_step_protocol_start_signal_stop_forget() -> None:
     # a stale token is not this attempt's
     r = decide_steps([row(node_state="RUNNING")], [report("running", token="old")], set())
     assert r.stop and r.stop[0]["reason"] == "step is no longer current"
+
+
+def test_step_report_memo_skips_only_reports_that_change_nothing() -> None:
+    """A controller records each step report of a node once: "starting" never changes the
+    store, a repeated "running" or "exited" changes nothing more once applied, and a step
+    recorded as ended there stays ended (reports are monotonic); another node's report, or
+    another attempt token's, is still applied."""
+    from phalanx.controller.exchange import StepReportMemo
+
+    memo = StepReportMemo(limit=3)
+    starting = StepReport(1, 0, "tok", "starting")
+    running = StepReport(1, 0, "tok", "running", started_at=1.0)
+    exited = StepReport(1, 0, "tok", "exited", started_at=1.0, exits=[{"task": 0}])
+    assert memo.fresh("n1", [starting, running]) == [running]
+    memo.applied("n1", [running])
+    assert memo.fresh("n1", [running]) == []
+    assert memo.fresh("n1", [exited]) == [exited]  # running -> ended is news
+    assert memo.fresh("n2", [running]) == [running]  # another node
+    assert memo.fresh("n1", [StepReport(1, 0, "other", "running")]) != []
+    assert memo.ended("n1", [(1, 0, "tok")]) == set()
+    memo.applied("n1", [exited])
+    assert memo.fresh("n1", [exited, running]) == []  # ended stays ended
+    assert memo.ended("n1", [(1, 0, "tok"), (1, 1, "tok")]) == {(1, 0)}
+    for sid in (1, 2, 3):  # the oldest entries go first
+        memo.applied("n1", [StepReport(1, sid, "tok", "running")])
+    assert memo.fresh("n1", [exited]) == [exited]

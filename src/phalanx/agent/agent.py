@@ -41,6 +41,11 @@ from phalanx.watchdog import Beats, maybe_wedge
 log = logging.getLogger("phalanx.agent")
 
 WATCH_INTERVAL = 0.05  # how often the watcher looks for new exit files (seconds)
+# After a reply that started step tasks here, how long the poller waits for them to end before
+# its next heartbeat, so that a short step's exits ride on that heartbeat (which is also the
+# next long-poll) instead of a separate exchange from the watcher; and how often it looks.
+STEP_EXIT_WAIT_S = 0.1
+STEP_EXIT_POLL_S = 0.002
 FORGOTTEN_MAX = 100_000  # forgotten attempt ids remembered (never launched again)
 HEARTBEAT_GRACE_MIN = 0.5  # seconds; see heartbeat_grace()
 MAX_GPU_EVENTS = 256  # GPU events one heartbeat carries (controller/runtime.py takes as many)
@@ -91,6 +96,10 @@ class Agent:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._known_exited: set[str] = set()
+        # step task dirs whose exits the poller is about to report itself (the watcher leaves
+        # them alone meanwhile); both threads change _known_exited under _exits_lock
+        self._held_steps: set[str] = set()
+        self._exits_lock = threading.Lock()
         # Attempts the controller told us to forget. The main loop and the exit watcher both
         # heartbeat, so a reply computed before the forget (still saying "start") can arrive
         # after it, when the task dir is gone: it must not run the job a second time.
@@ -293,6 +302,7 @@ class Agent:
                 try:
                     if not self._registered:
                         self.register()
+                    self._hold_step_exits()
                     self.heartbeat(wait=float(self.timing["heartbeat_interval"]))
                     backoff = 0.2
                 except PhalanxError as e:
@@ -404,6 +414,39 @@ class Agent:
             launcher.launch(d)
         else:  # apply() used without run()
             shepherd.launch(d)
+
+    def _hold_step_exits(self) -> None:
+        """Before the poller's next heartbeat: if the last reply started step tasks here, wait
+        up to STEP_EXIT_WAIT_S for them to end, so that their exits go with that heartbeat.
+
+        A trivial step (``srun true``) ends within a few milliseconds of its launch; reporting
+        its exit from the watcher costs the controllers a whole exchange per node and step,
+        on top of this heartbeat (which must follow anyway: it is the next long-poll).  Work
+        that arrives meanwhile waits for the end of the wait at most: the heartbeat's reply
+        carries it at once (the protocol is level-triggered).  The watcher skips the held dirs; those
+        that ended are marked reported before the heartbeat (should it fail, the poller's
+        retry reports them: every heartbeat carries every step), the others are the watcher's
+        again."""
+        with self._lock:
+            names = self.steps.take_launched()
+        if not names:
+            return
+        steps_dir = self.steps.steps_dir
+        with self._exits_lock:
+            self._held_steps = {f"step:{n}" for n in names}
+        try:
+            deadline = time.monotonic() + STEP_EXIT_WAIT_S
+            left = list(names)
+            while True:
+                left = [n for n in left if not (steps_dir / n / shepherd.EXIT_FILE).exists()]
+                if not left or time.monotonic() >= deadline or self._stop.is_set():
+                    break
+                time.sleep(STEP_EXIT_POLL_S)
+        finally:
+            with self._exits_lock:
+                done = {f"step:{n}" for n in names if n not in left}
+                self._known_exited |= done
+                self._held_steps = set()
 
     # ------------------------------------------------------------------ protocol
     def heartbeat(self, wait: float = 0.0) -> dict[str, Any]:
@@ -782,13 +825,18 @@ class Agent:
                     if d.name not in self._known_exited and (d / "exit.json").exists()
                 ]
                 steps_exited = {f"step:{name}" for name in self.steps.exited_dirs()}
-                # forgotten steps' dirs are gone: so are their names here
-                self._known_exited -= {
-                    n for n in self._known_exited if n.startswith("step:") and n not in steps_exited
-                }
-                fresh += sorted(steps_exited - self._known_exited)
+                with self._exits_lock:
+                    # forgotten steps' dirs are gone: so are their names here
+                    self._known_exited -= {
+                        n
+                        for n in self._known_exited
+                        if n.startswith("step:") and n not in steps_exited
+                    }
+                    # the poller reports the exits of step tasks it has just started itself
+                    fresh += sorted(steps_exited - self._known_exited - self._held_steps)
+                    if fresh:
+                        self._known_exited.update(fresh)
                 if fresh:
-                    self._known_exited.update(fresh)
                     self.heartbeat(wait=0.0)
             except PhalanxError as e:
                 log.debug("exit report failed (the poller will retry): %s", e.message)

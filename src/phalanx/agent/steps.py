@@ -53,6 +53,8 @@ class StepRunner:
         self.fence = fence  # the shepherd's fence settings, as the agent's tasks get them
         self._launch_dir = launch
         self._forgotten: dict[tuple[int, int], None] = {}
+        # task dirs started since the poller last looked (Agent._hold_step_exits)
+        self._launched: list[str] = []
 
     # ------------------------------------------------------------------ reading
     def _dirs(self, attempt_id: int | None = None, step_id: int | None = None) -> list[Path]:
@@ -68,6 +70,11 @@ class StepRunner:
             if step_id is not None and int(parts[1]) != step_id:
                 continue
             out.append(d)
+        return out
+
+    def take_launched(self) -> list[str]:
+        """The names of the step task dirs started since the last call (for the poller)."""
+        out, self._launched = self._launched, []
         return out
 
     def exited_dirs(self) -> list[str]:
@@ -237,6 +244,7 @@ class StepRunner:
             )
             os.replace(tmp, d)
             dirs.append(d)
+        self._launched.extend(d.name for d in dirs)
         for d in dirs:
             try:
                 self._launch_dir(d)

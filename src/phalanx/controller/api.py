@@ -820,12 +820,16 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         """The one job a step belongs to. A plain number is that job itself even when it is
         also an array's id: srun sends $SLURM_JOB_ID, and the first task of an array has the
         array's id as its own (as in Slurm), so `123` must not mean the whole array here."""
-        ids = _one(ref)
-        if ref.strip().isdigit() and int(ref) in ids:
-            ids = [int(ref)]
-        if len(ids) != 1:
-            raise InvalidSpec(f"{ref} names {len(ids)} jobs: steps belong to one job")
-        row = ctl.store.get_job(ids[0])
+        row: dict[str, Any] | None = None
+        if ref.strip().isdigit() and int(ref) <= MAX_ID:
+            # srun's own case (every step of a loop): the job itself, one read less
+            with contextlib.suppress(NotFound):
+                row = ctl.store.get_job(int(ref))
+        if row is None:
+            ids = _one(ref)
+            if len(ids) != 1:
+                raise InvalidSpec(f"{ref} names {len(ids)} jobs: steps belong to one job")
+            row = ctl.store.get_job(ids[0])
         access.check_owner(ident, [job_view(row)], what)
         return row
 

@@ -7,7 +7,9 @@ reconciles again. Pure functions over plain data.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -280,3 +282,66 @@ def decide_steps(
         elif r.state in ("exited", "lost") and (stale or key in ended):
             reply.forget.append([key[0], key[1]])
     return reply
+
+
+class StepReportMemo:
+    """Which step reports of each node this controller has recorded already, so that a repeated
+    one costs no store transaction.
+
+    Agents repeat their whole step list on every heartbeat (level-triggered), and a short
+    `srun` loop makes each node report the same ended steps several times (the long-poll that
+    carried an exit is computed again when the next step wakes it).  What a report can do to
+    a node's step is monotonic (STARTING -> RUNNING -> EXITED/LOST, never back): once a
+    report "running" or "exited" of a (node, attempt, step, token) has been applied, the same
+    report again changes nothing, and a step recorded as ended there stays ended.  Bounded:
+    the oldest entries go first (a forgotten one only costs the transaction again)."""
+
+    MAX = 65536
+
+    def __init__(self, limit: int = MAX) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._seen: OrderedDict[tuple[str, int, int, str], str] = OrderedDict()
+
+    @staticmethod
+    def _level(state: str) -> str | None:
+        if state in ("exited", "lost"):
+            return "ended"
+        return "running" if state == "running" else None
+
+    def fresh(self, node: str, reports: Sequence[StepReport]) -> list[StepReport]:
+        """The reports that may still change something in the store ("starting" never does)."""
+        out = []
+        with self._lock:
+            for r in reports:
+                level = self._level(r.state)
+                if level is None:
+                    continue
+                seen = self._seen.get((node, r.attempt_id, r.step_id, r.token))
+                if seen == "ended" or seen == level:
+                    continue
+                out.append(r)
+        return out
+
+    def applied(self, node: str, reports: Sequence[StepReport]) -> None:
+        """These reports are recorded in the store (after the transaction committed)."""
+        with self._lock:
+            for r in reports:
+                level = self._level(r.state)
+                if level is None:
+                    continue
+                key = (node, r.attempt_id, r.step_id, r.token)
+                if self._seen.get(key) != "ended":
+                    self._seen[key] = level
+                self._seen.move_to_end(key)
+            while len(self._seen) > self.limit:
+                self._seen.popitem(last=False)
+
+    def ended(self, node: str, keys: Sequence[tuple[int, int, str]]) -> set[tuple[int, int]]:
+        """Of these (attempt, step, token) reported ended, those recorded as ended here."""
+        with self._lock:
+            return {
+                (aid, sid)
+                for aid, sid, token in keys
+                if self._seen.get((node, aid, sid, token)) == "ended"
+            }

@@ -21,6 +21,7 @@ from phalanx.config import Config
 from phalanx.controller.exchange import (
     Reply,
     StepReply,
+    StepReportMemo,
     checkpoint_items,
     decide,
     decide_steps,
@@ -153,6 +154,7 @@ class Controller:
         self._gens: dict[str, int] = {}
         self._listener: WorkListener | None = None  # PostgreSQL only: cross-controller wakeups
         self._health: dict[str, tuple[Any, ...]] = {}  # node -> last health summary applied
+        self._step_memo = StepReportMemo()  # step reports recorded already (exchange.py)
         self._cluster_since: float | None = None  # monotonic time the cluster duty was taken
         self.last_tick: dict[str, float] = {}
         self._partitions_cache: tuple[float, Any] | None = None
@@ -798,13 +800,15 @@ class Controller:
             self.record_gpu_events(node, health["gpu_events"])
         # Step reports first: when a task's end ends its attempt, the steps it ends with are
         # those the node has not already seen end (a step that completed stays COMPLETED).
-        if any(r.state != "starting" for r in step_reports or []):
-            self.store.apply_step_reports(node, step_reports or [])
-        work = self.store.node_work(node)
+        fresh_steps = self._step_memo.fresh(node, step_reports or [])
+        if fresh_steps:
+            self.store.apply_step_reports(node, fresh_steps)
+            self._step_memo.applied(node, fresh_steps)
+        work, step_work = self.store.node_all_work(node)
         if needs_write(work, reports, taken_at):
             changed = state_changes(work, reports, taken_at)  # not only checkpoints/progress
             self.store.apply_reports(node, reports, taken_at)
-            work = self.store.node_work(node)
+            work, step_work = self.store.node_all_work(node)  # the attempt may end its steps
             if changed:
                 self.kick()
         ended = self.store.finished_attempts(
@@ -814,15 +818,23 @@ class Controller:
         reply.signals = signal_items(work, reports)
         self.maintenance.adjust_stops(reply.stop)  # stopped at the window's start
         reply.checkpoint = checkpoint_items(work, lambda w: self.checkpoint_interval(w).seconds)
-        return reply, self._step_exchange(node, step_reports or [])
+        return reply, self._step_exchange(node, step_reports or [], step_work)
 
-    def _step_exchange(self, node: str, reports: list[StepReport]) -> StepReply:
-        """The step half of a heartbeat (its reports were recorded first), the step reply."""
-        work = self.store.node_step_work(node)
+    def _step_exchange(
+        self, node: str, reports: list[StepReport], work: list[dict[str, Any]]
+    ) -> StepReply:
+        """The step half of a heartbeat (its reports were recorded first, `work` read after
+        them), the step reply."""
         if not work and not reports:
             return StepReply()
-        ended = self.store.finished_steps(
-            [(r.attempt_id, r.step_id, node) for r in reports if r.state in ("exited", "lost")]
+        over = [r for r in reports if r.state in ("exited", "lost")]
+        known = self._step_memo.ended(node, [(r.attempt_id, r.step_id, r.token) for r in over])
+        ended = known | self.store.finished_steps(
+            [
+                (r.attempt_id, r.step_id, node)
+                for r in over
+                if (r.attempt_id, r.step_id) not in known
+            ]
         )
         return decide_steps(work, reports, ended, checkpoint_grace=self.timing.checkpoint_grace)
 

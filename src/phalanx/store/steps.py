@@ -143,8 +143,13 @@ class JobSteps(StoreBase):
             "work_gens": gens,  # for the caller's wakeups (Controller.woke), not the API
         }
 
-    def node_step_work(self, node: str) -> list[dict[str, Any]]:
-        """Every step of a live attempt with tasks on this node not yet recorded as ended."""
+    def node_step_work(self, node: str, conn: Connection | None = None) -> list[dict[str, Any]]:
+        """Every step of a live attempt with tasks on this node not yet recorded as ended
+        (in `conn`'s transaction when given: an exchange reads it with the node's task work)."""
+        if conn is not None:
+            return [
+                dict(r) for r in conn.execute(_node_step_work_query(), {"node": node}).mappings()
+            ]
         with self.db.begin(write=False) as c:
             return [dict(r) for r in c.execute(_node_step_work_query(), {"node": node}).mappings()]
 

@@ -1354,6 +1354,13 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage):
         with self.db.begin(write=False) as c:
             return [dict(r) for r in c.execute(q, params).mappings()]
 
+    def node_all_work(self, node: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The node's task work and its step work (JobSteps.node_step_work) in one read
+        transaction: every heartbeat needs both, and on SQLite a transaction of its own
+        costs about as much as the query."""
+        with self.db.begin(write=False) as conn:
+            return self.node_work(node, conn), self.node_step_work(node, conn)
+
     def finished_attempts(self, attempt_ids: Sequence[int]) -> set[int]:
         """Which of these attempts the store has fully recorded (ENDED) or never heard of."""
         if not attempt_ids:
