@@ -143,11 +143,13 @@ def prepare(argv: list[str]) -> Any:
 
 def _main(argv: list[str]) -> int:
     opts = prepare(argv)
-    job = opts.jobid or os.environ.get("SLURM_JOB_ID") or os.environ.get("PHX_JOB_ID")
+    if opts.jobid:  # the step's tasks know their job, as under Slurm's srun --jobid
+        os.environ["SLURM_JOB_ID"] = os.environ["SLURM_JOBID"] = opts.jobid
+    job = os.environ.get("SLURM_JOB_ID") or os.environ.get("PHX_JOB_ID")
     attached = bool(os.environ.get(ATTACH_ENV))  # the batch step of an outer srun's job
     with LeanClient() as client:
         if job:
-            if not attached:
+            if not attached and not opts.jobid:  # (not on a host outside the job)
                 from phalanx.slurm import srun_fast
 
                 srun_fast.start_helper()  # later sruns of this job go through it
