@@ -85,7 +85,7 @@ class Terminal:
             tty.setraw(self.stdin, termios.TCSANOW)
             self._old_stderr = sys.stderr
             sys.stderr = io.TextIOWrapper(
-                io.BufferedWriter(CRLFWriter(2)), write_through=True, errors="replace"
+                io.BufferedWriter(CRLFWriter(2)), line_buffering=True, errors="replace"
             )
         return self
 
