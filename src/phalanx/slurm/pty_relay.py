@@ -22,6 +22,7 @@ import signal
 import struct
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
@@ -138,13 +139,24 @@ class Terminal:
             self.conn.sendall(HEADER.pack(kind, len(payload)) + payload)
 
     def _pump_stdin(self) -> None:
+        """Keys to the remote terminal. A terminal never ends here (its hang-up is SIGHUP):
+        a read that returns nothing or fails is tried again; stdin that is no terminal sends
+        the remote terminal its EOF key (``^D``) at its end."""
+        tty = os.isatty(self.stdin)
         while True:
             try:
                 data = os.read(self.stdin, 65536)
+            except BlockingIOError:
+                data = None
             except OSError:
-                data = b""
+                if not tty:
+                    return
+                data = None
+            if not data and tty:
+                time.sleep(0.05)
+                continue
             try:
-                if not data:  # not a terminal and at its end: the remote side's EOF key
+                if not data:
                     self._send(b"d", b"\x04")
                     return
                 self._send(b"d", data)
