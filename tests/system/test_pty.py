@@ -132,8 +132,9 @@ def test_srun_pty_outside_an_allocation_is_an_interactive_shell(
         screen.must(rb"42 task=0 of 2\r\n")
         screen.must(PROMPT)
         # ^C is a key for the remote terminal: it interrupts the remote command only
-        screen.send("sleep 300\r")
-        screen.must(rb"sleep 300\r\n")
+        # (once the command runs in the foreground: it says so, the typed line shows RE""ADY)
+        screen.send("""sh -c 'echo RE""ADY; exec sleep 300'\r""")
+        screen.must(rb"READY\r\n")
         screen.send("\x03")
         screen.must(PROMPT, timeout=30)
         screen.send("echo after=$?\r")
