@@ -735,6 +735,8 @@ class Agent:
             "kill_grace_s": launch["kill_grace_s"],
             "progress_timeout_s": launch.get("progress_timeout_s"),
             "signal": launch.get("signal"),
+            # --signal without B: goes to the job's running steps when it has any (shepherd)
+            "steps_dir": str(self.steps.steps_dir),
             "checkpoint": launch.get("checkpoint"),
             "fence": {
                 "heartbeat_file": str(self.fence_file),

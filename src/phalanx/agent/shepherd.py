@@ -158,6 +158,7 @@ CONTROL_DIR = "control"
 CHECKPOINT_REQUEST_FILE = "checkpoint-request.json"  # node side -> job
 CHECKPOINT_MARKER_FILE = "checkpoint.json"  # job -> node side: latest finished checkpoint
 PROGRESS_FILE = "progress.json"  # job -> node side: latest progress (its mtime counts)
+STEPS_SIGNALLED = "steps-signalled"  # a step task of the attempt here got its --signal
 
 _SCRIPT = os.path.abspath(__file__)
 # ``launch`` imports this file as top-level module ``shepherd`` instead of running it as a
@@ -861,6 +862,7 @@ class _Shepherd:
         self.user: _User | None = None  # None: run as the shepherd's own user (no "user")
         self.cgroup: dict[str, Any] | None = None  # the attempt's cgroup plan, once set up
         self.cpus: list[int] = []  # CPU affinity for the job (empty: inherit)
+        self.tty = False  # out_fd is a pty (srun --pty): stdin and controlling terminal too
 
     def _path(self, name: str) -> str:
         return os.path.join(self.task_dir, name)
@@ -1052,6 +1054,8 @@ class _Shepherd:
         Two separate truncating descriptions of one file would overwrite each other's output.
         """
         io = spec.get("io")
+        if isinstance(io, dict) and io.get("pty"):
+            return self._open_terminal(io)
         if isinstance(io, dict) and io.get("stdout"):
             # a step task whose output streams to its srun (files given with srun -o/-e win)
             self.out_fd = _connect_stream(io, "out")
@@ -1088,6 +1092,18 @@ class _Shepherd:
             os.close(err_fd)
             err_fd = self.out_fd
         self.err_fd = err_fd
+
+    def _open_terminal(self, io: dict[str, Any]) -> None:
+        """``srun --pty``: task 0 on a pseudo-terminal relayed to srun (agent/ptys.py); the
+        other tasks' output goes nowhere, as Slurm's ``--pty`` does."""
+        if io.get("task") != 0:
+            self.out_fd = self.err_fd = os.open(os.devnull, os.O_WRONLY)
+            return
+        try:
+            self.out_fd = self.err_fd = _ptys().task_terminal(io, _connect_stream)
+        except OSError as exc:
+            raise _LaunchError(f"cannot open the step's terminal: {exc}") from exc
+        self.tty = True
 
     def _open_one_output(self, spec: dict[str, Any]) -> None:
         """A step task with its stdout streamed and its stderr to a file (srun -e FILE)."""
@@ -1258,6 +1274,9 @@ class _Shepherd:
         what = "cannot start a new session"
         try:
             os.setsid()
+            if self.tty:
+                what = "cannot make the step's terminal the controlling terminal"
+                _ptys().make_controlling(self.out_fd)
             if self.cgroup is not None:
                 what = "cannot join the job's cgroup"
                 _cgroups.attach(self.cgroup, os.getpid())
@@ -1271,7 +1290,7 @@ class _Shepherd:
                 os.setresgid(user.gid, user.gid, user.gid)
                 os.setresuid(user.uid, user.uid, user.uid)
             what = "cannot set up the job's standard streams"
-            os.dup2(devnull, 0)
+            os.dup2(self.out_fd if self.tty else devnull, 0)
             os.dup2(self.out_fd, 1)
             os.dup2(self.err_fd, 2)
             for signum in _RESTORE_DEFAULT:
@@ -1327,8 +1346,7 @@ class _Shepherd:
                 if signal_at is not None and now >= signal_at:
                     signal_at = None
                     assert isinstance(sig, dict)
-                    _log(f"time limit approaching: delivering signal {sig.get('signum')}")
-                    self._deliver(sig.get("signum"), bool(sig.get("batch_only")))
+                    self._time_signal(sig)
                 if limit_at is not None and now >= limit_at:
                     limit_at = None
                     self._stop("timed_out")
@@ -1465,6 +1483,20 @@ class _Shepherd:
                 return
         if self.checkpoint_until is None:
             self._stop("cancelled")
+
+    def _time_signal(self, sig: dict[str, Any]) -> None:
+        """``--signal=[B:]SIG@N`` is due.  With ``B:``: the batch shell alone.  Without: as in
+        Slurm, the job's steps and not the batch shell, while it has any running here (their
+        own shepherds deliver it to them); a job with none gets it in its whole process group
+        (a Phalanx extension: scripts that run their work without srun still hear it)."""
+        signum, batch_only = sig.get("signum"), bool(sig.get("batch_only"))
+        if "step_id" in self.spec:
+            _mark_steps_signalled(self.spec)
+        elif not batch_only and _steps_running(self.spec, self.task_dir):
+            _log(f"time limit approaching: signal {signum} is for the job's running steps")
+            return
+        _log(f"time limit approaching: delivering signal {signum}")
+        self._deliver(signum, batch_only)
 
     def _write_request(self, reason: str, deadline: float | None) -> None:
         """Tell the job in its request file, too (for jobs that poll rather than trap)."""
@@ -1698,6 +1730,46 @@ class _Shepherd:
             "checkpoint_signal_sent_at": self.checkpoint_sent_at,
             **({"hung": self.hung} if self.hung else {}),
         }
+
+
+def _ptys() -> Any:
+    """agent/ptys.py, imported only for ``srun --pty`` tasks (as ``cgroups`` is found)."""
+    if __package__:
+        from . import ptys
+    else:
+        import ptys  # type: ignore[no-redef]
+    return ptys
+
+
+def _steps_running(spec: dict[str, Any], task_dir: str) -> bool:
+    """True when this attempt's steps (srun) take ``--signal`` here: a step task directory
+    ``<attempt>.<step>.<task>`` in ``steps_dir`` without ``exit.json`` (one still starting
+    counts: its own shepherd delivers the signal once it runs), or a step task that already
+    got it (``STEPS_SIGNALLED`` in the job's task directory): a step's shepherd times the
+    same signal itself, from a limit rounded to whole seconds, and its task may have exited
+    on it a moment before the batch shell's is due."""
+    steps_dir, attempt = spec.get("steps_dir"), spec.get("attempt_id")
+    if not isinstance(steps_dir, str) or "step_id" in spec or attempt is None:
+        return False
+    if os.path.exists(os.path.join(task_dir, STEPS_SIGNALLED)):
+        return True
+    prefix = f"{attempt}."
+    try:
+        names = [n for n in os.listdir(steps_dir) if n.startswith(prefix)]
+    except OSError:
+        return False
+    return any(not os.path.exists(os.path.join(steps_dir, n, EXIT_FILE)) for n in names)
+
+
+def _mark_steps_signalled(spec: dict[str, Any]) -> None:
+    """A step task's ``--signal`` is due: say so in its job's task directory (above)."""
+    job_dir = spec.get("job_dir")
+    if not isinstance(job_dir, str):
+        return
+    try:
+        os.close(os.open(os.path.join(job_dir, STEPS_SIGNALLED), os.O_WRONLY | os.O_CREAT, 0o600))
+    except OSError as exc:
+        _log(f"cannot mark the job's steps signalled: {exc}")
 
 
 def _connect_stream(io: dict[str, Any], what: str) -> int:

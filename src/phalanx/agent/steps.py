@@ -226,6 +226,7 @@ class StepRunner:
                 "user": item.get("user"),
                 "cpus": job_spec.get("cpus"),
                 "cgroup": cgroup,
+                "job_dir": str(job_dir),  # where it says it got --signal (shepherd)
             }
             (tmp / "spec.json").touch(mode=0o600)
             (tmp / "spec.json").write_text(json.dumps(spec))

@@ -167,6 +167,9 @@ class StepIn(BaseModel):
     host: str = Field(max_length=256, description="where srun listens for its tasks' streams")
     port: int = Field(ge=1, le=65535)
     cookie: str = Field(min_length=16, max_length=128)
+    pty: bool = Field(
+        default=False, description="srun --pty: task 0 on a pseudo-terminal relayed to srun"
+    )
 
 
 class StepSignalIn(BaseModel):
@@ -861,6 +864,7 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
                 "cookie": body.cookie,
                 "stdout": body.output is None,
                 "stderr": body.error is None,
+                **({"pty": True} if body.pty else {}),
             },
         }
         name = body.name or os.path.basename(body.argv[0])

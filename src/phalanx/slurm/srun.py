@@ -11,7 +11,8 @@ which also watches the step's record, stops waiting for the tasks that were ther
 
 Outside a job, srun submits a job whose batch step is ``srun`` itself with the same options,
 told (``PHX_SRUN_ATTACH``) to send the step's streams back to this srun: the terminal sees the
-tasks' output as Slurm's srun shows it.  ``--pty`` (an interactive shell) is not supported yet.
+tasks' output as Slurm's srun shows it.  ``--pty`` runs task 0 on a pseudo-terminal relayed to
+this srun's terminal (pty_relay.py); ``--jobid`` runs a step in a job from outside it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any, Protocol
 
 from phalanx.domain import hostlist
 from phalanx.errors import ControllerUnavailable, PhalanxError
+from phalanx.slurm import pty_relay
 from phalanx.slurm.common import SlurmParser, SlurmUsageError, run_command
 from phalanx.slurm.lean import LeanClient
 
@@ -39,7 +41,7 @@ POLL_S = 0.5  # how often srun checks the step's record while it waits for its t
 DRAIN_S = 2.0  # after the last exit record, how long to wait for output still in flight
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 # options Slurm has that change what would run, which we cannot honour: refused by name
-UNSUPPORTED = ("--pty", "--multi-prog", "--het-group", "--container", "--bcast")
+UNSUPPORTED = ("--multi-prog", "--het-group", "--container", "--bcast")
 
 
 def parser() -> SlurmParser:
@@ -62,6 +64,8 @@ def parser() -> SlurmParser:
     a("-J", "--job-name")
     a("-D", "--chdir")
     a("--export", default="ALL")
+    a("--pty", action="store_true")
+    a("--jobid")
     # placement and binding hints: accepted, the allocation's cgroup and CPU set apply
     for name in ("--cpu-bind", "--gpu-bind", "--distribution", "-m", "--mpi", "--hint"):
         a(name, dest=name.lstrip("-").replace("-", "_") + "_hint")
@@ -139,15 +143,20 @@ def prepare(argv: list[str]) -> Any:
 
 def _main(argv: list[str]) -> int:
     opts = prepare(argv)
+    if opts.jobid:  # the step's tasks know their job, as under Slurm's srun --jobid
+        os.environ["SLURM_JOB_ID"] = os.environ["SLURM_JOBID"] = opts.jobid
     job = os.environ.get("SLURM_JOB_ID") or os.environ.get("PHX_JOB_ID")
+    attached = bool(os.environ.get(ATTACH_ENV))  # the batch step of an outer srun's job
     with LeanClient() as client:
         if job:
-            if not os.environ.get(ATTACH_ENV):
+            if not attached and not opts.jobid:  # (not on a host outside the job)
                 from phalanx.slurm import srun_fast
 
                 srun_fast.start_helper()  # later sruns of this job go through it
-            return _step(client, job, opts, Caller.this_process())
-        return _outside(client, argv, opts)
+            with pty_relay.maybe(opts.pty and not attached) as term:
+                return _step(client, job, opts, Caller.this_process(), term=term)
+        with pty_relay.maybe(opts.pty) as term:
+            return _outside(client, argv, opts, term)
 
 
 class Sink(Protocol):
@@ -198,7 +207,9 @@ class StepIO:
         host: str | None = None,
         out: Sink | None = None,
         err: Sink | None = None,
+        pty: pty_relay.Terminal | None = None,
     ) -> None:
+        self.pty = pty  # --pty: task 0's terminal connection is served by it
         self.out: Sink = out if out is not None else sys.stdout.buffer
         self.err: Sink = err if err is not None else sys.stderr.buffer
         self.cookie = os.urandom(16).hex()  # (not `secrets`: ~10 ms of imports per srun)
@@ -223,6 +234,8 @@ class StepIO:
         with self.cond:
             started = sum(1 for rec in self.exits.values() if rec.get("started_at"))
             want = started * per_task
+            if self.pty is not None:  # one stream, task 0's terminal
+                want = 1 if (self.exits.get(0) or {}).get("started_at") else 0
             self.cond.wait_for(
                 lambda: self.closed_streams >= want and self.open_streams == 0, timeout=timeout
             )
@@ -271,7 +284,10 @@ class StepIO:
             with self.cond:
                 self.open_streams += 1
             try:
-                self._copy(conn, sink, task)
+                if what == "pty" and self.pty is not None:
+                    self.pty.serve(conn)
+                else:
+                    self._copy(conn, sink, task)
             finally:
                 with self.cond:
                     self.open_streams -= 1
@@ -376,15 +392,24 @@ def _body(
         "port": port,
         "cookie": cookie,
     }
+    if opts.pty:
+        body["pty"] = True
     return body
 
 
 # ----------------------------------------------------------------------------- inside a job
-def _step(client: LeanClient, job: str, opts: Any, caller: Caller, host: str | None = None) -> int:
+def _step(
+    client: LeanClient,
+    job: str,
+    opts: Any,
+    caller: Caller,
+    host: str | None = None,
+    term: pty_relay.Terminal | None = None,
+) -> int:
     attach = caller.env.get(ATTACH_ENV)
     if attach:
         return _inner(client, job, opts, attach)
-    io = StepIO(label=bool(opts.label), out=caller.out, err=caller.err)
+    io = StepIO(label=bool(opts.label), out=caller.out, err=caller.err, pty=term)
     try:
         host = host or advertised_host(client.urls, caller.env)
         body = _body(opts, host, io.cookie, io.port, caller)
@@ -534,9 +559,11 @@ def _value(rec: dict[str, Any]) -> int:
 
 
 # ----------------------------------------------------------------------------- outside a job
-def _outside(client: LeanClient, argv: list[str], opts: Any) -> int:
+def _outside(
+    client: LeanClient, argv: list[str], opts: Any, term: pty_relay.Terminal | None = None
+) -> int:
     """Make a job of one step: its batch step is srun itself, attached back to us."""
-    io = StepIO(label=bool(opts.label))
+    io = StepIO(label=bool(opts.label), pty=term)
     try:
         host = advertised_host(client.urls)
         env = dict(os.environ)

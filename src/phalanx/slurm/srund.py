@@ -145,6 +145,9 @@ class Helper:
         except (SlurmUsageError, SystemExit):
             conn.sendall(b"fallback\n")  # the full srun says what is wrong, as it always has
             return fds
+        if opts.pty or opts.jobid:
+            conn.sendall(b"fallback\n")  # a terminal is srun's own (the helper has none)
+            return fds
         conn.sendall(b"ok\n")
         conn.settimeout(None)
         relay = SignalRelay(conn)
