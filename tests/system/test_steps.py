@@ -242,7 +242,11 @@ def test_node_death_ends_steps_and_requeues_the_job(cluster: Cluster, tmp_path: 
 @pytest.mark.timeout(300)
 def test_a_step_survives_its_agent_restarting(cluster: Cluster, tmp_path: Path) -> None:
     """An agent SIGKILLed and restarted during a step: the step's tasks go on (their
-    shepherds are detached), srun gets their output and exit, and the step is recorded."""
+    shepherds are detached), srun gets their output and exit, and the step is recorded.
+    The restarted agent must be back before the tasks' fence timeout: on a loaded 2-core
+    host a fresh agent takes up to ~17 s to start, so this test gives the node a minute
+    (what it tests is survival, not the timeout, which test_node_death_* covers)."""
+    cluster.timing.update({"node_down_timeout": 90.0, "fence_timeout": 60.0})
     cluster.start(nodes=2, cpus=2)
     go = tmp_path / "go"
     body = (
