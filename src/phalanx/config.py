@@ -744,7 +744,9 @@ class PreemptionConfig(BaseModel):
         return Tiers(
             partition_tier={p.name: p.priority_tier for p in cluster.partitions},
             partition_mode={p.name: Mode(p.preempt_mode) for p in cluster.partitions},
-            qos_tier={q.name: q.priority_tier for q in fairshare.qos if q.priority_tier is not None},
+            qos_tier={
+                q.name: q.priority_tier for q in fairshare.qos if q.priority_tier is not None
+            },
             qos_mode={
                 q.name: Mode(q.preempt_mode) for q in fairshare.qos if q.preempt_mode is not None
             },

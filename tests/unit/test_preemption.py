@@ -107,8 +107,14 @@ def test_least_work_lost_first_then_size_then_age() -> None:
 
 def test_a_checkpoint_of_an_earlier_attempt_does_not_count() -> None:
     rows = [
-        {"job_id": 1, "partition": "batch", "nodes": ["n1"], "cpus": 4, "start_time": NOW - 100,
-         "checkpoint": {"finished_at": NOW - 500}},
+        {
+            "job_id": 1,
+            "partition": "batch",
+            "nodes": ["n1"],
+            "cpus": 4,
+            "start_time": NOW - 100,
+            "checkpoint": {"finished_at": NOW - 500},
+        },
     ]
     (r,) = preemption.running_from_rows(rows, Tiers())
     assert r.last_checkpoint is None and r.work_at_risk(NOW) == 100

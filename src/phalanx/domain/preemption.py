@@ -132,9 +132,7 @@ class Running:
         return self.mode
 
 
-def candidates(
-    running: Iterable[Running], tier: int, now: float, exempt_s: float
-) -> list[Running]:
+def candidates(running: Iterable[Running], tier: int, now: float, exempt_s: float) -> list[Running]:
     """The jobs a job of ``tier`` may preempt, best victims first: strictly lower tier, mode
     not off, not already stopping, running at least ``exempt_s``."""
     out = [
@@ -245,16 +243,16 @@ def decide(
         trial = replace(req, reserved=())
         found: dict[frozenset[int], Placement] = {}
 
-        def fits(ids: frozenset[int], trial: JobRequest = trial) -> bool:
-            left = [a for a in allocs if a.job_id not in ids and a.job_id not in taken]
-            got = place(
-                [trial],
-                views,
-                left + extra,
-                now,
-                backfill=False,
-                reserved_nodes=reserved_nodes,
-            )
+        base = [a for a in allocs if a.job_id not in taken] + extra
+
+        def fits(
+            ids: frozenset[int],
+            trial: JobRequest = trial,
+            base: list[Allocation] = base,
+            found: dict[frozenset[int], Placement] = found,
+        ) -> bool:
+            left = [a for a in base if a.job_id not in ids]
+            got = place([trial], views, left, now, backfill=False, reserved_nodes=reserved_nodes)
             if got:
                 found[ids] = got[0]
             return bool(got)
@@ -274,9 +272,7 @@ def decide(
     return out
 
 
-def running_from_rows(
-    rows: Iterable[Mapping[str, Any]], tiers: Tiers
-) -> list[Running]:
+def running_from_rows(rows: Iterable[Mapping[str, Any]], tiers: Tiers) -> list[Running]:
     """Running jobs from the store's preemption rows (Store.preemption_rows): job id,
     partition, qos, nodes, cpus, start_time, checkpoint (the job's latest), stopping,
     requeue."""

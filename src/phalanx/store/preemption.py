@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection, select, update
 
-from phalanx.domain import preemption
+from phalanx.domain import maintenance, preemption
 from phalanx.domain.states import AttemptState, JobState
 from phalanx.store import schema as s
 from phalanx.store.base import StoreBase
@@ -33,7 +33,7 @@ class Preemptions(StoreBase):
         """One row per job whose current attempt holds nodes: job_id, partition (where it
         runs), qos, nodes (every task's node, spares too), cpus (summed), start_time (the
         attempt's, else its creation), checkpoint (the job's latest), requeue, stopping (the
-        attempt is STOPPING, or not yet RUNNING), stop_reason."""
+        attempt is STOPPING, or not yet RUNNING), stop_reason, grace_s."""
         with self.db.begin(write=False) as conn:
             q = (
                 select(
@@ -47,6 +47,7 @@ class Preemptions(StoreBase):
                     s.jobs.c.qos,
                     s.jobs.c.checkpoint,
                     s.jobs.c.requeue,
+                    s.jobs.c.spec,
                 )
                 .select_from(s.attempts.join(s.jobs, s.jobs.c.id == s.attempts.c.job_id))
                 .where(s.attempts.c.state.in_(_LIVE), s.jobs.c.attempt_id == s.attempts.c.id)
@@ -75,6 +76,8 @@ class Preemptions(StoreBase):
                     "requeue": bool(r["requeue"]),
                     "stopping": r["state"] != AttemptState.RUNNING.value,
                     "stop_reason": r["stop_reason"],
+                    # the checkpoint grace it asked for (0: the cluster's)
+                    "grace_s": maintenance.job_checkpoint_grace(r["spec"]),
                 }
             )
         return out
@@ -181,9 +184,7 @@ class Preemptions(StoreBase):
     @staticmethod
     def _live_attempt(conn: Connection, attempt_id: int) -> dict[str, Any] | None:
         row = (
-            conn.execute(select(s.attempts).where(s.attempts.c.id == attempt_id))
-            .mappings()
-            .first()
+            conn.execute(select(s.attempts).where(s.attempts.c.id == attempt_id)).mappings().first()
         )
         return dict(row) if row is not None else None
 

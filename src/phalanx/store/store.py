@@ -64,8 +64,8 @@ from phalanx.errors import InvalidSpec, InvalidTransition, NotFound
 from phalanx.store import schema as s
 from phalanx.store.base import _EVENT_ROW
 from phalanx.store.metrics import MetricsQueries
-from phalanx.store.rowinsert import RowInsert
 from phalanx.store.preemption import Preemptions
+from phalanx.store.rowinsert import RowInsert
 from phalanx.store.sqlbits import JOB_SUMMARY as _JOB_SUMMARY
 from phalanx.store.sqlbits import NODE_WORK_COLUMNS, Fence
 from phalanx.store.sqlbits import active_tasks as _active_tasks
