@@ -873,6 +873,7 @@ class _Shepherd:
         self.checkpoint_sent_at: float | None = None  # wall clock, for exit.json
         self.checkpoint_until: float | None = None  # monotonic end of a running grace
         self.stop_request_seq: int | None = None  # the planned stop's checkpoint request
+        self.marker_before: tuple[int, int, int] | None = None  # the marker at the request
         self.hung: dict[str, Any] | None = None  # set when hang detection stopped the job
         self.oom_base: int | None = None  # the cgroup's OOM-kill count when the job started
         self.out_fd = -1
@@ -1488,6 +1489,7 @@ class _Shepherd:
                     f" signal {signum}{' to the main process' if batch_only else ''},"
                     f" stopping in {grace:g}s unless the job exits"
                 )
+                self.marker_before = self._marker_stamp()
                 self.stop_request_seq = self._write_request(
                     self.stop_reason or "stop", time.time() + grace
                 )
@@ -1514,8 +1516,10 @@ class _Shepherd:
         (the marker's ``request_seq`` reaches it, or a marker written since the signal): its
         grace then ends at once, since work after the checkpoint would be lost anyway."""
         path = os.path.join(self.task_dir, CONTROL_DIR, CHECKPOINT_MARKER_FILE)
+        stamp = self._marker_stamp()
+        if stamp is None or stamp == self.marker_before:
+            return False  # no marker, or the one there before the request
         try:
-            mtime = os.stat(path).st_mtime
             with open(path, encoding="utf-8", errors="replace") as f:
                 text = f.read(65536)
         except OSError:
@@ -1536,7 +1540,18 @@ class _Shepherd:
             done = data.get("finished_at")
             if isinstance(done, int | float) and not isinstance(done, bool):
                 return float(done) >= sent
-        return bool(text.strip()) and mtime >= sent
+        # a plain path (a script's `echo PATH > $PHX_CHECKPOINT_MARKER`): written since the
+        # request (its mtime comes from the kernel's coarse clock, which may lag the signal's
+        # time.time() by a tick, so a change of the file is what counts)
+        return bool(text.strip())
+
+    def _marker_stamp(self) -> tuple[int, int, int] | None:
+        """(inode, mtime ns, size) of the checkpoint marker, None when there is none."""
+        try:
+            st = os.stat(os.path.join(self.task_dir, CONTROL_DIR, CHECKPOINT_MARKER_FILE))
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_size
 
     def _checkpoint_before_limit(self, limit_at: float | None) -> float | None:
         """When (monotonic) to ask for a checkpoint before the time limit, or None.
