@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from system.harness import Cluster, wait_for
+from system.harness import Cluster, run_cli, wait_for
 from system.test_checkpoint import (
     PATH_ENV,
     output,
@@ -198,13 +198,22 @@ def test_preempt_mode_cancel_ends_the_victim_preempted(cluster: Cluster, tmp_pat
     low = cluster.submit_script(
         tmp_path,
         "scav",
-        "#!/bin/bash\nsleep 300\n",
+        # ignores its checkpoint signal: it is stopped when its grace is over
+        "#!/bin/bash\ntrap 'echo asked' USR1\nfor i in $(seq 1 1500); do sleep 0.2; done\n",
         qos="scavenger",
         cpus_per_task=2,
-        checkpoint_grace_s=5,
+        checkpoint_grace_s=20,
     )
     cluster.wait_state(low, "RUNNING")
     high = submit_high(cluster, tmp_path)
+
+    # while the victim has its grace, `phalanx explain` says what the high job waits for
+    def explained() -> str | None:
+        res = run_cli(["explain", str(high)], url=cluster.url, root=cluster.root)
+        return res.stdout if "Preempting" in res.stdout else None
+
+    text = wait_for(explained, timeout=60, what="the high job's explanation to name its victim")
+    assert f"waits for job {low} to checkpoint" in text and f"preempting job {low}" in text, text
     done = cluster.wait_terminal([low], timeout=120)[low]
     assert done["state"] == "CANCELLED", done
     assert done["reason"].startswith(f"preempted by job {high}"), done
@@ -212,3 +221,5 @@ def test_preempt_mode_cancel_ends_the_victim_preempted(cluster: Cluster, tmp_pat
     res = slurm(cluster, "sacct", "-j", str(low), "-X", "-n", "-o", "JobID,State", cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.split()[:2] == [str(low), "PREEMPTED"], res.stdout
+    res = run_cli(["explain", str(low)], url=cluster.url, root=cluster.root)
+    assert f"job.preempted: preempted by job {high}" in res.stdout, res.stdout
