@@ -247,3 +247,35 @@ def test_property_victims_are_lower_tier_whole_and_enough(
     assert victim_nodes <= set(_NODES) - busy
     for v in d.victims:
         assert len(_NODES) - len(busy) - len(by_id[v.job_id].nodes) < req.nodes
+
+
+# ------------------------------------------------------------------ what Slurm's commands show
+
+
+def test_sacct_shows_preempted_and_scontrol_the_tier_mode_and_preempt_time() -> None:
+    from phalanx.slurm import records, scontrol
+
+    cancelled = {"state": "CANCELLED", "reason": "preempted by job 7 (tier 1 over tier 0)"}
+    assert records.state_text(cancelled) == "PREEMPTED"
+    assert records.state_text({"state": "CANCELLED", "reason": "cancelled by 0"}) != "PREEMPTED"
+    part = {
+        "name": "high",
+        "nodes": "*",
+        "priority": 3,
+        "priority_tier": 2,
+        "preempt_mode": "cancel",
+    }
+    text = " ".join(scontrol.partition_lines(part, []))
+    assert "PriorityTier=2" in text and "PriorityJobFactor=3" in text
+    assert "PreemptMode=CANCEL" in text
+    assert "PreemptMode=OFF" in " ".join(scontrol.partition_lines({"name": "x"}, []))
+    job = {
+        "attempts": [
+            {"stop_reason": "requeue: preempted by job 7 (tier 1 over tier 0)", "end_time": NOW},
+            {"stop_reason": None, "end_time": None},
+        ]
+    }
+    assert scontrol._preempt_time(job) != "None"
+    assert scontrol._preempt_time({"attempts": [{"stop_reason": "cancel: cancelled by x"}]}) == (
+        "None"
+    )
