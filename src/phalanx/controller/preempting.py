@@ -53,6 +53,24 @@ def preempt_pass(
     if not tiers.active:
         return {}
     now = time.time()
+    floor = tiers.floor
+    # without a pending job above the lowest tier waiting for nodes, or one waiting for its
+    # victims, there is nothing to do: no store query (the common pass)
+    maybe: list[tuple[dict[str, Any], int]] = []
+    preempting = False
+    for job in snap.pending:
+        jid = int(job["id"])
+        if str(job.get("reason") or "").startswith("Preempting"):
+            preempting = True
+        if plan.reasons.get(jid) not in _FOR_NODES:
+            continue
+        if scheduling.live_reservation(job, now):
+            continue  # it already holds nodes (a restart, or an earlier preemption)
+        tier = tiers.tier(str(job["partitions"]).split(",")[0], job.get("qos"))
+        if tier > floor:
+            maybe.append((job, tier))
+    if not maybe and not preempting:
+        return {}
     rows = store.preemption_rows()
     waiting = victims_of([r for r in rows if r["stopping"]])
     reasons = {jid: waiting_reason(v) for jid, v in waiting.items() if jid in owner}
@@ -60,16 +78,11 @@ def preempt_pass(
     if not running:
         return reasons
     lowest = min(r.tier for r in running)
-    blocked: list[tuple[Any, int]] = []
-    for job in snap.pending:
-        jid = int(job["id"])
-        if plan.reasons.get(jid) not in _FOR_NODES or jid in waiting:
-            continue
-        if scheduling.live_reservation(job, now):
-            continue  # it already holds nodes (a restart, or an earlier preemption)
-        tier = tiers.tier(str(job["partitions"]).split(",")[0], job.get("qos"))
-        if tier > lowest:
-            blocked.append((scheduling.job_request(job), tier))
+    blocked = [
+        (scheduling.job_request(job), tier)
+        for job, tier in maybe
+        if tier > lowest and int(job["id"]) not in waiting
+    ]
     if not blocked:
         return reasons
     blocked.sort(key=lambda b: -b[1])  # stable: queue order within a tier

@@ -94,6 +94,12 @@ class Tiers:
         return self.partition_mode.get(partition or "", Mode.REQUEUE)
 
     @property
+    def floor(self) -> int:
+        """The lowest tier any job can have (0 unless every partition and QOS is above)."""
+        tiers = list(self.partition_tier.values()) or [0]
+        return min(min(tiers), *self.qos_tier.values()) if self.qos_tier else min(tiers)
+
+    @property
     def active(self) -> bool:
         """Whether any two jobs can differ in tier (else preemption never happens)."""
         tiers = set(self.partition_tier.values()) | set(self.qos_tier.values()) | {0}
