@@ -279,3 +279,28 @@ def test_sacct_shows_preempted_and_scontrol_the_tier_mode_and_preempt_time() -> 
     assert scontrol._preempt_time({"attempts": [{"stop_reason": "cancel: cancelled by x"}]}) == (
         "None"
     )
+
+
+def test_explain_says_whom_a_preempting_job_waits_for() -> None:
+    import explain_cluster as ec
+
+    from phalanx.controller.preempting import waiting_reason
+    from phalanx.domain.explain import explain_pending
+
+    reason = waiting_reason([7])
+    assert reason == "Preempting (waits for job 7 to checkpoint and leave its nodes)"
+    assert "jobs 3, 7 to" in waiting_reason([7, 3])
+    j = ec.job(
+        12, cpus_per_node=16, reason=reason, reserved_nodes=["n1"], reserved_until=ec.NOW + 90
+    )
+    snap = ec.snapshot(
+        [ec.node("n1")],
+        [ec.partition("batch", "n*")],
+        allocations=[ec.alloc(7, "n1", cpus=16)],
+        pending=[j],
+        reservations=[{"id": 12, "reserved_nodes": ["n1"], "reserved_until": ec.NOW + 90}],
+    )
+    e = explain_pending(j, snap, ec.NOW)
+    assert e.summary == reason and e.verdict == "wait"
+    assert any(x.startswith("preemption: n1 held for it until") for x in e.lines), e.lines
+    assert not any("node failure" in x for x in e.lines), e.lines

@@ -463,7 +463,7 @@ def explain_pending(
         )
     else:
         summary = reason
-    if not held and reason is not None:
+    if not held and reason is not None and not preempting:
         lines.append(f"scheduler's reason: {reason}")
     recorded = job.get("reason")
     if recorded and recorded != reason and not held:
