@@ -304,3 +304,27 @@ def test_explain_says_whom_a_preempting_job_waits_for() -> None:
     assert e.summary == reason and e.verdict == "wait"
     assert any(x.startswith("preemption: n1 held for it until") for x in e.lines), e.lines
     assert not any("node failure" in x for x in e.lines), e.lines
+
+
+def test_victims_outside_the_jobs_partitions_are_never_stopped() -> None:
+    from dataclasses import replace
+
+    gpu = replace(view("g1"), partitions=frozenset({"gpu"}))
+    views = [view("n1"), gpu]
+    cheap = running(1, ("g1",), ck=NOW - 1)  # cheapest, but on a node the job cannot use
+    dear = running(2, ("n1",), ck=NOW - 900)
+    allocs = holds(cheap) + holds(dear)
+    (d,) = preemption.decide([(request(9), 1)], [cheap, dear], views, allocs, NOW)
+    assert [v.job_id for v in d.victims] == [2]
+    calls: list[frozenset[int]] = []
+
+    def fits(ids: frozenset[int]) -> bool:
+        calls.append(ids)
+        return 37 in ids
+
+    many = [running(i, (f"x{i}",), ck=NOW - i) for i in range(1, 200)]
+    (v,) = preemption.choose(many, fits, NOW) or ()
+    assert v.job_id == 37
+    # bisection finds the prefix in ~log2(199) placements; pruning then tries each of the 37
+    # once: not one placement per candidate, nor one per subset
+    assert len(calls) <= 2 + 9 + 37

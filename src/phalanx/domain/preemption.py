@@ -159,19 +159,25 @@ def choose(
     """The victims (whole jobs) whose stop lets the job fit, or None if even all do not.
 
     ``fits(ids)``: whether the job fits once the jobs ``ids`` are gone (monotone: removing
-    more never hurts). Greedy in loss order, then every victim not needed after all is given
-    back, costliest first, so the set is minimal (no victim can be spared). None too when
+    more never hurts). The shortest prefix of the loss order that fits (found by bisection,
+    so a few placements however many candidates), then every victim not needed after all is
+    given back, costliest first, so the set is minimal (no victim can be spared). None too when
     the job fits with no victim at all: nothing needs stopping."""
     if not pool or fits(frozenset()):
         return None
     order = sorted(pool, key=lambda r: r.loss_key(now))
-    chosen: list[Running] = []
-    for r in order:
-        chosen.append(r)
-        if fits(frozenset(c.job_id for c in chosen)):
-            break
-    else:
-        return None
+    ids = [r.job_id for r in order]
+    if not fits(frozenset(ids)):
+        return None  # even every candidate would not free enough: one placement, not n
+    # the shortest prefix of the loss order that fits (fits is monotone: binary search)
+    lo, hi = 1, len(order)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(frozenset(ids[:mid])):
+            hi = mid
+        else:
+            lo = mid + 1
+    chosen = order[:lo]
     for r in sorted(chosen, key=lambda r: r.loss_key(now), reverse=True):
         rest = [c for c in chosen if c is not r]
         if rest and fits(frozenset(c.job_id for c in rest)):
@@ -243,7 +249,12 @@ def decide(
     for req, tier in blocked:
         if len(out) >= limit:
             break
-        pool = [r for r in candidates(running, tier, now, exempt_s) if r.job_id not in taken]
+        usable = {v.name for v in views if v.partitions & set(req.partitions)}
+        pool = [
+            r
+            for r in candidates(running, tier, now, exempt_s)
+            if r.job_id not in taken and usable.intersection(r.nodes)
+        ]
         if not pool:
             continue
         trial = replace(req, reserved=())

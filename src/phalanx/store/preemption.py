@@ -20,7 +20,7 @@ from phalanx.domain import maintenance, preemption
 from phalanx.domain.states import AttemptState, JobState
 from phalanx.store import schema as s
 from phalanx.store.base import StoreBase
-from phalanx.store.sqlbits import JOB_SUMMARY, Fence
+from phalanx.store.sqlbits import JOB_SUMMARY, Fence, chunks
 from phalanx.store.sqlbits import now as _now
 
 _LIVE = (AttemptState.STARTING.value, AttemptState.RUNNING.value, AttemptState.STOPPING.value)
@@ -53,14 +53,16 @@ class Preemptions(StoreBase):
                 .where(s.attempts.c.state.in_(_LIVE), s.jobs.c.attempt_id == s.attempts.c.id)
             )
             rows = {int(r.id): dict(r._mapping) for r in conn.execute(q)}
-            tasks = select(s.tasks.c.attempt_id, s.tasks.c.node, s.tasks.c.cpus).where(
-                s.tasks.c.attempt_id.in_(list(rows))
-            )
             nodes: dict[int, list[str]] = {}
             cpus: dict[int, int] = {}
-            for t in conn.execute(tasks) if rows else ():
-                nodes.setdefault(int(t.attempt_id), []).append(str(t.node))
-                cpus[int(t.attempt_id)] = cpus.get(int(t.attempt_id), 0) + int(t.cpus or 0)
+            for chunk in chunks(sorted(rows), 500):
+                tasks = select(s.tasks.c.attempt_id, s.tasks.c.node, s.tasks.c.cpus).where(
+                    s.tasks.c.attempt_id.in_(chunk)
+                )
+                for t in conn.execute(tasks):
+                    aid = int(t.attempt_id)
+                    nodes.setdefault(aid, []).append(str(t.node))
+                    cpus[aid] = cpus.get(aid, 0) + int(t.cpus or 0)
         out = []
         for aid, r in rows.items():
             out.append(
