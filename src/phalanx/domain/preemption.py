@@ -15,9 +15,10 @@ is never half-stopped). A job that started less than ``exempt_s`` ago is not pre
 (Slurm's ``PreemptExemptTime``), nor is one already being stopped (a victim of an earlier pass
 is not chosen twice).
 
-Whether a set of victims frees enough is placement's question (``fits``): the greedy pass adds
-candidates in loss order until the job fits, then drops every chosen victim the job does not
-need after all, costliest first. Nothing here reads a clock or touches I/O.
+Whether a set of victims frees enough is placement's question (``fits``): the shortest run of
+candidates in loss order after which the job fits (by bisection), then every chosen victim the
+job does not need after all is dropped, costliest first. Nothing here reads a clock or touches
+I/O.
 """
 
 from __future__ import annotations
