@@ -130,7 +130,11 @@ def main(argv: list[str] | None = None) -> int:
                 path = save(ckdir, state)
                 job.report_checkpoint(path)
                 why = request["reason"] if request else "every"
-                print(f"checkpoint step={state['step']} reason={why} loss={loss:.6f}", flush=True)
+                kind = request.get("kind") if request else "every"
+                print(
+                    f"checkpoint step={state['step']} reason={why} loss={loss:.6f} kind={kind}",
+                    flush=True,
+                )
                 if request and request.get("stop") and request.get("reason") != "time limit":
                     # requeue (drain, maintenance, preemption): the next attempt resumes here.
                     # At the time limit the job is not requeued: train on until it ends.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -227,6 +227,18 @@ class PartitionConfig(BaseModel):
     default_time: str = "1:00:00"
     max_time: str = "UNLIMITED"
     priority: int = 0
+    priority_tier: int = Field(
+        0,
+        ge=0,
+        le=65533,
+        description="Slurm's PriorityTier: a pending job may preempt running jobs of a lower "
+        "tier (docs/preemption.md)",
+    )
+    preempt_mode: Literal["requeue", "cancel", "off"] = Field(
+        "requeue",
+        description="Slurm's PreemptMode for jobs of this partition when a higher tier "
+        "preempts them: requeue (checkpoint, back to the queue), cancel, or off (never)",
+    )
 
 
 class ClusterConfig(BaseModel):
@@ -631,6 +643,15 @@ class QosConfig(LimitFields):
 
     name: str = Field(pattern=_NAME)
     priority: int = Field(0, ge=0, le=1_000_000_000)
+    priority_tier: int | None = Field(
+        None,
+        ge=0,
+        le=65533,
+        description="preemption tier of the QOS's jobs (unset: their partition's)",
+    )
+    preempt_mode: Literal["requeue", "cancel", "off"] | None = Field(
+        None, description="PreemptMode of the QOS's jobs (unset: their partition's)"
+    )
 
 
 class FairShareConfig(BaseModel):
@@ -691,6 +712,45 @@ class FairShareConfig(BaseModel):
         mine = [u for u in self.users if u.name == user]
         mine.sort(key=lambda u: not u.default)
         return [u.account for u in mine]
+
+
+class PreemptionConfig(BaseModel):
+    """Preemption between priority tiers (docs/preemption.md); tiers and modes are set on
+    partitions and QOS."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    exempt_time: float = Field(
+        0.0,
+        ge=0,
+        le=30 * 86400,
+        description="Slurm's PreemptExemptTime: seconds a job runs before it may be preempted",
+    )
+    reserve_margin: float = Field(
+        60.0,
+        gt=0,
+        le=86400,
+        description="seconds the preemptor keeps its claim on the victims' nodes beyond the "
+        "victims' longest checkpoint grace (then the claim lapses and it competes again)",
+    )
+    max_per_pass: int = Field(
+        16, ge=1, le=10_000, description="preempting jobs decided in one scheduling pass"
+    )
+
+    def tiers(self, cluster: ClusterConfig, fairshare: FairShareConfig) -> Any:
+        """The tiers and modes of partitions and QOS (domain/preemption.Tiers)."""
+        from phalanx.domain.preemption import Mode, Tiers
+
+        return Tiers(
+            partition_tier={p.name: p.priority_tier for p in cluster.partitions},
+            partition_mode={p.name: Mode(p.preempt_mode) for p in cluster.partitions},
+            qos_tier={
+                q.name: q.priority_tier for q in fairshare.qos if q.priority_tier is not None
+            },
+            qos_mode={
+                q.name: Mode(q.preempt_mode) for q in fairshare.qos if q.preempt_mode is not None
+            },
+        )
 
 
 class WatchdogConfig(BaseModel):
@@ -798,6 +858,7 @@ class Config(BaseModel):
     priority: PriorityConfig = Field(default_factory=lambda: PriorityConfig())
     fairshare: FairShareConfig = Field(default_factory=lambda: FairShareConfig())
     watchdog: WatchdogConfig = Field(default_factory=lambda: WatchdogConfig())
+    preemption: PreemptionConfig = Field(default_factory=lambda: PreemptionConfig())
     topology: TopologyConfig = Field(default_factory=lambda: TopologyConfig())
 
     @model_validator(mode="after")

@@ -164,3 +164,54 @@ def test_accounting_retention(tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as err:
             load_config(write(tmp_path, f'[accounting]\nkeep_finished = "{bad}"\n'))
         assert "keep_finished" in err.value.message and words in err.value.message
+
+
+def test_preemption_defaults_tiers_and_checks(tmp_path: Path) -> None:
+    from phalanx.domain.preemption import Mode
+
+    cfg = load_config()
+    pre = cfg.preemption
+    assert (pre.exempt_time, pre.reserve_margin, pre.max_per_pass) == (0.0, 60.0, 16)
+    assert not pre.tiers(cfg.cluster, cfg.fairshare).active  # off until tiers differ
+    cfg = load_config(
+        write(
+            tmp_path,
+            """
+[preemption]
+exempt_time = 300
+
+[[cluster.partitions]]
+name = "low"
+default = true
+preempt_mode = "cancel"
+
+[[cluster.partitions]]
+name = "high"
+priority_tier = 2
+
+[[fairshare.qos]]
+name = "urgent"
+priority_tier = 5
+preempt_mode = "off"
+""",
+        )
+    )
+    tiers = cfg.preemption.tiers(cfg.cluster, cfg.fairshare)
+    assert tiers.active and cfg.preemption.exempt_time == 300
+    assert (tiers.tier("low", None), tiers.tier("high", None), tiers.tier("low", "urgent")) == (
+        0,
+        2,
+        5,
+    )
+    assert tiers.mode("low", None) is Mode.CANCEL and tiers.mode("low", "urgent") is Mode.OFF
+    assert tiers.mode("high", "normal") is Mode.REQUEUE
+    for bad, where in [
+        ("[preemption]\nexempt_time = -1\n", "preemption.exempt_time"),
+        ("[preemption]\nreserve_margin = 0\n", "preemption.reserve_margin"),
+        ("[preemption]\nmax_per_pass = 0\n", "preemption.max_per_pass"),
+        ("[preemption]\nsometime = 1\n", "preemption.sometime"),
+        ('[[cluster.partitions]]\nname = "a"\npreempt_mode = "suspend"\n', "preempt_mode"),
+        ('[[cluster.partitions]]\nname = "a"\npriority_tier = -1\n', "priority_tier"),
+    ]:
+        with pytest.raises(ConfigError, match=where.replace(".", r"\.")):
+            load_config(write(tmp_path, bad))

@@ -1191,3 +1191,36 @@ def test_cpu_affinity_from_the_spec(tasks: Tasks) -> None:
     assert result["exit_code"] == 0
     lines = (td / "out").read_text().splitlines()
     assert lines[0] == "1" and lines[1].split()[-1] == str(cpu)
+
+
+def test_checkpoint_stop_grace_ends_when_the_job_reports_its_checkpoint(tasks: Tasks) -> None:
+    """A job that saves on the signal and runs on: its grace ends at its checkpoint marker
+    (preemption, drains: work after the checkpoint would be lost anyway), not after 30 s."""
+    marker = tasks.root / "marker"
+    job = tasks.script(
+        'trap \'echo /ck/state > "$PHX_CHECKPOINT_MARKER"; echo usr1 >> "$MARK"\' USR1\n'
+        'echo ready >> "$MARK"\n'
+        "while :; do sleep 0.05; done\n"
+    )
+    env = {"PATH": JOB_PATH, "MARK": str(marker)}
+    env.update(shepherd.control_environment(tasks.root / f"task{tasks._n + 1}"))
+    td = tasks.launch(job, kill_grace_s=1.0, env=env)
+    wait_for(lambda: "ready" in read_text(marker), "job ready")
+    assert request_stop(td, checkpoint_signal=signal.SIGUSR1, checkpoint_grace=30.0, reason="x")
+    result = tasks.wait_exited(td)
+    assert "usr1" in read_text(marker)
+    assert result["cancelled"] is True and result["stop_requested"] is True
+    assert result["ended_at"] - result["checkpoint_signal_sent_at"] < 15.0
+    request = json.loads((td / "control" / "checkpoint-request.json").read_text())
+    assert request["kind"] == "stop" and request["stop"] is True
+
+
+def test_request_kind_names_a_preemption() -> None:
+    from phalanx.agent.shepherd import request_kind
+
+    assert request_kind("requeue: preempted by job 12 (tier 1 over tier 0)", True) == "preempted"
+    assert request_kind("cancel: preempted by job 3 (tier 2 over tier 1)", True) == "preempted"
+    assert request_kind("requeue: node n1 drained by alice: PSU", True) == "requeue"
+    assert request_kind("time limit", True) == "time limit"
+    assert request_kind("interval", False) == "interval"
+    assert request_kind("drain", True) == "stop"

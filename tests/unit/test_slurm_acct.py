@@ -80,6 +80,7 @@ def test_show_job_lines_are_slurms() -> None:
         "RunTime=01:02:00 TimeLimit=02:00:00 TimeMin=N/A",
         f"SubmitTime={stamp(T0)} EligibleTime={stamp(T0)}",
         f"StartTime={stamp(T0 + 5)} EndTime={stamp(T0 + 3725)} Deadline=N/A",
+        "PreemptTime=None SuspendTime=None SecsPreSuspend=0",
         "Partition=batch",
         "NodeList=node[01-02]",
         "BatchHost=node01",

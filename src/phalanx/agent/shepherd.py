@@ -176,6 +176,8 @@ _LAUNCHER_REPLY_TIMEOUT_S = 10.0
 _LAUNCHER_CLOSE_TIMEOUT_S = 2.0
 _LAUNCHER_BACKOFF_S = 30.0
 _FENCE_CHECK_INTERVAL_S = 1.0
+# how often a planned stop's grace looks for the job's checkpoint marker (it ends the grace)
+_MARKER_CHECK_INTERVAL_S = 0.2
 _STRAGGLER_GRACE_CAP_S = 2.0
 _REKILL_INTERVAL_S = 5.0
 _PROGRESS_CHECK_MAX_S = 1.0
@@ -709,7 +711,9 @@ def write_checkpoint_request(
 ) -> int:
     """Write the next checkpoint request for the job; return its sequence number.
 
-    ``{"seq", "reason", "requested_at", "deadline", "stop"}``: ``seq`` grows by one per request
+    ``{"seq", "reason", "kind", "requested_at", "deadline", "stop"}``: ``kind`` is the reason
+    in one word (`request_kind`: ``preempted``, ``time limit``, ``interval``, ``cancel``,
+    ``requeue``, ``stop``); ``seq`` grows by one per request
     (a lock file serialises the agent and the shepherd, which both write requests), ``deadline``
     is when a planned stop happens (null for periodic requests) and ``stop`` says whether the
     job will be stopped then.  Atomic: the job never reads a partial request.
@@ -735,6 +739,7 @@ def write_checkpoint_request(
             {
                 "seq": seq,
                 "reason": reason,
+                "kind": request_kind(reason, stop),
                 "requested_at": time.time(),
                 "deadline": deadline,
                 "stop": bool(stop),
@@ -743,6 +748,19 @@ def write_checkpoint_request(
         return seq
     finally:
         os.close(fd)
+
+
+def request_kind(reason: str, stop: bool) -> str:
+    """The reason of a checkpoint request in one word, for jobs that act on it: a preemption
+    (``requeue: preempted by job 12 ...``/``cancel: preempted by ...``) is ``preempted``."""
+    if not stop:
+        return "interval"
+    if reason == "time limit":
+        return reason
+    head, _, rest = reason.partition(": ")
+    if head in ("requeue", "cancel") and rest.startswith("preempted by job "):
+        return "preempted"
+    return head if head in ("requeue", "cancel") else "stop"
 
 
 def read_checkpoint_request(task_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -855,6 +873,8 @@ class _Shepherd:
         self.stop_reason: str | None = None
         self.checkpoint_sent_at: float | None = None  # wall clock, for exit.json
         self.checkpoint_until: float | None = None  # monotonic end of a running grace
+        self.stop_request_seq: int | None = None  # the planned stop's checkpoint request
+        self.marker_before: tuple[int, int, int] | None = None  # the marker at the request
         self.hung: dict[str, Any] | None = None  # set when hang detection stopped the job
         self.oom_base: int | None = None  # the cgroup's OOM-kill count when the job started
         self.out_fd = -1
@@ -1316,6 +1336,7 @@ class _Shepherd:
         fence_at = self.start_mono if isinstance(spec.get("fence"), dict) else None
         ckpt_at = self._checkpoint_before_limit(limit_at)
         hang_at = self._first_progress_check()
+        marker_at = 0.0  # next look at the checkpoint marker during a planned stop's grace
 
         poller = select.poll()
         poller.register(self.wake_r, select.POLLIN)
@@ -1340,6 +1361,16 @@ class _Shepherd:
                     self.checkpoint_until = None
                     _log("checkpoint grace over: the job is still running")
                     self._stop("cancelled")
+                if (
+                    self.checkpoint_until is not None
+                    and now >= marker_at
+                    and self._checkpoint_reported()
+                ):
+                    self.checkpoint_until = None
+                    _log("checkpoint reported: the grace ends early, stopping the job")
+                    self._stop("cancelled")
+                if self.checkpoint_until is not None and now >= marker_at:
+                    marker_at = now + _MARKER_CHECK_INTERVAL_S
                 if ckpt_at is not None and now >= ckpt_at and limit_at is not None:
                     ckpt_at = None
                     self._checkpoint_at_limit(limit_at)
@@ -1368,6 +1399,7 @@ class _Shepherd:
                     limit_at,
                     fence_at,
                     self.checkpoint_until,
+                    marker_at if self.checkpoint_until is not None else None,
                     self.kill_at,
                     ckpt_at,
                     hang_at,
@@ -1475,7 +1507,10 @@ class _Shepherd:
                     f" signal {signum}{' to the main process' if batch_only else ''},"
                     f" stopping in {grace:g}s unless the job exits"
                 )
-                self._write_request(self.stop_reason or "stop", time.time() + grace)
+                self.marker_before = self._marker_stamp()
+                self.stop_request_seq = self._write_request(
+                    self.stop_reason or "stop", time.time() + grace
+                )
                 self.checkpoint_sent_at = time.time()  # before: the job may answer at once
                 self._deliver(signum, batch_only)
                 self._killpg(_signal.SIGCONT)  # a suspended job must run to checkpoint
@@ -1498,13 +1533,57 @@ class _Shepherd:
         _log(f"time limit approaching: delivering signal {signum}")
         self._deliver(signum, batch_only)
 
-    def _write_request(self, reason: str, deadline: float | None) -> None:
+    def _write_request(self, reason: str, deadline: float | None) -> int | None:
         """Tell the job in its request file, too (for jobs that poll rather than trap)."""
         try:
             seq = write_checkpoint_request(self.task_dir, reason, deadline=deadline, stop=True)
             _log(f"checkpoint request {seq}: {reason}")
+            return seq
         except (OSError, ValueError) as exc:
             _log(f"cannot write the checkpoint request: {exc!r}")
+            return None
+
+    def _checkpoint_reported(self) -> bool:
+        """Whether the job reported a checkpoint that answers the planned stop's request
+        (the marker's ``request_seq`` reaches it, or a marker written since the signal): its
+        grace then ends at once, since work after the checkpoint would be lost anyway."""
+        path = os.path.join(self.task_dir, CONTROL_DIR, CHECKPOINT_MARKER_FILE)
+        stamp = self._marker_stamp()
+        if stamp is None or stamp == self.marker_before:
+            return False  # no marker, or the one there before the request
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read(65536)
+        except OSError:
+            return False
+        try:
+            data = _loads(text)
+        except ValueError:
+            data = None
+        sent = self.checkpoint_sent_at or 0.0
+        if isinstance(data, dict):
+            seq = data.get("request_seq")
+            if (
+                isinstance(seq, int)
+                and not isinstance(seq, bool)
+                and self.stop_request_seq is not None
+            ):
+                return seq >= self.stop_request_seq
+            done = data.get("finished_at")
+            if isinstance(done, int | float) and not isinstance(done, bool):
+                return float(done) >= sent
+        # a plain path (a script's `echo PATH > $PHX_CHECKPOINT_MARKER`): written since the
+        # request (its mtime comes from the kernel's coarse clock, which may lag the signal's
+        # time.time() by a tick, so a change of the file is what counts)
+        return bool(text.strip())
+
+    def _marker_stamp(self) -> tuple[int, int, int] | None:
+        """(inode, mtime ns, size) of the checkpoint marker, None when there is none."""
+        try:
+            st = os.stat(os.path.join(self.task_dir, CONTROL_DIR, CHECKPOINT_MARKER_FILE))
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_size
 
     def _checkpoint_before_limit(self, limit_at: float | None) -> float | None:
         """When (monotonic) to ask for a checkpoint before the time limit, or None.

@@ -958,9 +958,16 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
     # ---------------------------------------------------------------- cluster
     @app.get("/v1/cluster")
     def cluster() -> dict[str, Any]:
+        # each partition's preemption tier and mode, from the config (docs/preemption.md)
+        preempt_fields = {
+            p.name: {"priority_tier": p.priority_tier, "preempt_mode": p.preempt_mode}
+            for p in ctl.config.cluster.partitions
+        }
         return {
             **ctl.store.cluster_counts(),
-            "partitions": list(ctl.store.partitions().values()),
+            "partitions": [
+                {**p, **preempt_fields.get(name, {})} for name, p in ctl.store.partitions().items()
+            ],
             "controllers": ctl.store.list_controllers(),
             "leases": ctl.store.list_leases(),
             "this_controller": ctl.status(),

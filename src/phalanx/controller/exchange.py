@@ -16,6 +16,7 @@ from typing import Any
 from phalanx.controller.launch import checkpoint_settings
 from phalanx.domain import job_reports
 from phalanx.domain.policy import is_user_requeue
+from phalanx.domain.preemption import CANCEL_PREFIX
 from phalanx.domain.states import AttemptState, TaskState
 from phalanx.store.steps import StepReport
 from phalanx.store.store import TaskReport
@@ -106,9 +107,10 @@ def stop_item(w: dict[str, Any], checkpoint_grace: float) -> dict[str, Any]:
     """A stop request; planned stops (requeue) first give the job its checkpoint signal."""
     reason = w["stop_reason"] or "stop"
     item: dict[str, Any] = {"attempt_id": w["attempt_id"], "token": w["token"], "reason": reason}
-    if reason.startswith("requeue") and not is_user_requeue(reason):
+    planned = reason.startswith("requeue") and not is_user_requeue(reason)
+    if planned or reason.startswith(CANCEL_PREFIX):
         # a user's own requeue (scontrol requeue) just stops the job, as Slurm's does; other
-        # planned stops first give it its checkpoint signal:
+        # planned stops, and a preemption in mode cancel, first give it its checkpoint signal:
         # --checkpoint-signal/--checkpoint-grace, else --signal's, else USR1 and the cluster's
         settings = checkpoint_settings(w, checkpoint_grace=checkpoint_grace)
         item["checkpoint_signal"] = settings["signum"]

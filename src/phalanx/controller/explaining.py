@@ -41,6 +41,12 @@ def explain_job(
                 snap.dep_started[int(r["id"])] = r["start_time"] is not None
         options = plan_options(snap) if plan_options else {}
         waiting = explain.explain_pending(row, snap, now, **options)
+        if str(row.get("reason") or "").startswith(explain.PREEMPTING):
+            waiting.lines += [
+                f"{e['kind']}: {e['message']}"
+                for e in store.events(job_id=int(row["id"]))
+                if e.get("kind") == "job.preempting"
+            ][-3:]
         if attempts:  # requeued: say why it came back, after why it waits now
             history = _history(store, row, attempts, now)
             waiting.lines += ["earlier attempts:"] + [f"  {x}" for x in history.lines]

@@ -40,6 +40,7 @@ from phalanx.controller.metrics import (
     SCHED_PASS_SECONDS,
     observe_placements,
 )
+from phalanx.controller.preempting import preempt_pass
 from phalanx.controller.submitq import SubmitQueue
 from phalanx.domain import checkpointing, licenses, scheduling, values
 from phalanx.domain.checkpointing import IntervalDecision
@@ -549,6 +550,9 @@ class Controller:
             self._placed = len(started)
             self._observe_starts(snap.pending, started)
             self.waiters.notify(sorted({n for p in plan.starts for n in p.nodes}))
+        plan.reasons.update(
+            preempt_pass(self.store, self.config, snap, plan, fences, owner, self.topology)
+        )
         current = {int(j["id"]): j["reason"] for j in snap.pending}
         changed = {jid: r for jid, r in plan.reasons.items() if current.get(jid) != r}
         self.store.set_pending_reasons(changed)

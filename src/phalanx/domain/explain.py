@@ -41,6 +41,7 @@ __all__ = ["Explanation", "display_id", "explain_history", "explain_pending"]
 
 _AHEAD_CHECKS = 2000  # jobs ahead examined for "behind N jobs" (each costs one node scan)
 _WAITING = ("Resources", "Priority")
+PREEMPTING = "Preempting"  # the reason of a job waiting for its victims (controller/preempting)
 
 
 @dataclass
@@ -393,7 +394,14 @@ def explain_pending(
         running = dict(snap.array_active).get(int(arr), 0)
         lines.append(f"array {arr}: {running} of at most {limit} tasks running (%{limit})")
     own = scheduling.live_reservation(dict(job), now)
-    if own:
+    preempting = str(job.get("reason") or "").startswith(PREEMPTING)
+    if own and preempting:
+        until = maintenance.format_when(float(job["reserved_until"]), now)
+        lines.append(
+            f"preemption: {_nodes_text(own)} held for it until {until} (it starts there once "
+            "the jobs it preempts have checkpointed and left)"
+        )
+    elif own:
         until = maintenance.format_when(float(job["reserved_until"]), now)
         lines.append(
             f"restart reservation: {_nodes_text(own)} held for it until {until} "
@@ -424,6 +432,8 @@ def explain_pending(
         verdict = "start"
         where = _nodes_text(started.nodes)
         summary = f"would start now on {where} (partition {started.partition})"
+    elif preempting:
+        summary = str(job.get("reason"))
     elif reason is None:
         summary = "waits for the next scheduling pass"
     elif reason.startswith("BeginTime"):
@@ -453,7 +463,7 @@ def explain_pending(
         )
     else:
         summary = reason
-    if not held and reason is not None:
+    if not held and reason is not None and not preempting:
         lines.append(f"scheduler's reason: {reason}")
     recorded = job.get("reason")
     if recorded and recorded != reason and not held:
@@ -517,7 +527,15 @@ _SHAPE = (
 # Jobs that ran: what happened to each attempt
 # --------------------------------------------------------------------------------------------
 
-_JOB_EVENTS = ("job.requeue", "job.held", "job.restart", "job.spare_lost", "job.signal")
+_JOB_EVENTS = (
+    "job.requeue",
+    "job.held",
+    "job.restart",
+    "job.spare_lost",
+    "job.signal",
+    "job.preempted",
+    "job.preempting",
+)
 _NODE_EVENTS = ("node.drain", "node.down")
 _NODE_EVENT_SLACK_S = 120.0  # a drain this long after an attempt ended still explains it
 

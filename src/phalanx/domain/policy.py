@@ -432,6 +432,8 @@ def after_attempt(
     retry rules (the cluster's defaults if None).
     """
     stop = stop_reason or ""
+    if stop.startswith("cancel: preempted by job "):  # preempt mode cancel: say who, why
+        return Verdict(Action.END, JobState.CANCELLED, stop.removeprefix("cancel: "))
     if stop.startswith("cancel"):
         return Verdict(Action.END, JobState.CANCELLED, reason)
     refused = next((t for t in tasks if t.detail.get("job_error")), None)

@@ -24,6 +24,10 @@ from phalanx.domain.priority import QueuePolicy
 # (its default is this value; tests/unit/test_config.py holds them equal).
 DEFAULT_QUEUE_DEPTH = 1000
 
+# The reason of a job waiting for nodes held for it (a restart after a node failure, or the
+# nodes of the jobs it preempts, docs/preemption.md)
+RESERVED = "Reserved (waits for the nodes held for it: a restart or a preemption)"
+
 
 @dataclass
 class Plan:
@@ -304,7 +308,7 @@ def plan(
         if req.job_id in pool.blocked:
             out.reasons[req.job_id] = "Licenses"
         elif req.job_id not in placed_ids and req.reserved:
-            out.reasons[req.job_id] = "Reserved (restarts on its nodes after a node failure)"
+            out.reasons[req.job_id] = RESERVED
         elif req.job_id not in placed_ids and req.job_id not in out.reasons:  # not over a limit
             out.reasons[req.job_id] = "Resources" if first_blocked else "Priority"
             first_blocked = False

@@ -54,6 +54,7 @@ __all__ = [
     "checkpoint_requested",
     "install_signal_handler",
     "latest_checkpoint",
+    "preempted",
     "report_checkpoint",
     "report_progress",
     "restart_count",
@@ -185,6 +186,15 @@ def stop_requested() -> bool:
     """
     req = _read_request()
     return bool(req and req.get("stop"))
+
+
+def preempted() -> bool:
+    """True when the pending (or just answered) request is a preemption's: a job of a higher
+    priority tier needs the nodes (request ``kind`` ``preempted``). Checkpoint and exit; with
+    the default preempt mode (requeue) the job comes back and resumes from that checkpoint.
+    """
+    req = _read_request()
+    return bool(req and req.get("kind") == "preempted")
 
 
 def install_signal_handler(signum: int | None = None) -> int | None:

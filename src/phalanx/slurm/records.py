@@ -96,8 +96,11 @@ def tres_text(job: dict[str, Any]) -> str:
 
 def state_text(job: dict[str, Any], *, by_uid: bool = True) -> str:
     """sacct's State: Slurm's name; a cancelled job `CANCELLED by <uid>` when the canceller is
-    known (the reason names them: `cancelled by alice`)."""
+    known (the reason names them: `cancelled by alice`), `PREEMPTED` when a preemption in
+    mode cancel ended it."""
     state = acct_state(job.get("state") or "")
+    if state == "CANCELLED" and (job.get("reason") or "").startswith("preempted by job "):
+        return "PREEMPTED"  # preempt mode cancel: Slurm's sacct shows PREEMPTED
     if state == "CANCELLED" and by_uid:
         reason = job.get("reason") or ""
         marker = " by "

@@ -87,6 +87,7 @@ def job_lines(job: dict[str, Any], now: float) -> list[str]:
         f"SubmitTime={timestamp(job.get('submit_time'), 'Unknown')} "
         f"EligibleTime={timestamp(job.get('eligible_time') or job.get('submit_time'), 'Unknown')}",
         f"StartTime={start_text} EndTime={end_text} Deadline=N/A",
+        f"PreemptTime={_preempt_time(job)} SuspendTime=None SecsPreSuspend=0",
         f"Partition={job.get('partition') or ''}",
         f"NodeList={_null(job.get('nodelist'))}",
     ]
@@ -160,6 +161,15 @@ def node_lines(node: dict[str, Any], partitions: list[str]) -> list[str]:
     return lines
 
 
+def _preempt_time(job: dict[str, Any]) -> str:
+    """Slurm's PreemptTime: when the job was last preempted (here: the end of its latest
+    attempt a preemption stopped, docs/preemption.md), else None."""
+    for a in reversed(job.get("attempts") or []):
+        if str(a.get("stop_reason") or "").split(": ", 1)[-1].startswith("preempted by job "):
+            return timestamp(a.get("end_time"), "None")
+    return "None"
+
+
 def partition_nodes(part: dict[str, Any], names: Sequence[str]) -> list[str]:
     """The nodes a partition's globs (`node*`, `gpu[0-9]*,big1`) select."""
     globs = [g.strip() for g in str(part.get("nodes") or "*").split(",") if g.strip()]
@@ -182,9 +192,10 @@ def partition_lines(part: dict[str, Any], nodes: list[dict[str, Any]]) -> list[s
         f"MaxNodes=UNLIMITED MaxTime={_limit_text(part.get('max_time_s'), 'UNLIMITED')} "
         "MinNodes=0 LLN=NO MaxCPUsPerNode=UNLIMITED",
         f"Nodes={compress_hostlist(names) if names else '(null)'}",
-        f"PriorityJobFactor=1 PriorityTier={part.get('priority') or 0} RootOnly=NO ReqResv=NO "
-        "OverSubscribe=NO",
-        "OverTimeLimit=NONE PreemptMode=OFF",
+        f"PriorityJobFactor={part.get('priority') or 0} "
+        f"PriorityTier={part.get('priority_tier', part.get('priority')) or 0} "
+        "RootOnly=NO ReqResv=NO OverSubscribe=NO",
+        f"OverTimeLimit=NONE PreemptMode={str(part.get('preempt_mode') or 'off').upper()}",
         f"State=UP TotalCPUs={cpus} TotalNodes={len(names)} SelectTypeParameters=NONE",
         "JobDefaults=(null)",
         "DefMemPerNode=UNLIMITED MaxMemPerNode=UNLIMITED",

@@ -64,6 +64,7 @@ from phalanx.errors import InvalidSpec, InvalidTransition, NotFound
 from phalanx.store import schema as s
 from phalanx.store.base import _EVENT_ROW
 from phalanx.store.metrics import MetricsQueries
+from phalanx.store.preemption import Preemptions
 from phalanx.store.rowinsert import RowInsert
 from phalanx.store.sqlbits import JOB_SUMMARY as _JOB_SUMMARY
 from phalanx.store.sqlbits import NODE_WORK_COLUMNS, Fence
@@ -151,7 +152,7 @@ class SchedSnapshot:
 MAX_ID = 2**63 - 1  # the largest id an INTEGER column holds (SQLite and PostgreSQL)
 
 
-class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage):
+class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemptions):
     """The store's one interface (see the module docstring)."""
 
     # ------------------------------------------------------------------ leases
