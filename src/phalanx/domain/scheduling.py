@@ -17,7 +17,7 @@ from typing import Any
 from phalanx.domain import licenses, maintenance, topology, values
 from phalanx.domain.deps import DepVerdict, evaluate
 from phalanx.domain.placement import Allocation, JobRequest, NodeView, Placement, place
-from phalanx.domain.priority import QueuePolicy
+from phalanx.domain.priority import Queue, QueuePolicy
 
 # How many pending jobs, in queue order, one pass examines for a start (Slurm's
 # default_queue_depth / bf_max_job_test, Armada's maxQueueLookback); config cluster.queue_depth
@@ -30,7 +30,8 @@ class Plan:
     starts: list[Placement] = field(default_factory=list)
     never: list[tuple[int, str]] = field(default_factory=list)  # (job id, why it can never run)
     reasons: dict[int, str] = field(default_factory=dict)  # why a pending job still waits
-    # ids of the jobs behind the queue depth, not examined this pass (reason Priority)
+    # ids of the jobs behind the queue depth, not examined this pass (reason Priority); in
+    # queue order only when the pass sorted the whole queue (QueuePolicy.queue)
     beyond: list[int] = field(default_factory=list)
 
     def sentence(self) -> str:
@@ -218,7 +219,9 @@ def plan(
     dependency, a limit, an array's task limit) do not count against it.
     """
     out = Plan()
-    pending = policy.order(snap, now) if policy else snap.pending
+    depth = len(snap.pending) if queue_depth is None else max(1, queue_depth)
+    # the head of the queue in order, the rest only if the pass reaches it (QueuePolicy.queue)
+    queue = policy.queue(snap, now, depth) if policy else Queue(snap.pending)
     holding = policy.holding(snap) if policy else None
     views = node_views(snap.nodes, snap.partitions, topo)
     allocs = allocations(snap.allocations)
@@ -226,12 +229,14 @@ def plan(
     names_taken = set(snap.active_names)
     keep_off = maintenance.KeepOff(getattr(snap, "maintenance", None) or [], now)
     eligible: list[JobRequest] = []
-    depth = len(pending) if queue_depth is None else max(1, queue_depth)
     examined: dict[int, dict[str, Any]] = {}
-    for at, job in enumerate(pending):
+    while True:
         if len(eligible) >= depth:  # beyond the lookahead: not examined this pass
-            out.beyond = [j["id"] for j in pending[at:]]
+            out.beyond = [j["id"] for j in queue.rest()]
             out.reasons.update(dict.fromkeys(out.beyond, "Priority"))
+            break
+        job = queue.take()
+        if job is None:
             break
         jid = int(job["id"])
         examined[jid] = job
