@@ -22,8 +22,10 @@ then by id. `explain` writes the numbers as arithmetic a user can follow (`phala
 
 from __future__ import annotations
 
+import bisect
 import heapq
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, TypeVar
@@ -181,6 +183,9 @@ _GROUP_COLUMNS = ("account", "user", "nodes", "cpus_per_node", "partitions", "qo
 _OWN_COLUMNS = ("nice", "priority", "eligible_time", "submit_time", "id")
 _GROUP = itemgetter(*_GROUP_COLUMNS)
 _OWN = itemgetter(*_OWN_COLUMNS)
+# what places a job in the standing queue: its group's columns, nice, --priority, since
+_FIELDS = itemgetter(*_GROUP_COLUMNS, *_OWN_COLUMNS[:4])
+_ID = itemgetter("id")
 
 
 class Queue:
@@ -278,6 +283,10 @@ class QueuePolicy:
         one pop, so the head comes out in exactly `order`'s order and the rest is never
         sorted; otherwise the keys are sorted once."""
         pending = snap.pending
+        if wanted is not None and wanted * 8 < len(pending):
+            merged = self._standing(snap, now)
+            if merged is not None:
+                return merged
         keys = self._keys(snap, now)
         if keys is None:
             return Queue(order(pending, self.scorer(snap, now)))
@@ -291,32 +300,41 @@ class QueuePolicy:
         heapq.heapify(heap)
         return Queue(pending, heap, (1 << shift) - 1)
 
+    def _standing(self, snap: Any, now: float) -> Queue | None:
+        """The queue as the merge of the standing classes (`_Standing`), brought up to date
+        with this snapshot; None where the rows lack a column, repeat an id, or hold a key
+        the integer encoding cannot (then `queue` takes the other ways)."""
+        pending = snap.pending
+        try:
+            ids = list(map(_ID, pending))
+            fields = dict(zip(ids, map(_FIELDS, pending), strict=True))
+        except KeyError:
+            return None
+        if len(fields) != len(pending) or (ids and not (min(ids) >= 0 and max(ids) < _SPAN)):
+            return None
+        products = self._products(snap)
+        w_age, max_age = self.weights.age, self.weights.max_age_s
+        with _STANDING_LOCK:  # the scheduling loop and `explain` (API threads) share it
+            _STANDING.update(fields)
+            classes = [(c, list(lst)) for c, lst in _STANDING.classes.items()]
+        streams = []
+        for (g, nice, explicit), lst in classes:  # g: the _GROUP_COLUMNS' values
+            statics = products(g)
+            # totals never increase along a class: its first and last bound them all
+            for since in (lst[0][0], lst[-1][0]):
+                t = _total(since, statics, nice, now, w_age, max_age)
+                if not -_HALF < t < _HALF:
+                    return None
+            streams.append(_class_keys(lst, statics, nice, explicit, now, w_age, max_age))
+        return _MergedQueue(dict(zip(ids, pending, strict=True)), streams)
+
     def _keys(self, snap: Any, now: float) -> list[int] | None:
         """Each pending job's sort key (-priority, -total, id) as one integer: sorting ints
         is 3-4 times faster than sorting tuples whose first fields are mostly equal. None
         when a total or an id does not fit the encoding (absurd nice or ids)."""
-        w = self.weights
-        nodes = [n for n in snap.nodes if n.get("registered")]
-        n_nodes = len(nodes)
-        n_cpus = sum(int(n["cpus"]) for n in nodes)
-        parts = {name: int(p.get("priority") or 0) for name, p in snap.partitions.items()}
-        top_part = max(parts.values(), default=0)
-        # each product as `breakdown` computes it (weight x factor), so totals are equal
-        part_w = {
-            k: w.partition * (clamp01(v / top_part) if top_part > 0 else 0.0)
-            for k, v in parts.items()
-        }
-        top_qos = max(self.qos_priority.values(), default=0)
-        qos_w = {
-            k: w.qos * (clamp01(v / top_qos) if top_qos > 0 else 0.0)
-            for k, v in self.qos_priority.items()
-        }
-        max_age = w.max_age_s
-        w_age = w.age
-        # The products that do not depend on the job's age are the same for every job of one
-        # (account, user, nodes, cpus, partitions, qos): computed once per such group. The
-        # sum is still taken in `breakdown`'s order, so the totals stay equal to the bit.
-        groups: dict[tuple[Any, ...], tuple[float, float, float, float]] = {}
+        products = self._products(snap)
+        max_age = self.weights.max_age_s
+        w_age = self.weights.age
         keyed: list[int] = []
         append = keyed.append
         pending = snap.pending
@@ -334,10 +352,7 @@ class QueuePolicy:
                 for j in pending
             ]
         for g, (nice, explicit, eligible, submitted, jid) in fields:
-            parts4 = groups.get(g)
-            if parts4 is None:
-                parts4 = groups[g] = self._static_products(g, n_nodes, n_cpus, part_w, qos_w)
-            f, size_w, p_w, q_w = parts4
+            f, size_w, p_w, q_w = products(g)
             if max_age > 0:
                 age = (now - float(eligible or submitted)) / max_age
                 age = 0.0 if age < 0 else 1.0 if age > 1 else age
@@ -352,6 +367,39 @@ class QueuePolicy:
             else:
                 append(((_HALF - total) << 64) + jid)
         return keyed
+
+    def _products(
+        self, snap: Any
+    ) -> Callable[[tuple[Any, ...]], tuple[float, float, float, float]]:
+        """weight x factor of fair share, job size, partition and QOS of a job group
+        (`_GROUP_COLUMNS`' values), computed once per group and pass: every job of a group
+        has the same (only age differs), and the sum is still taken in `breakdown`'s order,
+        so the totals stay equal to the bit."""
+        w = self.weights
+        nodes = [n for n in snap.nodes if n.get("registered")]
+        n_nodes = len(nodes)
+        n_cpus = sum(int(n["cpus"]) for n in nodes)
+        parts = {name: int(p.get("priority") or 0) for name, p in snap.partitions.items()}
+        top_part = max(parts.values(), default=0)
+        # each product as `breakdown` computes it (weight x factor), so totals are equal
+        part_w = {
+            k: w.partition * (clamp01(v / top_part) if top_part > 0 else 0.0)
+            for k, v in parts.items()
+        }
+        top_qos = max(self.qos_priority.values(), default=0)
+        qos_w = {
+            k: w.qos * (clamp01(v / top_qos) if top_qos > 0 else 0.0)
+            for k, v in self.qos_priority.items()
+        }
+        groups: dict[tuple[Any, ...], tuple[float, float, float, float]] = {}
+
+        def products(g: tuple[Any, ...]) -> tuple[float, float, float, float]:
+            got = groups.get(g)
+            if got is None:
+                got = groups[g] = self._static_products(g, n_nodes, n_cpus, part_w, qos_w)
+            return got
+
+        return products
 
     def _static_products(
         self,
@@ -394,3 +442,155 @@ class QueuePolicy:
 
     def _limited(self, job: Mapping[str, Any]) -> dict[str, Any]:
         return {**job, "account": self.account(job)}
+
+
+class _Standing:
+    """The pending queue kept from one pass to the next (`QueuePolicy.queue`).
+
+    A job's total is ``round(w_age * age + S) - nice`` where S, the products of fair share,
+    job size, partition and QOS, is the same for every job of a class (account, user, nodes,
+    CPUs per node, partitions, QOS, and the job's nice and --priority), and age grows with
+    the time since the job became eligible, the same for every job as the clock moves. So
+    within a class, sorted by that time (oldest first), the totals never increase: the
+    class's jobs in queue order are its runs of equal totals, one after the other, each run
+    by id. The queue is then the merge of the classes (a heap of one head per class), and
+    only the jobs the pass takes are ever ordered. Between passes only the jobs that came,
+    left or changed move in or out of their class (a dict difference in C over the rows'
+    fields); S is recomputed per class each pass (fair share moves as usage is charged), and
+    the runs are found at the time of the pass, so nothing cached depends on the clock.
+    """
+
+    def __init__(self) -> None:
+        self.fields: dict[int, tuple[Any, ...]] = {}  # job id -> its _FIELDS values
+        # (group, nice, --priority) -> [(eligible since, id)], sorted
+        self.classes: dict[tuple[Any, ...], list[tuple[float, int]]] = {}
+
+    @staticmethod
+    def _place(fields: tuple[Any, ...]) -> tuple[tuple[Any, ...], float]:
+        *g, nice, explicit, eligible, submitted = fields
+        return (tuple(g), nice, explicit), float(eligible or submitted)
+
+    def update(self, now_fields: dict[int, tuple[Any, ...]]) -> None:
+        old = self.fields
+        was = old.get
+        # an unchanged row's values are mostly the very objects of the last read: the tuple
+        # comparison is then a few identity checks
+        changed = [(jid, f) for jid, f in now_fields.items() if was(jid) != f]
+        if len(changed) * 4 > len(now_fields) or not old:
+            classes: dict[tuple[Any, ...], list[tuple[float, int]]] = {}
+            for jid, f in now_fields.items():
+                c, since = self._place(f)
+                got = classes.get(c)
+                if got is None:
+                    classes[c] = [(since, jid)]
+                else:
+                    got.append((since, jid))
+            for lst in classes.values():
+                lst.sort()
+            self.classes = classes
+        else:
+            for jid in old.keys() - now_fields.keys():
+                self._drop(jid, old[jid])
+            for jid, f in changed:
+                prev = old.get(jid)
+                if prev is not None:
+                    self._drop(jid, prev)
+                c, since = self._place(f)
+                bisect.insort(self.classes.setdefault(c, []), (since, jid))
+        self.fields = now_fields
+
+    def _drop(self, jid: int, fields: tuple[Any, ...]) -> None:
+        c, since = self._place(fields)
+        lst = self.classes[c]
+        i = bisect.bisect_left(lst, (since, jid))
+        del lst[i]
+        if not lst:
+            del self.classes[c]
+
+
+def _class_keys(
+    lst: list[tuple[float, int]],
+    statics: tuple[float, float, float, float],
+    nice: Any,
+    explicit: Any,
+    now: float,
+    w_age: int,
+    max_age: float,
+) -> Iterator[int]:
+    """One class's jobs in queue order, as `QueuePolicy._keys`'s integer keys: runs of equal
+    totals (the list is oldest first, so totals never increase along it), each by id."""
+    high = (-int(explicit)) << 128 if explicit else 0
+
+    def total(since: float) -> int:
+        return _total(since, statics, nice, now, w_age, max_age)
+
+    i, n = 0, len(lst)
+    while i < n:
+        t = total(lst[i][0])
+        # the run's end: totals along the list never increase, so a bisection finds it
+        j = bisect.bisect_right(lst, -t, lo=i + 1, key=lambda x: -total(x[0]))
+        base = high + ((_HALF - t) << 64)
+        if j == i + 1:
+            yield base + lst[i][1]
+        else:
+            for jid in sorted(x[1] for x in lst[i:j]):
+                yield base + jid
+        i = j
+
+
+def _total(
+    since: float,
+    statics: tuple[float, float, float, float],
+    nice: Any,
+    now: float,
+    w_age: int,
+    max_age: float,
+) -> int:
+    """A job's multifactor total, the arithmetic of `QueuePolicy._keys` (and `breakdown`)."""
+    f, size_w, p_w, q_w = statics
+    if max_age > 0:
+        age = (now - since) / max_age
+        age = 0.0 if age < 0 else 1.0 if age > 1 else age
+    else:
+        age = 1.0
+    return round(w_age * age + f + size_w + p_w + q_w) - int(nice or 0)
+
+
+class _MergedQueue(Queue):
+    """`Queue` over the standing classes: each take pops the smallest head of the classes'
+    streams (`_class_keys`)."""
+
+    def __init__(self, rows: dict[int, dict[str, Any]], streams: list[Iterator[int]]) -> None:
+        super().__init__([])
+        self._by_id = rows
+        self._streams = streams
+        heap: list[tuple[int, int]] = []
+        for k, s in enumerate(streams):
+            first = next(s, None)
+            if first is not None:
+                heap.append((first, k))
+        heapq.heapify(heap)
+        self._merge = heap
+        self._taken: set[int] = set()
+
+    def take(self) -> dict[str, Any] | None:
+        if not self._merge:
+            return None
+        key, k = self._merge[0]
+        following = next(self._streams[k], None)
+        if following is None:
+            heapq.heappop(self._merge)
+        else:
+            heapq.heapreplace(self._merge, (following, k))
+        jid = key & _LOW
+        self._taken.add(jid)
+        return self._by_id[jid]
+
+    def rest(self) -> list[dict[str, Any]]:
+        by_id = self._by_id
+        return [by_id[j] for j in by_id.keys() - self._taken]
+
+
+_LOW = (1 << 64) - 1
+_STANDING = _Standing()
+_STANDING_LOCK = threading.Lock()
