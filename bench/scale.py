@@ -66,6 +66,7 @@ def build_nodes(n: int) -> list[dict[str, Any]]:
                 "registered": True,
                 "down": False,
                 "drain": False,
+                "topology": None,  # a store row has the column (no place here)
             }
         )
     for i in range(n_gpu):
@@ -80,6 +81,7 @@ def build_nodes(n: int) -> list[dict[str, Any]]:
                 "registered": True,
                 "down": i % 500 == 7,
                 "drain": False,
+                "topology": None,  # a store row has the column (no place here)
             }
         )
     return out
