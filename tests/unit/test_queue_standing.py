@@ -124,3 +124,4 @@ def test_the_head_and_the_rest_partition_the_queue():
     plain = [int(j["id"]) for j in order(rows, pol.scorer(s, NOW))]
     assert head == plain[:5]
     assert sorted(int(j["id"]) for j in q.rest()) == sorted(plain[5:])
+    assert sorted(q.rest_ids()) == sorted(plain[5:])

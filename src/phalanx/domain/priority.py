@@ -219,6 +219,10 @@ class Queue:
         mask = self._mask
         return [self._rows[k & mask] for k in self._heap]
 
+    def rest_ids(self) -> list[Any]:
+        """The ids of `rest` (all the pass needs of the jobs behind its depth)."""
+        return [j["id"] for j in self.rest()]
+
 
 # the ranges the integer sort key of `QueuePolicy.order` holds exactly: -2^62 < total < 2^62,
 # 0 <= id < 2^64 (store ids are below 2^63)
@@ -589,6 +593,10 @@ class _MergedQueue(Queue):
     def rest(self) -> list[dict[str, Any]]:
         by_id = self._by_id
         return [by_id[j] for j in by_id.keys() - self._taken]
+
+    def rest_ids(self) -> list[Any]:
+        # the ids straight from the set difference (in C): no row looked up
+        return list(self._by_id.keys() - self._taken)
 
 
 _LOW = (1 << 64) - 1

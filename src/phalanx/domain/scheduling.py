@@ -271,7 +271,7 @@ def plan(
     examined: dict[int, dict[str, Any]] = {}
     while True:
         if len(eligible) >= depth:  # beyond the lookahead: not examined this pass
-            out.beyond = [j["id"] for j in queue.rest()]
+            out.beyond = queue.rest_ids()
             out.reasons.update(dict.fromkeys(out.beyond, "Priority"))
             break
         job = queue.take()
