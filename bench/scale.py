@@ -66,6 +66,7 @@ def build_nodes(n: int) -> list[dict[str, Any]]:
                 "registered": True,
                 "down": False,
                 "drain": False,
+                "topology": None,  # a store row has the column (no place here)
             }
         )
     for i in range(n_gpu):
@@ -80,6 +81,7 @@ def build_nodes(n: int) -> list[dict[str, Any]]:
                 "registered": True,
                 "down": i % 500 == 7,
                 "drain": False,
+                "topology": None,  # a store row has the column (no place here)
             }
         )
     return out
@@ -282,6 +284,20 @@ def rows_bytes(make: Any) -> tuple[Any, int]:
     return obj, after - before
 
 
+def standing_bytes(pending: list[dict[str, Any]]) -> int:
+    """What the standing queue (priority._Standing, kept from pass to pass) holds for these
+    pending jobs: built afresh under tracemalloc."""
+    fields = {int(j["id"]): prio._FIELDS(j) for j in pending}
+    standing = prio._Standing()
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    standing.update(fields)
+    size = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    return size + sys.getsizeof(fields) + sum(sys.getsizeof(f) for f in fields.values())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, default=1000)
@@ -391,6 +407,11 @@ def main() -> int:
         f"memory: {pend_bytes / max(1, a.jobs):.0f} B per pending job row, "
         f"{node_bytes / a.nodes:.0f} B per node row; one pass peaks at "
         f"{peak / 2**20:.1f} MiB ({peak / max(1, a.jobs + a.nodes):.0f} B per job+node)"
+    )
+    kept = standing_bytes(pending)
+    print(
+        f"kept between passes: the standing queue, {kept / max(1, len(pending)):.0f} B per "
+        f"pending job ({kept / 2**20:.1f} MiB for {len(pending)})"
     )
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     print(REFERENCES)

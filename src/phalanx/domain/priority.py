@@ -22,8 +22,12 @@ then by id. `explain` writes the numbers as arithmetic a user can follow (`phala
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import bisect
+import heapq
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, TypeVar
 
 from phalanx.domain import limits as lim
@@ -175,6 +179,51 @@ def order(pending: Sequence[J], score: Callable[[Mapping[str, Any]], Breakdown])
     return [job for _, job in keyed]
 
 
+_GROUP_COLUMNS = ("account", "user", "nodes", "cpus_per_node", "partitions", "qos")
+_OWN_COLUMNS = ("nice", "priority", "eligible_time", "submit_time", "id")
+_GROUP = itemgetter(*_GROUP_COLUMNS)
+_OWN = itemgetter(*_OWN_COLUMNS)
+# what places a job in the standing queue: its group's columns, nice, --priority, since
+_FIELDS = itemgetter(*_GROUP_COLUMNS, *_OWN_COLUMNS[:4])
+_ID = itemgetter("id")
+
+
+class Queue:
+    """Pending jobs in queue order, taken one at a time (`QueuePolicy.queue`): either a list
+    already in order, or a heap of keys whose low bits (``mask``) index ``rows``."""
+
+    def __init__(
+        self, rows: Sequence[dict[str, Any]], heap: list[int] | None = None, mask: int = 0
+    ) -> None:
+        self._rows = rows
+        self._heap = heap
+        self._mask = mask
+        self._at = 0  # list form: the next row to take
+
+    def take(self) -> dict[str, Any] | None:
+        """The next job in queue order; None when none is left."""
+        if self._heap is None:
+            if self._at >= len(self._rows):
+                return None
+            self._at += 1
+            return self._rows[self._at - 1]
+        if not self._heap:
+            return None
+        return self._rows[heapq.heappop(self._heap) & self._mask]
+
+    def rest(self) -> list[dict[str, Any]]:
+        """The jobs not taken yet: in queue order from a list, in no particular order from
+        a heap (the pass only marks them as waiting: their order does not matter)."""
+        if self._heap is None:
+            return list(self._rows[self._at :])
+        mask = self._mask
+        return [self._rows[k & mask] for k in self._heap]
+
+    def rest_ids(self) -> list[Any]:
+        """The ids of `rest` (all the pass needs of the jobs behind its depth)."""
+        return [j["id"] for j in self.rest()]
+
+
 # the ranges the integer sort key of `QueuePolicy.order` holds exactly: -2^62 < total < 2^62,
 # 0 <= id < 2^64 (store ids are below 2^63)
 _HALF = 1 << 62
@@ -223,6 +272,113 @@ class QueuePolicy:
         """The pending jobs in queue order: the same totals `breakdown` gives (a unit test
         holds them equal), computed inline because this runs over every pending job each
         pass: a few microseconds a job instead of building each job's explanation."""
+        pending = snap.pending
+        keys = self._keys(snap, now)
+        if keys is None:  # beyond what one integer key encodes (absurd nice or ids)
+            return order(pending, self.scorer(snap, now))
+        return [pending[i] for i in sorted(range(len(keys)), key=keys.__getitem__)]
+
+    def queue(self, snap: Any, now: float, wanted: int | None = None) -> Queue:
+        """The pending jobs in the order of `order`, taken one by one (`Queue.take`).
+
+        A pass examines only the head of the queue (``wanted``: about how many jobs it will
+        take, its queue depth); sorting 100,000 keys to take 1,000 is wasted. With ``wanted``
+        well below the queue's length the keys go into a heap (linear) and each job taken is
+        one pop, so the head comes out in exactly `order`'s order and the rest is never
+        sorted; otherwise the keys are sorted once."""
+        pending = snap.pending
+        if wanted is not None and wanted * 8 < len(pending):
+            merged = self._standing(snap, now)
+            if merged is not None:
+                return merged
+        keys = self._keys(snap, now)
+        if keys is None:
+            return Queue(order(pending, self.scorer(snap, now)))
+        n = len(keys)
+        if wanted is None or wanted * 8 >= n:
+            return Queue([pending[i] for i in sorted(range(n), key=keys.__getitem__)])
+        # the row's index in the low bits: keys are distinct (ids are), so it never decides
+        # the order, and each popped key names its row
+        shift = max(1, n.bit_length())
+        heap = [(k << shift) | i for i, k in enumerate(keys)]
+        heapq.heapify(heap)
+        return Queue(pending, heap, (1 << shift) - 1)
+
+    def _standing(self, snap: Any, now: float) -> Queue | None:
+        """The queue as the merge of the standing classes (`_Standing`), brought up to date
+        with this snapshot; None where the rows lack a column, repeat an id, or hold a key
+        the integer encoding cannot (then `queue` takes the other ways)."""
+        pending = snap.pending
+        try:
+            ids = list(map(_ID, pending))
+            fields = dict(zip(ids, map(_FIELDS, pending), strict=True))
+        except KeyError:
+            return None
+        if len(fields) != len(pending) or (ids and not (min(ids) >= 0 and max(ids) < _SPAN)):
+            return None
+        products = self._products(snap)
+        w_age, max_age = self.weights.age, self.weights.max_age_s
+        with _STANDING_LOCK:  # the scheduling loop and `explain` (API threads) share it
+            _STANDING.update(fields)
+            classes = [(c, list(lst)) for c, lst in _STANDING.classes.items()]
+        streams = []
+        for (g, nice, explicit), lst in classes:  # g: the _GROUP_COLUMNS' values
+            statics = products(g)
+            # totals never increase along a class: its first and last bound them all
+            for since in (lst[0][0], lst[-1][0]):
+                t = _total(since, statics, nice, now, w_age, max_age)
+                if not -_HALF < t < _HALF:
+                    return None
+            streams.append(_class_keys(lst, statics, nice, explicit, now, w_age, max_age))
+        return _MergedQueue(dict(zip(ids, pending, strict=True)), streams)
+
+    def _keys(self, snap: Any, now: float) -> list[int] | None:
+        """Each pending job's sort key (-priority, -total, id) as one integer: sorting ints
+        is 3-4 times faster than sorting tuples whose first fields are mostly equal. None
+        when a total or an id does not fit the encoding (absurd nice or ids)."""
+        products = self._products(snap)
+        max_age = self.weights.max_age_s
+        w_age = self.weights.age
+        keyed: list[int] = []
+        append = keyed.append
+        pending = snap.pending
+        try:
+            # the fields read in C (itemgetter) rather than a dict lookup each in Python;
+            # rows from the store have every column, hand-made ones may not (KeyError)
+            rows = zip(map(_GROUP, pending), map(_OWN, pending), strict=True)
+            fields = list(rows)
+        except KeyError:
+            fields = [
+                (
+                    tuple(j.get(c) for c in _GROUP_COLUMNS),
+                    tuple(j.get(c) for c in _OWN_COLUMNS),
+                )
+                for j in pending
+            ]
+        for g, (nice, explicit, eligible, submitted, jid) in fields:
+            f, size_w, p_w, q_w = products(g)
+            if max_age > 0:
+                age = (now - float(eligible or submitted)) / max_age
+                age = 0.0 if age < 0 else 1.0 if age > 1 else age
+            else:
+                age = 1.0
+            total = round(w_age * age + f + size_w + p_w + q_w) - int(nice or 0)
+            jid = int(jid)
+            if not (-_HALF < total < _HALF and 0 <= jid < _SPAN):
+                return None
+            if explicit:
+                append(((-int(explicit)) << 128) + ((_HALF - total) << 64) + jid)
+            else:
+                append(((_HALF - total) << 64) + jid)
+        return keyed
+
+    def _products(
+        self, snap: Any
+    ) -> Callable[[tuple[Any, ...]], tuple[float, float, float, float]]:
+        """weight x factor of fair share, job size, partition and QOS of a job group
+        (`_GROUP_COLUMNS`' values), computed once per group and pass: every job of a group
+        has the same (only age differs), and the sum is still taken in `breakdown`'s order,
+        so the totals stay equal to the bit."""
         w = self.weights
         nodes = [n for n in snap.nodes if n.get("registered")]
         n_nodes = len(nodes)
@@ -239,44 +395,15 @@ class QueuePolicy:
             k: w.qos * (clamp01(v / top_qos) if top_qos > 0 else 0.0)
             for k, v in self.qos_priority.items()
         }
-        max_age = w.max_age_s
-        w_age = w.age
-        default = self.default_account
-        # The products that do not depend on the job's age are the same for every job of one
-        # (account, user, nodes, cpus, partitions, qos): computed once per such group. The
-        # sum is still taken in `breakdown`'s order, so the totals stay equal to the bit.
         groups: dict[tuple[Any, ...], tuple[float, float, float, float]] = {}
-        keyed: list[int] = []
-        for job in snap.pending:
-            get = job.get
-            g: tuple[Any, ...] = (
-                get("account") or default,
-                job["user"],
-                job["nodes"],
-                job["cpus_per_node"],
-                job["partitions"],
-                get("qos") or "",
-            )
-            parts4 = groups.get(g)
-            if parts4 is None:
-                parts4 = groups[g] = self._static_products(g, n_nodes, n_cpus, part_w, qos_w)
-            f, size_w, p_w, q_w = parts4
-            since = get("eligible_time") or job["submit_time"]
-            if max_age > 0:
-                age = (now - float(since)) / max_age
-                age = 0.0 if age < 0 else 1.0 if age > 1 else age
-            else:
-                age = 1.0
-            total = round(w_age * age + f + size_w + p_w + q_w) - int(get("nice") or 0)
-            jid = int(job["id"])
-            if not (-_HALF < total < _HALF and 0 <= jid < _SPAN):
-                # beyond what one integer key encodes (absurd nice or ids): the plain order
-                return order(snap.pending, self.scorer(snap, now))
-            # (-priority, -total, id) as one integer: sorting ints is 3-4 times faster than
-            # sorting tuples whose first fields are mostly equal
-            keyed.append(((-int(get("priority") or 0)) << 128) + ((_HALF - total) << 64) + jid)
-        pending = snap.pending
-        return [pending[i] for i in sorted(range(len(keyed)), key=keyed.__getitem__)]
+
+        def products(g: tuple[Any, ...]) -> tuple[float, float, float, float]:
+            got = groups.get(g)
+            if got is None:
+                got = groups[g] = self._static_products(g, n_nodes, n_cpus, part_w, qos_w)
+            return got
+
+        return products
 
     def _static_products(
         self,
@@ -290,6 +417,8 @@ class QueuePolicy:
         (account, user, nodes, cpus per node, partitions, qos), as `breakdown` has them."""
         w = self.weights
         account, user, nodes, cpus_per_node, partitions, qos = g
+        account = account or self.default_account
+        qos = qos or ""
         f = w.fairshare * clamp01(self.fairshare(str(account), str(user)))
         nn = int(nodes)
         frac = max(
@@ -317,3 +446,159 @@ class QueuePolicy:
 
     def _limited(self, job: Mapping[str, Any]) -> dict[str, Any]:
         return {**job, "account": self.account(job)}
+
+
+class _Standing:
+    """The pending queue kept from one pass to the next (`QueuePolicy.queue`).
+
+    A job's total is ``round(w_age * age + S) - nice`` where S, the products of fair share,
+    job size, partition and QOS, is the same for every job of a class (account, user, nodes,
+    CPUs per node, partitions, QOS, and the job's nice and --priority), and age grows with
+    the time since the job became eligible, the same for every job as the clock moves. So
+    within a class, sorted by that time (oldest first), the totals never increase: the
+    class's jobs in queue order are its runs of equal totals, one after the other, each run
+    by id. The queue is then the merge of the classes (a heap of one head per class), and
+    only the jobs the pass takes are ever ordered. Between passes only the jobs that came,
+    left or changed move in or out of their class (a dict difference in C over the rows'
+    fields); S is recomputed per class each pass (fair share moves as usage is charged), and
+    the runs are found at the time of the pass, so nothing cached depends on the clock.
+    """
+
+    def __init__(self) -> None:
+        self.fields: dict[int, tuple[Any, ...]] = {}  # job id -> its _FIELDS values
+        # (group, nice, --priority) -> [(eligible since, id)], sorted
+        self.classes: dict[tuple[Any, ...], list[tuple[float, int]]] = {}
+
+    @staticmethod
+    def _place(fields: tuple[Any, ...]) -> tuple[tuple[Any, ...], float]:
+        *g, nice, explicit, eligible, submitted = fields
+        return (tuple(g), nice, explicit), float(eligible or submitted)
+
+    def update(self, now_fields: dict[int, tuple[Any, ...]]) -> None:
+        old = self.fields
+        was = old.get
+        # an unchanged row's values are mostly the very objects of the last read: the tuple
+        # comparison is then a few identity checks
+        changed = [(jid, f) for jid, f in now_fields.items() if was(jid) != f]
+        if len(changed) * 4 > len(now_fields) or not old:
+            classes: dict[tuple[Any, ...], list[tuple[float, int]]] = {}
+            for jid, f in now_fields.items():
+                c, since = self._place(f)
+                got = classes.get(c)
+                if got is None:
+                    classes[c] = [(since, jid)]
+                else:
+                    got.append((since, jid))
+            for lst in classes.values():
+                lst.sort()
+            self.classes = classes
+        else:
+            for jid in old.keys() - now_fields.keys():
+                self._drop(jid, old[jid])
+            for jid, f in changed:
+                prev = old.get(jid)
+                if prev is not None:
+                    self._drop(jid, prev)
+                c, since = self._place(f)
+                bisect.insort(self.classes.setdefault(c, []), (since, jid))
+        self.fields = now_fields
+
+    def _drop(self, jid: int, fields: tuple[Any, ...]) -> None:
+        c, since = self._place(fields)
+        lst = self.classes[c]
+        i = bisect.bisect_left(lst, (since, jid))
+        del lst[i]
+        if not lst:
+            del self.classes[c]
+
+
+def _class_keys(
+    lst: list[tuple[float, int]],
+    statics: tuple[float, float, float, float],
+    nice: Any,
+    explicit: Any,
+    now: float,
+    w_age: int,
+    max_age: float,
+) -> Iterator[int]:
+    """One class's jobs in queue order, as `QueuePolicy._keys`'s integer keys: runs of equal
+    totals (the list is oldest first, so totals never increase along it), each by id."""
+    high = (-int(explicit)) << 128 if explicit else 0
+
+    def total(since: float) -> int:
+        return _total(since, statics, nice, now, w_age, max_age)
+
+    i, n = 0, len(lst)
+    while i < n:
+        t = total(lst[i][0])
+        # the run's end: totals along the list never increase, so a bisection finds it
+        j = bisect.bisect_right(lst, -t, lo=i + 1, key=lambda x: -total(x[0]))
+        base = high + ((_HALF - t) << 64)
+        if j == i + 1:
+            yield base + lst[i][1]
+        else:
+            for jid in sorted(x[1] for x in lst[i:j]):
+                yield base + jid
+        i = j
+
+
+def _total(
+    since: float,
+    statics: tuple[float, float, float, float],
+    nice: Any,
+    now: float,
+    w_age: int,
+    max_age: float,
+) -> int:
+    """A job's multifactor total, the arithmetic of `QueuePolicy._keys` (and `breakdown`)."""
+    f, size_w, p_w, q_w = statics
+    if max_age > 0:
+        age = (now - since) / max_age
+        age = 0.0 if age < 0 else 1.0 if age > 1 else age
+    else:
+        age = 1.0
+    return round(w_age * age + f + size_w + p_w + q_w) - int(nice or 0)
+
+
+class _MergedQueue(Queue):
+    """`Queue` over the standing classes: each take pops the smallest head of the classes'
+    streams (`_class_keys`)."""
+
+    def __init__(self, rows: dict[int, dict[str, Any]], streams: list[Iterator[int]]) -> None:
+        super().__init__([])
+        self._by_id = rows
+        self._streams = streams
+        heap: list[tuple[int, int]] = []
+        for k, s in enumerate(streams):
+            first = next(s, None)
+            if first is not None:
+                heap.append((first, k))
+        heapq.heapify(heap)
+        self._merge = heap
+        self._taken: set[int] = set()
+
+    def take(self) -> dict[str, Any] | None:
+        if not self._merge:
+            return None
+        key, k = self._merge[0]
+        following = next(self._streams[k], None)
+        if following is None:
+            heapq.heappop(self._merge)
+        else:
+            heapq.heapreplace(self._merge, (following, k))
+        jid = key & _LOW
+        self._taken.add(jid)
+        return self._by_id[jid]
+
+    def rest(self) -> list[dict[str, Any]]:
+        by_id = self._by_id
+        return [by_id[j] for j in by_id.keys() - self._taken]
+
+    def rest_ids(self) -> list[Any]:
+        # the ids straight from the set difference (in C): no row looked up
+        return list(self._by_id.keys() - self._taken)
+
+
+_LOW = (1 << 64) - 1
+_STANDING = _Standing()
+_STANDING_LOCK = threading.Lock()

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from operator import itemgetter
 from typing import Any
 
 from phalanx.domain import licenses, maintenance, topology, values
 from phalanx.domain.deps import DepVerdict, evaluate
 from phalanx.domain.placement import Allocation, JobRequest, NodeView, Placement, place
-from phalanx.domain.priority import QueuePolicy
+from phalanx.domain.priority import Queue, QueuePolicy
 
 # How many pending jobs, in queue order, one pass examines for a start (Slurm's
 # default_queue_depth / bf_max_job_test, Armada's maxQueueLookback); config cluster.queue_depth
@@ -34,7 +36,8 @@ class Plan:
     starts: list[Placement] = field(default_factory=list)
     never: list[tuple[int, str]] = field(default_factory=list)  # (job id, why it can never run)
     reasons: dict[int, str] = field(default_factory=dict)  # why a pending job still waits
-    # ids of the jobs behind the queue depth, not examined this pass (reason Priority)
+    # ids of the jobs behind the queue depth, not examined this pass (reason Priority); in
+    # queue order only when the pass sorted the whole queue (QueuePolicy.queue)
     beyond: list[int] = field(default_factory=list)
 
     def sentence(self) -> str:
@@ -71,8 +74,45 @@ def node_views(
     topo: topology.Layout | None = None,
 ) -> list[NodeView]:
     """Nodes as placement sees them; ``topo``: their places in the tree (config, or what
-    each agent reported at register, in the row's ``topology``)."""
+    each agent reported at register, in the row's ``topology``).
+
+    A node's view depends only on its row's `_VIEW_COLUMNS`, the partitions and the
+    topology: the views of the last call are kept, and a node whose row reads the same
+    (one itemgetter and one tuple comparison, mostly identity checks) gets its view back
+    instead of a new one; at 10,000 nodes that is most of the cost of this function."""
     patterns = _patterns(partitions.values())
+    try:
+        rows = list(map(_VIEW_ROW, nodes))
+    except KeyError:  # a hand-made row without every column
+        return _node_views(nodes, patterns, topo)
+    with _VIEWS_LOCK:
+        known_patterns, known_topo, known = _VIEWS[0]
+    if known_patterns != patterns or known_topo is not topo:
+        known = {}
+    views: list[NodeView] = []
+    fresh: dict[str, tuple[tuple[Any, ...], NodeView]] = {}
+    for row, n in zip(rows, nodes, strict=True):
+        got = known.get(row[0])
+        same = got is not None and got[0] == row
+        view = got[1] if got is not None and same else _node_views([n], patterns, topo)[0]
+        fresh[row[0]] = (row, view)
+        views.append(view)
+    with _VIEWS_LOCK:
+        _VIEWS[0] = (patterns, topo, fresh)
+    return views
+
+
+_VIEW_COLUMNS = ("name", "cpus", "mem_mb", "gpus", "features", "registered", "down", "drain")
+_VIEW_ROW = itemgetter(*_VIEW_COLUMNS, "topology")
+_VIEWS: list[tuple[Any, Any, dict[str, tuple[tuple[Any, ...], NodeView]]]] = [((), None, {})]
+_VIEWS_LOCK = threading.Lock()  # the scheduling loop and `explain` (API threads) share it
+
+
+def _node_views(
+    nodes: list[dict[str, Any]],
+    patterns: tuple[tuple[str, tuple[str, ...]], ...],
+    topo: topology.Layout | None,
+) -> list[NodeView]:
     return [
         NodeView(
             name=n["name"],
@@ -222,7 +262,9 @@ def plan(
     dependency, a limit, an array's task limit) do not count against it.
     """
     out = Plan()
-    pending = policy.order(snap, now) if policy else snap.pending
+    depth = len(snap.pending) if queue_depth is None else max(1, queue_depth)
+    # the head of the queue in order, the rest only if the pass reaches it (QueuePolicy.queue)
+    queue = policy.queue(snap, now, depth) if policy else Queue(snap.pending)
     holding = policy.holding(snap) if policy else None
     views = node_views(snap.nodes, snap.partitions, topo)
     allocs = allocations(snap.allocations)
@@ -230,12 +272,14 @@ def plan(
     names_taken = set(snap.active_names)
     keep_off = maintenance.KeepOff(getattr(snap, "maintenance", None) or [], now)
     eligible: list[JobRequest] = []
-    depth = len(pending) if queue_depth is None else max(1, queue_depth)
     examined: dict[int, dict[str, Any]] = {}
-    for at, job in enumerate(pending):
+    while True:
         if len(eligible) >= depth:  # beyond the lookahead: not examined this pass
-            out.beyond = [j["id"] for j in pending[at:]]
+            out.beyond = queue.rest_ids()
             out.reasons.update(dict.fromkeys(out.beyond, "Priority"))
+            break
+        job = queue.take()
+        if job is None:
             break
         jid = int(job["id"])
         examined[jid] = job

@@ -67,7 +67,7 @@ from phalanx.store.metrics import MetricsQueries
 from phalanx.store.preemption import Preemptions
 from phalanx.store.rowinsert import RowInsert
 from phalanx.store.sqlbits import JOB_SUMMARY as _JOB_SUMMARY
-from phalanx.store.sqlbits import NODE_WORK_COLUMNS, Fence
+from phalanx.store.sqlbits import NODE_WORK_COLUMNS, Fence, attempt_holds
 from phalanx.store.sqlbits import active_tasks as _active_tasks
 from phalanx.store.sqlbits import chunks as _chunks
 from phalanx.store.sqlbits import now as _now
@@ -969,7 +969,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
             for r in conn.execute(
                 select(s.attempts.c.job_id, group)
                 .select_from(s.attempts.join(s.jobs, s.jobs.c.id == s.attempts.c.job_id))
-                .where(s.attempts.c.state != AttemptState.ENDED.value, group.is_not(None))
+                .where(attempt_holds(), group.is_not(None))
             )
             if r[1]
         }
@@ -988,7 +988,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
             for r in conn.execute(
                 select(_LICENSES_TEXT)
                 .select_from(s.attempts.join(s.jobs, s.jobs.c.id == s.attempts.c.job_id))
-                .where(s.attempts.c.state != AttemptState.ENDED.value, _LICENSES_TEXT.is_not(None))
+                .where(attempt_holds(), _LICENSES_TEXT.is_not(None))
             )
             if r[0]
         ]
