@@ -11,8 +11,8 @@ No processes, cgroups or files: a task is a timer. All nodes of the process shar
 asyncio loop and one httpx connection pool to the controllers (a node's long-poll holds one
 connection, as an agent's does).
 
-Failure injection: nodes named in the plan's `stop_at` stop heartbeating at that many seconds
-after the start (their tasks vanish with them, as with a powered-off host); each such stop is
+Failure injection: nodes named in the plan's `stop_at` stop heartbeating that many seconds
+after they registered (their tasks vanish with them, as with a powered-off host); each such stop is
 appended to `stopped_file` first, so the caller can tell a deliberate DOWN from a false one.
 
 Run as `python -m phalanx.sim.nodes PLAN.json` (sim/run.py writes the plan); SIGTERM ends it,
@@ -96,6 +96,8 @@ class NodeServer:
         self.cluster: str = plan["cluster"]
         self.ttl = float(plan.get("credential_ttl", 3600.0))
         self.interval = float(plan.get("heartbeat_interval", 1.0))
+        # registrations are spread over this long (a cluster's nodes do not boot in one instant)
+        self.register_spread = float(plan.get("register_spread", 1.0))
         self.keys = keyfiles.load(Path(plan["key_file"]))
         self.stop_at: dict[str, float] = {k: float(v) for k, v in plan.get("stop_at", {}).items()}
         self.stopped_file = Path(plan["stopped_file"])
@@ -104,7 +106,7 @@ class NodeServer:
         ]
         self.counters = Counters()
         self.rng = random.Random(plan.get("seed", 1))
-        self._t0 = time.monotonic()
+        self._stoppers: list[asyncio.Task[None]] = []
         self._client: httpx.AsyncClient | None = None
 
     # ---------------------------------------------------------------- transport
@@ -221,8 +223,14 @@ class NodeServer:
             pass  # the long-poll loop reports it next
 
     async def _node_loop(self, node: Node) -> None:
-        await asyncio.sleep(self.rng.uniform(0, min(self.interval, 5.0)))  # spread the starts
+        await asyncio.sleep(self.rng.uniform(0, self.register_spread))  # spread the starts
         await self._register(node)
+        if node.name in self.stop_at:  # the injected failure, counted from its registration
+            loop_task = asyncio.current_task()
+            assert loop_task is not None
+            stopper = asyncio.create_task(self._stop_later(node, self.stop_at[node.name]))
+            self._stoppers.append(stopper)
+            stopper.add_done_callback(lambda _t: loop_task.cancel())
         # spread the heartbeats over one interval, as independent agents' are
         await asyncio.sleep(self.rng.uniform(0, self.interval))
         backoff = 0.2
@@ -235,7 +243,7 @@ class NodeServer:
                 backoff = min(2 * backoff, self.interval)
 
     async def _stop_later(self, node: Node, after: float) -> None:
-        await asyncio.sleep(max(0.0, after - (time.monotonic() - self._t0)))
+        await asyncio.sleep(after)  # the simulated failure's moment
         with self.stopped_file.open("a") as f:  # first: a DOWN after this is deliberate
             f.write(f"{node.name} {time.time():.3f}\n")
         node.stopped = True
@@ -253,16 +261,11 @@ class NodeServer:
             self._client = client
             jobs: list[asyncio.Task[None]] = []
             for node in self.nodes:
-                loop_task = asyncio.create_task(self._node_loop(node))
-                jobs.append(loop_task)
-                if node.name in self.stop_at:
-                    stopper = asyncio.create_task(self._stop_later(node, self.stop_at[node.name]))
-                    jobs.append(stopper)
-                    stopper.add_done_callback(lambda _t, lt=loop_task: lt.cancel())
+                jobs.append(asyncio.create_task(self._node_loop(node)))
             await done.wait()
-            for j in jobs:
+            for j in jobs + self._stoppers:
                 j.cancel()
-            await asyncio.gather(*jobs, return_exceptions=True)
+            await asyncio.gather(*jobs, *self._stoppers, return_exceptions=True)
 
     def stats(self) -> dict[str, Any]:
         hb = sorted(self.counters.hb_seconds)

@@ -41,6 +41,7 @@ from phalanx.errors import PhalanxError
 from phalanx.sim.workload import Workload
 
 NODES_PER_PROCESS = 2500  # virtual nodes one node-server process serves by default
+REGISTER_RATE = 200.0  # registrations a second the virtual nodes are spread over (a boot storm)
 BATCH = 500  # jobs per submission request
 CLUSTER = "phalanx"
 _TERMINAL = sorted(s.value for s in TERMINAL)
@@ -341,6 +342,7 @@ class Sim:
                 "cluster": CLUSTER,
                 "key_file": str(self.dir / "keys" / "cluster.jwks"),
                 "heartbeat_interval": self.timing.heartbeat_interval,
+                "register_spread": max(1.0, n / REGISTER_RATE),
                 "stop_at": {x["name"]: stops[x["name"]] for x in mine if x["name"] in stops},
                 "stopped_file": str(self.stopped_file),
                 "stats_file": str(self.dir / f"nodes-{p + 1}.stats.json"),
