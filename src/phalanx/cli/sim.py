@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from dataclasses import asdict
@@ -48,6 +49,11 @@ def sim(
     except wl.WorkloadError as e:
         print(f"phalanx sim: {e}", file=sys.stderr)
         raise typer.Exit(2) from None
+
+    def _term(_sig: int, _frame: object) -> None:
+        raise SystemExit(143)  # so that the cluster started here is stopped on the way out
+
+    signal.signal(signal.SIGTERM, _term)
     timing = {} if heartbeat_budget is None else {"heartbeat_budget": heartbeat_budget}
     try:
         result = simulate(

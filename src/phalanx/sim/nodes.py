@@ -8,8 +8,8 @@ duration in its command (sim/workload.run_of), `stop` ends one as a stopped shep
 `forget` drops an ended one. A task that ends is reported at once by an extra heartbeat with
 no wait (the agent's exit watcher does the same), with the exit record a shepherd writes.
 No processes, cgroups or files: a task is a timer. All nodes of the process share one
-asyncio loop and one httpx connection pool to the controllers (a node's long-poll holds one
-connection, as an agent's does).
+asyncio loop and each node keeps its own keep-alive connections to its controller (its long-poll holds
+one, as an agent's does; a minimal HTTP/1.1 client, `Conn`).
 
 Failure injection: nodes named in the plan's `stop_at` stop heartbeating that many seconds
 after they registered (their tasks vanish with them, as with a powered-off host); each such stop is
@@ -32,8 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from phalanx import __version__
 from phalanx.auth import keys as keyfiles
 from phalanx.auth.tokens import mint_agent
@@ -42,6 +40,74 @@ from phalanx.sim.workload import run_of
 log = logging.getLogger("phalanx.sim.nodes")
 
 GRACE_MIN = 0.5  # as agent.heartbeat_grace: how long past its wait a heartbeat may take
+
+
+class HttpError(Exception):
+    """A call to a controller failed (refused, timed out, not 200)."""
+
+
+class Conn:
+    """One keep-alive HTTP/1.1 connection to a controller, for one virtual node's calls.
+
+    A minimal client (requests with Content-Length, replies with Content-Length or chunked):
+    httpx's pool looks at every pooled connection on each request, which costs O(nodes) per
+    heartbeat with thousands of long-polls open; a connection per node costs O(1)."""
+
+    def __init__(self, url: str) -> None:
+        rest = url.split("://", 1)[1].rstrip("/")
+        host, _, port = rest.partition(":")
+        self.url, self.host, self.port = url, host, int(port or 80)
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: dict[str, Any], token: str) -> Any:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        data = json.dumps(body, separators=(",", ":")).encode()
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n"
+        )
+        self.writer.write(head.encode() + data)
+        await self.writer.drain()
+        status_line = await self.reader.readuntil(b"\r\n")
+        status = int(status_line.split()[1])
+        length, chunked, close = 0, False, False
+        while True:
+            line = await self.reader.readuntil(b"\r\n")
+            if line == b"\r\n":
+                break
+            name, _, value = line.decode("latin-1").partition(":")
+            name, value = name.strip().lower(), value.strip().lower()
+            if name == "content-length":
+                length = int(value)
+            elif name == "transfer-encoding" and "chunked" in value:
+                chunked = True
+            elif name == "connection" and value == "close":
+                close = True
+        if chunked:
+            parts = []
+            while True:
+                size = int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                chunk = await self.reader.readexactly(size + 2)
+                if size == 0:
+                    break
+                parts.append(chunk[:-2])
+            payload = b"".join(parts)
+        else:
+            payload = await self.reader.readexactly(length)
+        if close:
+            self.close()
+        if status != 200:
+            raise HttpError(f"{status}: {payload[:200]!r}")
+        return json.loads(payload)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
 
 
 @dataclass
@@ -107,33 +173,43 @@ class NodeServer:
         self.counters = Counters()
         self.rng = random.Random(plan.get("seed", 1))
         self._stoppers: list[asyncio.Task[None]] = []
-        self._client: httpx.AsyncClient | None = None
+        self._conns: dict[tuple[str, int], Conn] = {}
 
     # ---------------------------------------------------------------- transport
-    def _auth(self, node: Node) -> dict[str, str]:
+    def _auth(self, node: Node) -> str:
         now = time.time()
         if not node.token or now >= node.token_expires - min(30.0, self.ttl / 3):
             keys = self.keys.for_scope("node", node.name)
             node.token = mint_agent(keys, node=node.name, cluster=self.cluster, lifetime=self.ttl)
             node.token_expires = now + self.ttl
-        return {"Authorization": f"Bearer {node.token}"}
+        return node.token
 
-    async def _post(self, node: Node, what: str, body: dict[str, Any], timeout: float) -> Any:
-        """POST to the node's controller; on failure the next call goes to the next one."""
-        assert self._client is not None
-        url = f"{self.urls[node.url_index]}/v1/agents/{node.name}/{what}"
+    async def _post(
+        self, node: Node, what: str, body: dict[str, Any], timeout: float, conn: int = 0
+    ) -> Any:
+        """POST to the node's controller on the node's own connection `conn` (0: the long-poll
+        loop's, 1: the exit reports'); on failure the next call goes to the next controller."""
         t = time.monotonic()
+        url = self.urls[node.url_index]
+        key = (node.name, conn)
+        c = self._conns.get(key)
+        if c is None or c.url != url:
+            if c is not None:
+                c.close()
+            c = self._conns[key] = Conn(url)
         try:
-            r = await self._client.post(url, json=body, headers=self._auth(node), timeout=timeout)
-            if r.status_code != 200:
-                raise httpx.HTTPError(f"{r.status_code}: {r.text[:200]}")
-        except httpx.HTTPError:
+            reply = await asyncio.wait_for(
+                c.post(f"/v1/agents/{node.name}/{what}", body, self._auth(node)), timeout
+            )
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError, HttpError):
             self.counters.errors += 1
+            c.close()
+            self._conns.pop(key, None)
             node.url_index = (node.url_index + 1) % len(self.urls)
-            raise
+            raise HttpError(f"{what} for {node.name} failed") from None
         if len(self.counters.hb_seconds) < 100_000:
             self.counters.hb_seconds.append(time.monotonic() - t)
-        return r.json()
+        return reply
 
     # ---------------------------------------------------------------- protocol
     async def _register(self, node: Node) -> None:
@@ -141,7 +217,7 @@ class NodeServer:
         while not node.stopped:
             try:
                 reply = await self._post(node, "register", node.body, timeout=30.0)
-            except httpx.HTTPError:
+            except HttpError:
                 await asyncio.sleep(backoff)  # a retry's backoff, not a wait for a condition
                 backoff = min(2 * backoff, 5.0)
                 continue
@@ -149,14 +225,14 @@ class NodeServer:
             self.counters.registered += 1
             return
 
-    async def _heartbeat(self, node: Node, wait: float) -> None:
+    async def _heartbeat(self, node: Node, wait: float, conn: int = 0) -> None:
         body = {
             "tasks": [t.report() for t in node.tasks.values()],
             "taken_at": time.time(),
             "wait": wait,
         }
         reply = await self._post(
-            node, "heartbeat", body, timeout=wait + max(GRACE_MIN, self.interval) + 10.0
+            node, "heartbeat", body, timeout=wait + max(GRACE_MIN, self.interval) + 10.0, conn=conn
         )
         self.counters.heartbeats += 1
         if not node.stopped:
@@ -218,8 +294,8 @@ class NodeServer:
         await asyncio.sleep(0)  # exits of the same instant go in one report
         try:
             node.reporting = False
-            await self._heartbeat(node, 0.0)
-        except httpx.HTTPError:
+            await self._heartbeat(node, 0.0, conn=1)
+        except HttpError:
             pass  # the long-poll loop reports it next
 
     async def _node_loop(self, node: Node) -> None:
@@ -238,7 +314,7 @@ class NodeServer:
             try:
                 await self._heartbeat(node, self.interval)
                 backoff = 0.2
-            except httpx.HTTPError:
+            except HttpError:
                 await asyncio.sleep(backoff)  # a retry's backoff, as the agent's
                 backoff = min(2 * backoff, self.interval)
 
@@ -253,19 +329,13 @@ class NodeServer:
 
     # ---------------------------------------------------------------- main
     async def run(self, done: asyncio.Event) -> None:
-        limits = httpx.Limits(
-            max_connections=len(self.nodes) * 2 + 16,
-            max_keepalive_connections=len(self.nodes) * 2 + 16,
-        )
-        async with httpx.AsyncClient(limits=limits, timeout=30.0) as client:
-            self._client = client
-            jobs: list[asyncio.Task[None]] = []
-            for node in self.nodes:
-                jobs.append(asyncio.create_task(self._node_loop(node)))
-            await done.wait()
-            for j in jobs + self._stoppers:
-                j.cancel()
-            await asyncio.gather(*jobs, *self._stoppers, return_exceptions=True)
+        jobs = [asyncio.create_task(self._node_loop(node)) for node in self.nodes]
+        await done.wait()
+        for j in jobs + self._stoppers:
+            j.cancel()
+        await asyncio.gather(*jobs, *self._stoppers, return_exceptions=True)
+        for c in self._conns.values():
+            c.close()
 
     def stats(self) -> dict[str, Any]:
         hb = sorted(self.counters.hb_seconds)

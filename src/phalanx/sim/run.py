@@ -210,9 +210,7 @@ class Sim:
         self.own_dir = opts.state_dir is None
         self.dir = opts.state_dir or Path(tempfile.mkdtemp(prefix="phalanx-sim-"))
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.db = (
-            f"sqlite:///{self.dir / 'phalanx.db'}" if opts.store == "sqlite" else opts.store
-        )
+        self.db = f"sqlite:///{self.dir / 'phalanx.db'}" if opts.store == "sqlite" else opts.store
         base = Timing.model_validate(opts.timing)
         self.timing = base.for_cluster(opts.nodes)
         self.controllers: list[subprocess.Popen[bytes]] = []
@@ -315,7 +313,7 @@ class Sim:
         rng = random.Random(wl.seed)
         stops = {
             f"sim{i:0{width}d}": rng.uniform(*wl.failures.node_stop_window)
-            for i in rng.sample(range(n), int(round(wl.failures.node_stop_fraction * n)))
+            for i in rng.sample(range(n), round(wl.failures.node_stop_fraction * n))
         }
         nodes = []
         for i in range(n):
@@ -351,7 +349,9 @@ class Sim:
             }
             path = self.dir / f"nodes-{p + 1}.plan.json"
             path.write_text(json.dumps(plan))
-            self.node_procs.append(self._spawn(f"nodes-{p + 1}", ["-m", "phalanx.sim.nodes", str(path)]))
+            self.node_procs.append(
+                self._spawn(f"nodes-{p + 1}", ["-m", "phalanx.sim.nodes", str(path)])
+            )
         self.say(f"{n} virtual nodes registering through {procs} node server(s)")
 
         def registered() -> bool:
@@ -377,7 +377,9 @@ class Sim:
                         url + "/v1/jobs/batch", json={"jobs": specs[j : j + BATCH]}, headers=headers
                     )
                     if r.status_code != 201:
-                        raise SimError(f"submitting as {user} failed: {r.status_code} {r.text[:300]}")
+                        raise SimError(
+                            f"submitting as {user} failed: {r.status_code} {r.text[:300]}"
+                        )
         return time.monotonic() - t0
 
     def _counts(self) -> dict[str, int]:
@@ -406,7 +408,11 @@ class Sim:
         run_s = time.monotonic() - t0
         if self.opts.hold > 0:
             self.say(f"holding the idle cluster for {self.opts.hold:g}s")
-            self._wait("the hold", lambda: time.monotonic() - t0 >= run_s + self.opts.hold, self.opts.hold + 60)
+            self._wait(
+                "the hold",
+                lambda: time.monotonic() - t0 >= run_s + self.opts.hold,
+                self.opts.hold + 60,
+            )
         wall = time.monotonic() - t0
         cpu = sum(proc_cpu_s(p.pid) - cpu0[p.pid] for p in self.controllers)
         return self._result(submit_s, run_s, wall, cpu)
@@ -433,9 +439,11 @@ class Sim:
                 text = httpx.get(url + "/metrics", headers=self.admin, timeout=10).text
                 n, s, b = histogram(text, "phalanx_scheduling_pass_seconds")
                 count, total = count + n, total + s
-                buckets = sorted(
-                    {le: dict(buckets).get(le, 0) + v for le, v in b}.items()
-                ) if b else buckets
+                buckets = (
+                    sorted({le: dict(buckets).get(le, 0) + v for le, v in b}.items())
+                    if b
+                    else buckets
+                )
         stats = self.stop_nodes()
         hbs = sum(int(s.get("heartbeats", 0)) for s in stats)
         return Result(

@@ -162,7 +162,9 @@ def load(path: Path) -> Workload:
     try:
         data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except (ValueError, tomllib.TOMLDecodeError) as e:
-        raise WorkloadError(f"workload {path} is not valid {path.suffix[1:] or 'TOML'}: {e}")
+        raise WorkloadError(
+            f"workload {path} is not valid {path.suffix[1:] or 'TOML'}: {e}"
+        ) from None
     if not isinstance(data, dict):
         raise WorkloadError(f"workload {path}: the top level must be a table")
     return parse(data)
@@ -238,7 +240,9 @@ def parse(data: dict[str, Any]) -> Workload:
     failures = Failures(
         task_fail_rate=_num(f, "task_fail_rate", 0.0, 0.0, 1.0, "failures"),
         node_stop_fraction=_num(f, "node_stop_fraction", 0.0, 0.0, 1.0, "failures"),
-        node_stop_window=_pair(f.get("node_stop_window", [5.0, 30.0]), "node_stop_window", "failures"),
+        node_stop_window=_pair(
+            f.get("node_stop_window", [5.0, 30.0]), "node_stop_window", "failures"
+        ),
     )
     return Workload(seed, nodes, accounts, kinds, failures)
 
