@@ -423,16 +423,10 @@ class Sim:
             row = c.execute(
                 sa.text("SELECT count(*), min(created_at), max(created_at) FROM attempts")
             ).one()
-            downs = {
-                str(r[0])
-                for r in c.execute(sa.text("SELECT node FROM events WHERE kind = 'node.down'"))
-            }
         placements = int(row[0] or 0)
         span = float(row[2] or 0) - float(row[1] or 0)
         rate = placements / span if span > 0 else float(placements)
-        stopped = set()
-        with contextlib.suppress(OSError):
-            stopped = {ln.split()[0] for ln in self.stopped_file.read_text().splitlines() if ln}
+        downs, stopped = self._downs(), self._stopped()
         count, total, buckets = 0, 0.0, []
         for url in self.urls:
             with contextlib.suppress(httpx.HTTPError):
@@ -470,6 +464,91 @@ class Sim:
             node_stats=stats,
             store="sqlite" if self.opts.store == "sqlite" else self.db.split("://")[0],
         )
+
+    # ------------------------------------------------------------- benches
+    def idle(self, seconds: float) -> dict[str, Any]:
+        """The nodes only heartbeat for `seconds` (no jobs): the controllers' CPU share, the
+        heartbeats they took, and the nodes declared DOWN that nobody stopped."""
+        cpu0 = {p.pid: proc_cpu_s(p.pid) for p in self.controllers}
+        t0 = time.monotonic()
+        self._wait("the idle period", lambda: time.monotonic() - t0 >= seconds, seconds + 60)
+        wall = time.monotonic() - t0
+        cpu = sum(proc_cpu_s(p.pid) - cpu0[p.pid] for p in self.controllers)
+        return {
+            "seconds": wall,
+            "controller_cpu_s": cpu,
+            "controller_cpu_pct": 100.0 * cpu / (wall * (os.cpu_count() or 1)),
+            "false_down": len(self._downs() - self._stopped()),
+            "heartbeat_interval": self.timing.heartbeat_interval,
+            "detect_timeout": self.timing.node_down_timeout,
+        }
+
+    def sustain(
+        self, seconds: float, spec: dict[str, Any], backlog: int, window: float = 60.0
+    ) -> dict[str, Any]:
+        """Keep at least `backlog` jobs like `spec` pending for `seconds`, and count the
+        attempts started in each `window` (placements onto free capacity: the jobs are
+        short, so capacity frees as fast as it is taken)."""
+        user = sorted(self.opts.workload.accounts)[0]
+        body = dict(spec, account=self.opts.workload.accounts[user])
+        headers = {"Authorization": "Bearer " + self._token(user)}
+        t0, wall0 = time.monotonic(), time.time()
+        cpu0 = {p.pid: proc_cpu_s(p.pid) for p in self.controllers}
+        submitted = 0
+        with httpx.Client(timeout=120.0) as client:
+            while time.monotonic() - t0 < seconds:
+                with self.engine.connect() as c:
+                    pending = int(
+                        c.execute(
+                            sa.text("SELECT count(*) FROM jobs WHERE state = 'PENDING'")
+                        ).scalar_one()
+                    )
+                if pending < backlog:
+                    r = client.post(
+                        self.urls[submitted // BATCH % len(self.urls)] + "/v1/jobs/batch",
+                        json={"jobs": [body] * BATCH},
+                        headers=headers,
+                    )
+                    if r.status_code != 201:
+                        raise SimError(f"submitting failed: {r.status_code} {r.text[:300]}")
+                    submitted += BATCH
+                else:
+                    time.sleep(0.2)  # the queue is full enough: look again shortly
+        wall = time.monotonic() - t0
+        cpu = sum(proc_cpu_s(p.pid) - cpu0[p.pid] for p in self.controllers)
+        with self.engine.connect() as c:
+            starts = [
+                float(r[0])
+                for r in c.execute(
+                    sa.text("SELECT created_at FROM attempts WHERE created_at >= :t"), {"t": wall0}
+                )
+            ]
+        bins = [0] * max(1, int(seconds // window))
+        for t in starts:
+            i = int((t - wall0) // window)
+            if 0 <= i < len(bins):
+                bins[i] += 1
+        return {
+            "seconds": wall,
+            "submitted": submitted,
+            "placements": len(starts),
+            "placements_per_s": len(starts) / wall if wall else 0.0,
+            "per_window": [b / window for b in bins],
+            "controller_cpu_pct": 100.0 * cpu / (wall * (os.cpu_count() or 1)),
+            "false_down": len(self._downs() - self._stopped()),
+        }
+
+    def _downs(self) -> set[str]:
+        with self.engine.connect() as c:
+            rows = c.execute(sa.text("SELECT node FROM events WHERE kind = 'node.down'"))
+            return {str(r[0]) for r in rows}
+
+    def _stopped(self) -> set[str]:
+        try:
+            lines = self.stopped_file.read_text().splitlines()
+        except OSError:
+            return set()
+        return {ln.split()[0] for ln in lines if ln}
 
     # ------------------------------------------------------------- stop
     def stop_nodes(self) -> list[dict[str, Any]]:
