@@ -84,9 +84,8 @@ def test_thousand_nodes_run_ten_thousand_jobs_to_one_terminal_state_each(tmp_pat
         result = sim.run()
         engine = sa.create_engine(sim.db)
         with engine.connect() as c:
-            states = dict(
-                c.execute(sa.text("SELECT state, count(*) FROM jobs GROUP BY state")).all()
-            )
+            rows = c.execute(sa.text("SELECT state, count(*) FROM jobs GROUP BY state")).all()
+            states: dict[str, int] = {str(k): int(v) for k, v in rows}
             live = c.execute(
                 sa.text("SELECT count(*) FROM attempts WHERE state != 'ENDED'")
             ).scalar_one()

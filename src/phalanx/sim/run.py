@@ -294,11 +294,11 @@ class Sim:
             )
             # one at a time: the first one creates the schema and the cluster key
             url = self.urls[-1]
-            self._wait(
-                f"{name} to answer",
-                lambda url=url: httpx.get(url + "/healthz", timeout=5).status_code == 200,
-                120.0,
-            )
+
+            def healthy(url: str = url) -> bool:
+                return httpx.get(url + "/healthz", timeout=5).status_code == 200
+
+            self._wait(f"{name} to answer", healthy, 120.0)
         self.keys = keyfiles.load(self.dir / "keys" / "cluster.jwks")
         self.admin = {"Authorization": "Bearer " + self._token("root", "admin")}
         self.engine = sa.create_engine(self.db)
@@ -427,7 +427,8 @@ class Sim:
         span = float(row[2] or 0) - float(row[1] or 0)
         rate = placements / span if span > 0 else float(placements)
         downs, stopped = self._downs(), self._stopped()
-        count, total, buckets = 0, 0.0, []
+        count, total = 0, 0.0
+        buckets: list[tuple[float, int]] = []
         for url in self.urls:
             with contextlib.suppress(httpx.HTTPError):
                 text = httpx.get(url + "/metrics", headers=self.admin, timeout=10).text
