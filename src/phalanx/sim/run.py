@@ -244,7 +244,9 @@ class Sim:
             return ""
         return " | ".join(lines[-5:])
 
-    def _wait(self, what: str, ready: Callable[[], bool], timeout: float) -> None:
+    def _wait(
+        self, what: str, ready: Callable[[], bool], timeout: float, every: float = 0.2
+    ) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for i, p in enumerate(self.controllers):
@@ -262,7 +264,7 @@ class Sim:
             with contextlib.suppress(httpx.HTTPError, sa.exc.SQLAlchemyError):
                 if ready():
                     return
-            time.sleep(0.2)  # polling interval of a wait on a condition
+            time.sleep(every)  # polling interval of a wait on a condition
         raise SimError(f"timed out after {timeout:.0f}s waiting for {what} (logs: {self.dir})")
 
     # ------------------------------------------------------------- start
@@ -373,14 +375,25 @@ class Sim:
                 url = self.urls[i % len(self.urls)]
                 headers = {"Authorization": "Bearer " + self._token(user)}
                 for j in range(0, len(specs), BATCH):
-                    r = client.post(
-                        url + "/v1/jobs/batch", json={"jobs": specs[j : j + BATCH]}, headers=headers
-                    )
-                    if r.status_code != 201:
-                        raise SimError(
-                            f"submitting as {user} failed: {r.status_code} {r.text[:300]}"
-                        )
+                    self._submit(client, url, headers, specs[j : j + BATCH])
         return time.monotonic() - t0
+
+    @staticmethod
+    def _submit(
+        client: httpx.Client, url: str, headers: dict[str, str], specs: list[dict[str, Any]]
+    ) -> None:
+        """One batch; retried while the controller answers 503 or 429 (nothing was stored:
+        a busy SQLite store, a rate limit), never after a 504 (the outcome is unknown)."""
+        backoff = 0.5
+        deadline = time.monotonic() + 300.0
+        while True:
+            r = client.post(url + "/v1/jobs/batch", json={"jobs": specs}, headers=headers)
+            if r.status_code == 201:
+                return
+            if r.status_code not in (429, 503) or time.monotonic() > deadline:
+                raise SimError(f"submitting a batch failed: {r.status_code} {r.text[:300]}")
+            time.sleep(backoff)  # a retry's backoff
+            backoff = min(2 * backoff, 5.0)
 
     def _counts(self) -> dict[str, int]:
         with self.engine.connect() as c:
@@ -404,7 +417,7 @@ class Sim:
             return left == 0 and sum(counts.values()) >= jobs
 
         with contextlib.suppress(SimError):
-            self._wait("the workload to finish", finished, self.opts.timeout)
+            self._wait("the workload to finish", finished, self.opts.timeout, every=1.0)
         run_s = time.monotonic() - t0
         if self.opts.hold > 0:
             self.say(f"holding the idle cluster for {self.opts.hold:g}s")
@@ -505,13 +518,8 @@ class Sim:
                         ).scalar_one()
                     )
                 if pending < backlog:
-                    r = client.post(
-                        self.urls[submitted // BATCH % len(self.urls)] + "/v1/jobs/batch",
-                        json={"jobs": [body] * BATCH},
-                        headers=headers,
-                    )
-                    if r.status_code != 201:
-                        raise SimError(f"submitting failed: {r.status_code} {r.text[:300]}")
+                    url = self.urls[submitted // BATCH % len(self.urls)]
+                    self._submit(client, url, headers, [body] * BATCH)
                     submitted += BATCH
                 else:
                     time.sleep(0.2)  # the queue is full enough: look again shortly
