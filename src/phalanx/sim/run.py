@@ -361,7 +361,7 @@ class Sim:
                 got = c.execute(sa.text("SELECT count(*) FROM nodes WHERE boot_id LIKE 'sim-%'"))
                 return int(got.scalar() or 0) >= n
 
-        self._wait(f"{n} nodes to register", registered, 120.0 + n / 20)
+        self._wait(f"{n} nodes to register", registered, 300.0 + n / 10)
 
     # ------------------------------------------------------------- workload
     def submit(self) -> float:
