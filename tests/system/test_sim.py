@@ -4,6 +4,8 @@ to completion against a real controller and store, every job ending in one termi
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -105,3 +107,42 @@ def test_thousand_nodes_run_ten_thousand_jobs_to_one_terminal_state_each(tmp_pat
     assert len(stopped) == 3
     assert result.false_down == 0 and down <= stopped, (down, stopped)
     assert result.placements >= 10_000
+
+
+def test_phalanx_sim_command_prints_its_summary_line(tmp_path: Path) -> None:
+    path = tmp_path / "small.toml"
+    path.write_text(
+        "[[nodes]]\ncpus = 4\nmem = '8G'\n"
+        "[[jobs]]\ncount = 60\nduration = [0.1, 0.3]\n"
+        "[[jobs]]\ncount = 40\narray = 20\nduration = 0.2\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "phalanx", "sim", "--nodes", "10", "--workload", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    last = out.stdout.strip().splitlines()[-1]
+    m = re.fullmatch(
+        r"sim: nodes=10 jobs=100 placements_per_s=\d+ false_down=0 controller_cpu=\d+% "
+        r"detect_timeout=10s",
+        last,
+    )
+    assert m, out.stdout
+    assert "COMPLETED 100" in out.stdout
+
+
+def test_phalanx_sim_refuses_a_bad_workload_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[[jobs]]\ncount = 0\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "phalanx", "sim", "--workload", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip() == (
+        "phalanx sim: jobs[0]: count must be a whole number from 1 to 10000000, not 0"
+    )
