@@ -110,6 +110,12 @@ def main() -> int:
         log(
             f"run {i + 1}: placements/s {r['placements_per_s']:.0f}"
             + (f" (per window: {windows})" if windows else "")
+            + (
+                f", {r['heartbeats_per_s']:.0f} heartbeats/s, "
+                f"{r['cpu_ms_per_heartbeat'] or 0:.2f} ms controller CPU each"
+                if "heartbeats_per_s" in r
+                else ""
+            )
             + f", controller CPU {r['controller_cpu_pct']:.0f}%, false DOWN {r['false_down']}, "
             f"heartbeat interval {r['heartbeat_interval']:g}s, detect timeout "
             f"{r['detect_timeout']:g}s, load {r['load']:.1f}"

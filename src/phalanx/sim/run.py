@@ -484,11 +484,15 @@ class Sim:
         """The nodes only heartbeat for `seconds` (no jobs): the controllers' CPU share, the
         heartbeats they took, and the nodes declared DOWN that nobody stopped."""
         cpu0 = {p.pid: proc_cpu_s(p.pid) for p in self.controllers}
+        beats0 = self._heartbeats()
         t0 = time.monotonic()
         self._wait("the idle period", lambda: time.monotonic() - t0 >= seconds, seconds + 60)
         wall = time.monotonic() - t0
         cpu = sum(proc_cpu_s(p.pid) - cpu0[p.pid] for p in self.controllers)
+        beats = self._heartbeats() - beats0
         return {
+            "heartbeats_per_s": beats / wall,
+            "cpu_ms_per_heartbeat": 1000.0 * cpu / beats if beats else None,
             "seconds": wall,
             "controller_cpu_s": cpu,
             "controller_cpu_pct": 100.0 * cpu / (wall * (os.cpu_count() or 1)),
@@ -546,6 +550,16 @@ class Sim:
             "controller_cpu_pct": 100.0 * cpu / (wall * (os.cpu_count() or 1)),
             "false_down": len(self._downs() - self._stopped()),
         }
+
+    def _heartbeats(self) -> float:
+        """Heartbeats the controllers took so far (their phalanx_heartbeats_total)."""
+        total = 0.0
+        for url in self.urls:
+            with contextlib.suppress(httpx.HTTPError):
+                for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+                    if line.startswith("phalanx_heartbeats_total"):
+                        total += float(line.split()[-1])
+        return total
 
     def _downs(self) -> set[str]:
         with self.engine.connect() as c:
