@@ -85,7 +85,7 @@ class Timing(BaseModel):
         description="shortest time between two scheduling passes (batches bursts)",
     )
     heartbeat_budget: float = Field(
-        500.0,
+        300.0,
         gt=0,
         le=1_000_000,
         description="heartbeats per second the control plane is sized for: a cluster of N "

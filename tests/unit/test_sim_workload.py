@@ -106,9 +106,10 @@ def test_config_written_for_the_cluster_loads(tmp_path: Path) -> None:
 
     w = wl.load(EXAMPLE)
     p = tmp_path / "sim.toml"
-    p.write_text(config_toml(Timing().for_cluster(2000), w))
+    p.write_text(config_toml(Timing().for_cluster(3000), w))  # the default budget: 300/s
     cfg = load_config(p)
-    assert cfg.timing.heartbeat_interval == pytest.approx(4.0)
+    assert cfg.timing.heartbeat_interval == pytest.approx(10.0)
+    assert cfg.timing.node_down_timeout == pytest.approx(100.0)
     assert {u.name: u.account for u in cfg.fairshare.users} == w.accounts
 
 
