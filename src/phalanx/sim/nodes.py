@@ -59,8 +59,13 @@ class Conn:
         self.url, self.host, self.port = url, host, int(port or 80)
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        self.busy = asyncio.Lock()  # one request at a time on a connection
 
     async def post(self, path: str, body: dict[str, Any], token: str) -> Any:
+        async with self.busy:
+            return await self._post(path, body, token)
+
+    async def _post(self, path: str, body: dict[str, Any], token: str) -> Any:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         assert self.reader is not None
@@ -141,6 +146,7 @@ class Node:
     token: str = ""
     token_expires: float = 0.0
     reporting: bool = False  # an immediate (exit) report is in flight
+    report_again: bool = False  # an exit since that report was taken
     # forgotten attempts: a reply computed before the forget may still say "start" (as agent.py)
     forgotten: set[int] = field(default_factory=set)
 
@@ -173,6 +179,7 @@ class NodeServer:
         self.counters = Counters()
         self.rng = random.Random(plan.get("seed", 1))
         self._stoppers: list[asyncio.Task[None]] = []
+        self._reports: set[asyncio.Task[None]] = set()
         self._conns: dict[tuple[str, int], Conn] = {}
 
     # ---------------------------------------------------------------- transport
@@ -285,18 +292,26 @@ class NodeServer:
             "checkpoint_signal_sent_at": None,
         }
         self.counters.exited += 1
+        node.report_again = True
         if not node.reporting:
             node.reporting = True
-            asyncio.get_running_loop().create_task(self._report_now(node))
+            report = asyncio.get_running_loop().create_task(self._report_now(node))
+            self._reports.add(report)
+            report.add_done_callback(self._reports.discard)
 
     async def _report_now(self, node: Node) -> None:
-        """The exit watcher's report: at once, no wait (more exits in the meantime go too)."""
-        await asyncio.sleep(0)  # exits of the same instant go in one report
+        """The exit watcher's report: at once, no wait; exits while it is in flight go in
+        another one right after it (one report at a time per node)."""
         try:
+            while node.report_again and not node.stopped:
+                node.report_again = False
+                await asyncio.sleep(0)  # exits of the same instant go in one report
+                try:
+                    await self._heartbeat(node, 0.0, conn=1)
+                except HttpError:
+                    return  # the long-poll loop reports it next
+        finally:
             node.reporting = False
-            await self._heartbeat(node, 0.0, conn=1)
-        except HttpError:
-            pass  # the long-poll loop reports it next
 
     async def _node_loop(self, node: Node) -> None:
         await asyncio.sleep(self.rng.uniform(0, self.register_spread))  # spread the starts
@@ -316,6 +331,11 @@ class NodeServer:
                 backoff = 0.2
             except HttpError:
                 await asyncio.sleep(backoff)  # a retry's backoff, as the agent's
+                backoff = min(2 * backoff, self.interval)
+            except Exception:  # a bug here must not look like a dead node: say it, go on
+                log.exception("virtual node %s: unexpected error in its heartbeat loop", node.name)
+                self.counters.errors += 1
+                await asyncio.sleep(backoff)
                 backoff = min(2 * backoff, self.interval)
 
     async def _stop_later(self, node: Node, after: float) -> None:
