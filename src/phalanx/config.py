@@ -84,6 +84,15 @@ class Timing(BaseModel):
         le=10,
         description="shortest time between two scheduling passes (batches bursts)",
     )
+    heartbeat_budget: float = Field(
+        300.0,
+        gt=0,
+        le=1_000_000,
+        description="heartbeats per second the control plane is sized for: a cluster of N "
+        "nodes heartbeats every max(heartbeat_interval, N / heartbeat_budget) seconds, and "
+        "fence_timeout and node_down_timeout grow by the same factor (Timing.for_cluster, "
+        "docs/sim.md)",
+    )
     heartbeat_flush_interval: float = Field(
         0.5,
         gt=0,
@@ -150,6 +159,31 @@ class Timing(BaseModel):
         le=86400,
         description="--checkpoint-interval=auto never asks for checkpoints more often than this",
     )
+
+    def cluster_interval(self, nodes: int) -> float:
+        """The heartbeat interval for a cluster of `nodes` nodes: the configured one, or longer
+        where that many nodes would send more than `heartbeat_budget` heartbeats a second
+        (Nomad's habit: the servers' heartbeat rate is capped, the interval grows instead)."""
+        return max(self.heartbeat_interval, max(0, nodes) / self.heartbeat_budget)
+
+    def for_cluster(self, nodes: int) -> Timing:
+        """These timings for a cluster of `nodes` nodes (docs/sim.md, "The heartbeat rule").
+
+        The heartbeat interval is `cluster_interval(nodes)`; fence_timeout and
+        node_down_timeout (so the failure-detection time) grow by the same factor, which keeps
+        every timing rule true: each rule is linear in those three with slack that only grows.
+        Unchanged (the same object's values) while the budget is not exceeded."""
+        factor = self.cluster_interval(nodes) / self.heartbeat_interval
+        if factor <= 1.0:
+            return self.model_copy()
+        return Timing.model_validate(
+            {
+                **self.model_dump(),
+                "heartbeat_interval": self.heartbeat_interval * factor,
+                "fence_timeout": self.fence_timeout * factor,
+                "node_down_timeout": self.node_down_timeout * factor,
+            }
+        )
 
     @model_validator(mode="after")
     def _rules(self) -> Timing:

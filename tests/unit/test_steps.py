@@ -229,3 +229,21 @@ def test_step_report_memo_skips_only_reports_that_change_nothing() -> None:
     for sid in (1, 2, 3):  # the oldest entries go first
         memo.applied("n1", [StepReport(1, sid, "tok", "running")])
     assert memo.fresh("n1", [exited]) == [exited]
+
+
+@pytest.mark.parametrize("node_state", ["STARTING", "RUNNING"])
+@pytest.mark.parametrize("step_state", ["RUNNING", "COMPLETED", "CANCELLED"])
+def test_idle_node_skips_the_step_query_only_where_it_could_decide_nothing(
+    node_state: str, step_state: str
+) -> None:
+    """steps_to_decide: with no task of a live attempt on the node and no step reported, the
+    step rows that can be left for the node are those of ENDED attempts, and decide_steps does
+    nothing with them, so the heartbeat need not read them."""
+    from phalanx.controller.exchange import steps_to_decide
+
+    left = [row(attempt_state="ENDED", node_state=node_state, step_state=step_state)]
+    assert decide_steps(left, [], set()).empty and not decide_steps(left, [], set()).forget
+    assert not steps_to_decide([], [])
+    # a live task on the node, or any step report, and the step work is read as before
+    assert steps_to_decide([{"attempt_id": 5}], [])
+    assert steps_to_decide([], [report("exited")])

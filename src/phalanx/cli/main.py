@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from phalanx.cli import auth, explain, maint, render, share
+from phalanx.cli import auth, explain, maint, render, share, sim
 from phalanx.client import Client
 from phalanx.errors import PhalanxError
 
@@ -616,6 +616,7 @@ app.command("whoami")(auth.whoami)
 app.command("authd")(auth.authd)
 app.command("share")(share.share)
 app.command("priority")(share.priority)
+app.command("sim")(sim.sim)
 
 
 def main() -> None:

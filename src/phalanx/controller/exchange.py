@@ -237,6 +237,17 @@ class StepReply:
         return not (self.start or self.stop or self.signal)
 
 
+def steps_to_decide(work: list[dict[str, Any]], step_reports: list[StepReport]) -> bool:
+    """Whether a heartbeat's step half needs the node's step work read from the store.
+
+    Not when the node has no task of a live attempt (`work`, Store.node_work, is empty) and
+    reports no step: a step runs only on nodes of its live attempt, so any step row left for
+    this node belongs to an ended attempt, and with nothing reported decide_steps would neither
+    start, stop, signal nor forget anything. An idle node's heartbeat saves one query.
+    """
+    return bool(work) or bool(step_reports)
+
+
 def decide_steps(
     work: list[dict[str, Any]],
     reports: list[StepReport],

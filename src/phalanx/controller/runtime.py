@@ -28,6 +28,7 @@ from phalanx.controller.exchange import (
     needs_write,
     signal_items,
     state_changes,
+    steps_to_decide,
 )
 from phalanx.controller.fairshare import FairShare
 from phalanx.controller.launch import build_launch, build_step_launch
@@ -822,6 +823,8 @@ class Controller:
         reply.signals = signal_items(work, reports)
         self.maintenance.adjust_stops(reply.stop)  # stopped at the window's start
         reply.checkpoint = checkpoint_items(work, lambda w: self.checkpoint_interval(w).seconds)
+        if not steps_to_decide(work, step_reports or []):
+            return reply, StepReply()
         return reply, self._step_exchange(node, step_reports or [], step_work)
 
     def _step_exchange(

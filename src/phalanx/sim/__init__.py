@@ -1,0 +1,1 @@
+"""The simulator: virtual nodes on real controllers and a real store (docs/sim.md)."""
