@@ -128,16 +128,4 @@ def preempt_pass(
 def _started(plan: scheduling.Plan, snap: Any) -> list[Allocation]:
     """What this pass's starts hold (not in the snapshot's allocations yet)."""
     exclusive = {int(j["id"]): bool(j["exclusive"]) for j in snap.pending}
-    return [
-        Allocation(
-            job_id=p.job_id,
-            node=n,
-            cpus=p.cpus_per_node,
-            mem_mb=p.mem_per_node_mb[i],
-            gpu_ids=p.gpu_ids[i] if i < len(p.gpu_ids) else (),
-            exclusive=exclusive.get(p.job_id, False),
-            expected_end=None,
-        )
-        for p in plan.starts
-        for i, n in enumerate(p.nodes)
-    ]
+    return [a for p in plan.starts for a in preemption.holds(p, exclusive.get(p.job_id, False))]

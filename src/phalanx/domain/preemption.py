@@ -207,9 +207,10 @@ class Decision:
         return f"preempting job{'s' if len(parts) > 1 else ''} {', '.join(parts)}"
 
 
-def _holds(p: Placement, exclusive: bool) -> list[Allocation]:
-    """What a decided (not started) placement will hold, so a second preemptor in the same
-    pass does not count on the same freed capacity."""
+def holds(p: Placement, exclusive: bool) -> list[Allocation]:
+    """What a decided (not yet started) placement will hold: so a second preemptor in the
+    same pass does not count on the same freed capacity, and the pass's own starts count
+    before the controller's preemption step looks for victims."""
     return [
         Allocation(
             job_id=p.job_id,
@@ -285,7 +286,7 @@ def decide(
                 continue
             p = found[ids]
         taken |= ids
-        extra += _holds(p, req.exclusive)
+        extra += holds(p, req.exclusive)
         out.append(Decision(req.job_id, tier, victims, p))
     return out
 
