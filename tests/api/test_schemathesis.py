@@ -24,7 +24,6 @@ import pytest
 import schemathesis
 from api_auth import ADMIN, KEYS, AuthedClient, as_agent, as_user
 from hypothesis import HealthCheck, settings
-from schema_copy import fresh_db, migrate_new
 from schemathesis.checks import not_a_server_error
 
 from phalanx.auth.keys import NAME_RE
@@ -41,10 +40,9 @@ EXAMPLES = 50
 AGENT_PATH = re.compile(r"^/v1/agents/(?P<node>[^/]+)/")
 
 
-def build(path: Path, schema_db: Path | None = None) -> tuple[Any, Store]:
-    """The real app over a fresh store in `path` (a copy of `schema_db` when given, else
-    migrated here), with something for generated ids and names to find: nodes, jobs of two
-    users, a maintenance window."""
+def build(path: Path) -> tuple[Any, Store]:
+    """The real app over a fresh store in `path`, with something for generated ids and names
+    to find: nodes, jobs of two users, a maintenance window."""
     config = load_config(
         overrides={
             "cluster": {"partitions": PARTITIONS},
@@ -52,10 +50,8 @@ def build(path: Path, schema_db: Path | None = None) -> tuple[Any, Store]:
             "timing": {"heartbeat_interval": 0.05},
         }
     )
-    if schema_db is None:
-        store = Store(f"sqlite:///{migrate_new(path / 'schema.db')}", actor="t")
-    else:
-        store = Store(fresh_db(schema_db, path / "schema.db"), actor="t")
+    store = Store(f"sqlite:///{path}/schema.db", actor="t")
+    store.migrate()
     store.sync_partitions(partition_rows(config))
     ctl = Controller(store, config, cid="t")
     assert "took term" in ctl.leases.tick()
@@ -85,9 +81,9 @@ schema.app = _no_app  # an ASGI app: calls go in process, through the ASGI trans
 
 
 @pytest.fixture
-def api_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, schema_db: Path) -> Iterator[Any]:
+def api_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.delenv("PHALANX_CONFIG", raising=False)
-    app, store = build(tmp_path, schema_db)
+    app, store = build(tmp_path)
     with AuthedClient(app) as c:
         for node in ("n1", "n2"):
             r = c.post(f"/v1/agents/{node}/register", json={"cpus": 4, "mem_mb": 4096})
