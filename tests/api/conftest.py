@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from api_auth import KEYS, AuthedClient
 from fastapi.testclient import TestClient
+from schema_copy import fresh_db, migrate_new
 
 from phalanx.config import Config, load_config
 from phalanx.controller.api import create_app
@@ -30,10 +31,15 @@ def config(monkeypatch: pytest.MonkeyPatch) -> Config:
     return load_config(overrides={"cluster": {"partitions": PARTITIONS}})
 
 
+@pytest.fixture(scope="session")
+def schema_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty database at the latest schema, migrated once a session (tests/api/schema_copy.py)."""
+    return migrate_new(tmp_path_factory.mktemp("schema") / "migrated.db")
+
+
 @pytest.fixture
-def store(tmp_path: Path, config: Config) -> Iterator[Store]:
-    st = Store(f"sqlite:///{tmp_path}/api.db", actor="t")
-    st.migrate()
+def store(tmp_path: Path, config: Config, schema_db: Path) -> Iterator[Store]:
+    st = Store(fresh_db(schema_db, tmp_path / "api.db"), actor="t")
     st.sync_partitions(partition_rows(config))
     try:
         yield st

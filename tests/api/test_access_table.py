@@ -17,6 +17,7 @@ import pytest
 from api_auth import ADMIN, ANONYMOUS, CLUSTER, KEYS, AuthedClient, as_agent, as_user
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
+from schema_copy import fresh_db
 
 from phalanx.auth import keys as keyfiles
 from phalanx.auth.tokens import mint_local, mint_token
@@ -60,10 +61,11 @@ JOB = {"argv": ["/bin/true"], "time_limit_s": 60}
 # ------------------------------------------------------------------ a cluster to call
 
 
-def make_client(tmp_path: Path, **overrides: Any) -> Iterator[tuple[AuthedClient, Controller]]:
+def make_client(
+    tmp_path: Path, schema_db: Path, **overrides: Any
+) -> Iterator[tuple[AuthedClient, Controller]]:
     cfg = load_config(overrides={"cluster": {"partitions": PARTITIONS}, **overrides})
-    st = Store(f"sqlite:///{tmp_path}/access.db", actor="t")
-    st.migrate()
+    st = Store(fresh_db(schema_db, tmp_path / "access.db"), actor="t")
     st.sync_partitions(partition_rows(cfg))
     ctl = Controller(st, cfg, cid="t")
     assert "took term" in ctl.leases.tick()
@@ -78,11 +80,11 @@ def make_client(tmp_path: Path, **overrides: Any) -> Iterator[tuple[AuthedClient
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, schema_db: Path) -> Iterator[Any]:
     monkeypatch.delenv("PHALANX_CONFIG", raising=False)
 
     def factory(**overrides: Any) -> tuple[AuthedClient, Controller]:
-        gen = make_client(tmp_path / f"c{len(gens)}", **overrides)
+        gen = make_client(tmp_path / f"c{len(gens)}", schema_db, **overrides)
         (tmp_path / f"c{len(gens)}").mkdir()
         gens.append(gen)
         return next(gen)

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from api_auth import ANONYMOUS, KEYS, AuthedClient, as_user
 from fastapi.testclient import TestClient
+from schema_copy import fresh_db
 
 from phalanx.config import load_config
 from phalanx.controller import dashboard
@@ -35,13 +36,14 @@ PARTITIONS = [
 
 
 @pytest.fixture
-def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TestClient, Controller]]:
+def app(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, schema_db: Path
+) -> Iterator[tuple[TestClient, Controller]]:
     monkeypatch.delenv("PHALANX_CONFIG", raising=False)
     cfg = load_config(
         overrides={"cluster": {"partitions": PARTITIONS}, "auth": {"allow_root_jobs": True}}
     )
-    st = Store(f"sqlite:///{tmp_path}/ui.db", actor="t")
-    st.migrate()
+    st = Store(fresh_db(schema_db, tmp_path / "ui.db"), actor="t")
     st.sync_partitions(partition_rows(cfg))
     ctl = Controller(st, cfg, cid="t")
     assert "took term" in ctl.leases.tick()

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from api_auth import KEYS, AuthedClient, as_user
 from fastapi.testclient import TestClient
+from schema_copy import fresh_db
 
 from phalanx.config import Config, load_config
 from phalanx.controller.api import create_app
@@ -33,11 +34,12 @@ JOB = {"argv": ["/bin/true"]}
 
 
 @pytest.fixture
-def fs_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TestClient, Any]]:
+def fs_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, schema_db: Path
+) -> Iterator[tuple[TestClient, Any]]:
     monkeypatch.delenv("PHALANX_CONFIG", raising=False)
     config: Config = load_config(overrides={"fairshare": FAIRSHARE})
-    store = Store(f"sqlite:///{tmp_path}/fs.db", actor="t")
-    store.migrate()
+    store = Store(fresh_db(schema_db, tmp_path / "fs.db"), actor="t")
     store.sync_partitions(partition_rows(config))
     ctl = Controller(store, config, cid="t")
     ctl.leases.tick()

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -43,7 +42,6 @@ import pytest
 from sqlalchemy import text
 
 from pgcluster import PgCluster, PostgresNotAvailable
-from pgserver import in_ci as _in_ci
 from phalanx.client import Client
 from phalanx.errors import ControllerUnavailable
 from phalanx.store.engine import (
@@ -53,6 +51,7 @@ from phalanx.store.engine import (
     idle_in_transaction_ms,
     normalize_url,
 )
+from system.dbclusters import running
 from system.harness import Cluster, free_port, read_json, wait_for
 from system.test_ha import TIMING, Stream, check_exactly_once, duties_held, first
 
@@ -68,21 +67,10 @@ RECOVER_S = 30.0  # both controllers ready again after the promotion (generous: 
 @pytest.fixture
 def pg_pair() -> Iterator[PgCluster]:
     """A primary with a synchronous standby; every process and directory removed after."""
-    try:
-        pair = PgCluster.start()
-    except PostgresNotAvailable as exc:
-        if _in_ci():
-            pytest.fail(f"PostgreSQL is required in CI: {exc}", pytrace=False)
-        pytest.skip(f"PostgreSQL not available: {exc}")
-    try:
+    with running(
+        PgCluster.start, unavailable=PostgresNotAvailable, what="PostgreSQL", processes="PostgreSQL"
+    ) as pair:
         yield pair
-    finally:
-        print(pair.log_tails(), file=sys.stderr)  # shown when the test fails
-        base = pair.base_dir
-        pair.stop()
-        left = pair.leftover_processes()
-        assert not left, f"PostgreSQL processes left behind: {left}"
-        assert not base.exists(), f"{base} was not removed"
 
 
 # ---------------------------------------------------------------------- the API while it is down

@@ -44,7 +44,6 @@ Skipped without PostgreSQL, etcd or Patroni, but failed under CI=true (as tests/
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -53,7 +52,7 @@ import httpx
 import pytest
 
 from patronicluster import PatroniCluster, PatroniNotAvailable, PostgresNotAvailable
-from pgserver import in_ci as _in_ci
+from system.dbclusters import running
 from system.harness import Cluster, read_json, wait_for
 from system.test_db_failover import long_spec, running_task
 from system.test_ha import TIMING, Stream, check_exactly_once, duties_held, start_ha
@@ -76,26 +75,20 @@ def patroni() -> Iterator[PatroniCluster]:
     """etcd and two Patroni members (a leader and its synchronous standby), with the
     interpreter's directories searchable by the postgres user meanwhile; every process and
     directory removed after, and the directories' modes restored."""
-    with _root_searchable():
-        try:
-            pc = PatroniCluster.start(
+    with (
+        _root_searchable(),
+        running(
+            lambda: PatroniCluster.start(
                 ttl=PATRONI["ttl"],
                 loop_wait=PATRONI["loop_wait"],
                 retry_timeout=PATRONI["retry_timeout"],
-            )
-        except (PatroniNotAvailable, PostgresNotAvailable) as exc:
-            if _in_ci():
-                pytest.fail(f"Patroni's cluster is required in CI: {exc}", pytrace=False)
-            pytest.skip(f"Patroni's cluster is not available: {exc}")
-        try:
-            yield pc
-        finally:
-            print(pc.log_tails(), file=sys.stderr)  # shown when the test fails
-            base = pc.base_dir
-            pc.stop()
-            left = pc.leftover_processes()
-            assert not left, f"etcd, Patroni or PostgreSQL processes left behind: {left}"
-            assert not base.exists(), f"{base} was not removed"
+            ),
+            unavailable=(PatroniNotAvailable, PostgresNotAvailable),
+            what="Patroni's cluster",
+            processes="etcd, Patroni or PostgreSQL",
+        ) as pc,
+    ):
+        yield pc
 
 
 def ready(url: str) -> bool:

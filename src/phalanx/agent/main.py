@@ -19,7 +19,7 @@ from phalanx.agent.resources import detect, parse_gpu_override
 from phalanx.auth import localsock, service
 from phalanx.client import Client
 from phalanx.config import load_config
-from phalanx.controller.server import StartupError, check_state_dir, open_device, setup_logging
+from phalanx.daemon import StartupError, check_state_dir, open_device, setup_logging
 from phalanx.domain.topology import parse_place
 from phalanx.domain.values import parse_memory_mb
 from phalanx.errors import PhalanxError

@@ -171,7 +171,7 @@ def authd(
 
     from phalanx.auth import localsock, service
     from phalanx.config import load_config
-    from phalanx.controller.server import setup_logging
+    from phalanx.daemon import setup_logging
     from phalanx.errors import PhalanxError
 
     host = name or socket.gethostname().split(".")[0]

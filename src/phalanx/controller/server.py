@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 import sys
 import uuid
@@ -21,27 +20,14 @@ from phalanx.auth import keys as keyfiles
 from phalanx.config import Config
 from phalanx.controller.api import create_app
 from phalanx.controller.runtime import Controller, partition_rows
+from phalanx.daemon import StartupError, check_state_dir, open_device, setup_logging
 from phalanx.errors import PhalanxError
 from phalanx.sdnotify import Notifier
 from phalanx.store.engine import describe_url
 from phalanx.store.store import Store
-from phalanx.watchdog import DeviceWatchdog, Watchdog
+from phalanx.watchdog import Watchdog
 
 log = logging.getLogger("phalanx.controller")
-
-
-class StartupError(Exception):
-    """A problem that stops the daemon at start, with a one-line explanation."""
-
-
-def check_state_dir(path: Path) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-test-{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as e:
-        raise StartupError(f"state dir {path} is not writable: {e.strerror or e}") from None
 
 
 def cluster_key_path(config: Config, state_dir: Path) -> Path:
@@ -89,29 +75,6 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def open_device(path: str | None, interval: float) -> DeviceWatchdog | None:
-    """The hardware watchdog of `watchdog.device`, armed; None when none is configured.
-
-    Refused at start when it cannot be opened, or when its own timeout would fire between two
-    pets (the daemon pets it every `interval` seconds)."""
-    if not path:
-        return None
-    device = DeviceWatchdog(path)
-    try:
-        timeout = device.open()
-    except OSError as e:
-        raise StartupError(
-            f"cannot open the watchdog device {path} (watchdog.device): {e.strerror or e}"
-        ) from None
-    if timeout is not None and timeout <= interval:
-        device.close(disarm=True)
-        raise StartupError(
-            f"the watchdog device {path} fires after {timeout:g}s, but it is petted only every "
-            f"{interval:g}s: raise its timeout (e.g. softdog's soft_margin) above that"
-        )
-    return device
-
-
 HTTP_BEAT = 1.0  # seconds between two beats of the HTTP event loop (a blocked loop stops them)
 
 
@@ -152,16 +115,6 @@ class NotifyingServer(uvicorn.Server):
         captured = getattr(self, "_captured_signals", None)
         if isinstance(captured, list):
             captured.clear()
-
-
-def setup_logging(level: str, name: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    for noisy in ("httpx", "httpcore", "alembic", "uvicorn.access"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def run_controller(
