@@ -492,7 +492,11 @@ class WriterQueue:
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self._cond = threading.Condition(threading.Lock())
+        lock = threading.Lock()
+        # waiters of each kind wait on their own condition, and a freed turn wakes one waiter
+        # (an urgent one first): waking every waiter on each commit cost CPU for nothing
+        self._ordinary = threading.Condition(lock)
+        self._first = threading.Condition(lock)
         self._owner: int | None = None  # the thread whose turn it is
         self._depth = 0  # its nested turns
         self._urgent = 0  # urgent turns waiting
@@ -500,7 +504,7 @@ class WriterQueue:
     @contextlib.contextmanager
     def turn(self, url: str, *, urgent: bool = False) -> Iterator[None]:
         me = threading.get_ident()
-        with self._cond:
+        with self._ordinary:
             if self._owner == me:
                 self._depth += 1
             else:
@@ -508,16 +512,24 @@ class WriterQueue:
         try:
             yield
         finally:
-            with self._cond:
+            with self._ordinary:
                 self._depth -= 1
                 if self._depth == 0:
                     self._owner = None
-                    self._cond.notify_all()
+                    self._pass_on()
+
+    def _pass_on(self) -> None:
+        """The turn is free (lock held): wake one waiter, an urgent one if any waits."""
+        if self._urgent > 0:
+            self._first.notify()
+        else:
+            self._ordinary.notify()
 
     def _wait(self, url: str, me: int, urgent: bool) -> None:
-        """Wait (holding `_cond`) until this thread may write: nobody writes, and for an
-        ordinary writer no urgent one waits."""
+        """Wait (lock held) until this thread may write: nobody writes, and for an ordinary
+        writer no urgent one waits."""
         deadline = time.monotonic() + self.timeout
+        cond = self._first if urgent else self._ordinary
         if urgent:
             self._urgent += 1
         try:
@@ -528,11 +540,12 @@ class WriterQueue:
                         f"database unavailable ({describe_url(url)}): database is locked (no "
                         f"turn to write within {self.timeout:g}s)"
                     )
-                self._cond.wait(left)
+                cond.wait(left)
         except BaseException:
             if urgent:
                 self._urgent -= 1
-                self._cond.notify_all()  # ordinary writers held back by this one may go
+            if self._owner is None:
+                self._pass_on()  # a wake-up this waiter may have taken goes on to another
             raise
         if urgent:
             self._urgent -= 1
