@@ -27,7 +27,6 @@ remains to try.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import os
@@ -471,84 +470,91 @@ def idle_in_transaction_ms(op_timeout: float) -> int:
 
 
 class WriterQueue:
-    """SQLite: this process's write transactions take turns, in order, before BEGIN IMMEDIATE.
+    """SQLite: this process's write transactions take turns on a lock before BEGIN IMMEDIATE.
 
     SQLite admits one writer at a time; the others wait in its busy handler, which sleeps in
     steps of up to 100 ms and does not wake when the lock frees. With a dozen threads writing
     at once (heartbeat reports, submissions, the scheduler) a write transaction of a few
     milliseconds then waited seconds (measured: 2.1 s on average with 1,000 simulated nodes,
-    docs/sim.md), and the controller idled while its queue grew. Waiting here instead hands
-    the turn to the next writer as soon as the last one commits. Writers of other processes
-    (a second controller on the same file) still meet in SQLite's busy handler.
+    docs/sim.md), and the controller idled while its queue grew. Waiting here instead wakes
+    the next writer as soon as the last one commits. Writers of other processes (a second
+    controller on the same file) still meet in SQLite's busy handler.
 
-    Turns are first come, first served, and handed over directly (the next waiter owns the
-    turn before it wakes, so nobody barges in): a plain lock wakes its waiters in no set
-    order, and a writer that just committed and asks again usually gets it back first, so in
-    the 1,000-node simulation the heartbeat flush found no turn for 10 s and failed. An
-    `urgent` turn (lease renewals and takes, the controller's presence stamp) goes before
-    every ordinary waiter, so it waits for at most the transaction in progress: behind a dozen
-    busy writers a renewal otherwise waited past its lease's TTL, and the controller lost its
-    duties to its own write load (docs/architecture.md, "Leases and fencing").
+    An `urgent` turn (lease renewals and takes, the controller's presence stamp, the
+    heartbeat flush, whose failure restarts the failure detector's grace) jumps the queue:
+    while one waits, no ordinary writer starts, so it waits for at most the transaction in
+    progress. A plain lock gives no such bound: its waiters are woken in no set order, and
+    a writer that just committed and asks again usually gets it back before any waiter wakes,
+    so a renewal behind a dozen busy writers waited past its lease's TTL and the controller
+    lost its duties to its own write load (docs/architecture.md, "Leases and fencing").
+    Ordinary writers are not served in order on purpose: handing the turn to the oldest
+    waiter (measured in the 1,000-node simulation) left the lock idle until that thread got
+    the GIL back, write transactions averaged 1.75 s and heartbeat requests 10-30 s.
     Re-entrant: a write transaction opened inside another on the same thread waits for
     SQLite as before instead of deadlocking here.
     """
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self._lock = threading.Lock()
+        lock = threading.Lock()
+        # waiters of each kind wait on their own condition, and a freed turn wakes one waiter
+        # (an urgent one first): waking every waiter on each commit cost CPU for nothing
+        self._ordinary = threading.Condition(lock)
+        self._first = threading.Condition(lock)
         self._owner: int | None = None  # the thread whose turn it is
         self._depth = 0  # its nested turns
-        # waiters, in order of arrival: (thread, a lock held until the turn is handed over)
-        self._urgent: collections.deque[tuple[int, threading.Lock]] = collections.deque()
-        self._ordinary: collections.deque[tuple[int, threading.Lock]] = collections.deque()
-
-    @property
-    def waiting(self) -> tuple[int, int]:
-        """(urgent, ordinary) writers waiting for a turn now."""
-        with self._lock:
-            return len(self._urgent), len(self._ordinary)
+        self._urgent = 0  # urgent turns waiting
 
     @contextlib.contextmanager
     def turn(self, url: str, *, urgent: bool = False) -> Iterator[None]:
         me = threading.get_ident()
-        with self._lock:
+        with self._ordinary:
             if self._owner == me:
                 self._depth += 1
-                wake = None
-            elif self._owner is None and not self._urgent and not self._ordinary:
-                self._owner, self._depth = me, 1
-                wake = None
             else:
-                wake = threading.Lock()
-                wake.acquire()
-                entry = (me, wake)
-                (self._urgent if urgent else self._ordinary).append(entry)
-        if wake is not None and not wake.acquire(timeout=self.timeout):
-            with self._lock:
-                if self._owner != me:  # not handed over in the meantime: give up the place
-                    (self._urgent if urgent else self._ordinary).remove(entry)
+                self._wait(url, me, urgent)
+        try:
+            yield
+        finally:
+            with self._ordinary:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._owner = None
+                    self._pass_on()
+
+    def _pass_on(self) -> None:
+        """The turn is free (lock held): wake one waiter, an urgent one if any waits."""
+        if self._urgent > 0:
+            self._first.notify()
+        else:
+            self._ordinary.notify()
+
+    def _wait(self, url: str, me: int, urgent: bool) -> None:
+        """Wait (lock held) until this thread may write: nobody writes, and for an ordinary
+        writer no urgent one waits."""
+        deadline = time.monotonic() + self.timeout
+        cond = self._first if urgent else self._ordinary
+        if urgent:
+            self._urgent += 1
+        try:
+            while self._owner is not None or (not urgent and self._urgent > 0):
+                left = deadline - time.monotonic()
+                if left <= 0:
                     raise StoreUnavailable(
                         f"database unavailable ({describe_url(url)}): database is locked (no "
                         f"turn to write within {self.timeout:g}s)"
                     )
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._depth -= 1
-                if self._depth == 0:
-                    self._hand_over()
-
-    def _hand_over(self) -> None:
-        """The owner is done (lock held): the turn goes to the first urgent waiter, else to
-        the first ordinary one, else nobody."""
-        queue = self._urgent or self._ordinary
-        if not queue:
-            self._owner = None
-            return
-        thread, wake = queue.popleft()
-        self._owner, self._depth = thread, 1
-        wake.release()
+                cond.wait(left)
+        except BaseException:
+            if urgent:
+                self._urgent -= 1
+            if self._owner is None:
+                self._pass_on()  # a wake-up this waiter may have taken goes on to another
+            raise
+        if urgent:
+            self._urgent -= 1
+        self._owner = me
+        self._depth = 1
 
 
 class Engines:

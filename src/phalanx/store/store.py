@@ -1304,7 +1304,9 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
         """
         if not ages:
             return []
-        with self.db.begin() as conn:
+        # urgent (engine.WriterQueue): a flush that fails restarts the failure detector's
+        # grace, so it must not wait behind bulk writes; one small row per node heard from
+        with self.db.begin(urgent=True) as conn:
             db_now = float(conn.execute(select(self.db.db_now_sql())).scalar_one())
             conn.execute(
                 update(s.nodes)
