@@ -500,7 +500,7 @@ class WriterQueue:
         self.timeout = timeout
         lock = threading.Lock()
         # waiters of each kind wait on their own condition, and a freed turn wakes one waiter
-        # (an urgent one first): waking every waiter on each commit cost CPU for nothing
+        # (an urgent one first), not every waiter on each commit
         self._ordinary = threading.Condition(lock)
         self._first = threading.Condition(lock)
         self._owner: int | None = None  # the thread whose turn it is
