@@ -476,28 +476,87 @@ class WriterQueue:
     steps of up to 100 ms and does not wake when the lock frees. With a dozen threads writing
     at once (heartbeat reports, submissions, the scheduler) a write transaction of a few
     milliseconds then waited seconds (measured: 2.1 s on average with 1,000 simulated nodes,
-    docs/sim.md), and the controller idled while its queue grew. Waiting on a Python lock
-    instead wakes the next writer as soon as the last one commits. Writers of other processes
-    (a second controller on the same file) still meet in SQLite's busy handler.
+    docs/sim.md), and the controller idled while its queue grew. Waiting here instead wakes
+    the next writer as soon as the last one commits. Writers of other processes (a second
+    controller on the same file) still meet in SQLite's busy handler.
+
+    An `urgent` turn (lease renewals and takes, the controller's presence stamp, the
+    heartbeat flush, whose failure restarts the failure detector's grace) jumps the queue:
+    while one waits, no ordinary writer starts, so it waits for at most the transaction in
+    progress. A plain lock gives no such bound: its waiters are woken in no set order, and
+    a writer that just committed and asks again usually gets it back before any waiter wakes,
+    so a renewal behind a dozen busy writers waited past its lease's TTL and the controller
+    lost its duties to its own write load (docs/architecture.md, "Leases and fencing").
+    Ordinary writers are woken one at a time but not served in order: one 1,000-node
+    simulation run with first-come-first-served hand-over (the next waiter owns the turn
+    before it wakes, so the lock idles until that thread gets the GIL) did no better (write
+    transactions 1.75 s on average against 1.2 s, and the cluster loop went 164 s without
+    completing a tick), so the simpler order stays.
     Re-entrant: a write transaction opened inside another on the same thread waits for
     SQLite as before instead of deadlocking here.
     """
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self._lock = threading.RLock()
+        lock = threading.Lock()
+        # waiters of each kind wait on their own condition, and a freed turn wakes one waiter
+        # (an urgent one first), not every waiter on each commit
+        self._ordinary = threading.Condition(lock)
+        self._first = threading.Condition(lock)
+        self._owner: int | None = None  # the thread whose turn it is
+        self._depth = 0  # its nested turns
+        self._urgent = 0  # urgent turns waiting
 
     @contextlib.contextmanager
-    def turn(self, url: str) -> Iterator[None]:
-        if not self._lock.acquire(timeout=self.timeout):
-            raise StoreUnavailable(
-                f"database unavailable ({describe_url(url)}): database is locked (no turn to "
-                f"write within {self.timeout:g}s)"
-            )
+    def turn(self, url: str, *, urgent: bool = False) -> Iterator[None]:
+        me = threading.get_ident()
+        with self._ordinary:
+            if self._owner == me:
+                self._depth += 1
+            else:
+                self._wait(url, me, urgent)
         try:
             yield
         finally:
-            self._lock.release()
+            with self._ordinary:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._owner = None
+                    self._pass_on()
+
+    def _pass_on(self) -> None:
+        """The turn is free (lock held): wake one waiter, an urgent one if any waits."""
+        if self._urgent > 0:
+            self._first.notify()
+        else:
+            self._ordinary.notify()
+
+    def _wait(self, url: str, me: int, urgent: bool) -> None:
+        """Wait (lock held) until this thread may write: nobody writes, and for an ordinary
+        writer no urgent one waits."""
+        deadline = time.monotonic() + self.timeout
+        cond = self._first if urgent else self._ordinary
+        if urgent:
+            self._urgent += 1
+        try:
+            while self._owner is not None or (not urgent and self._urgent > 0):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StoreUnavailable(
+                        f"database unavailable ({describe_url(url)}): database is locked (no "
+                        f"turn to write within {self.timeout:g}s)"
+                    )
+                cond.wait(left)
+        except BaseException:
+            if urgent:
+                self._urgent -= 1
+            if self._owner is None:
+                self._pass_on()  # a wake-up this waiter may have taken goes on to another
+            raise
+        if urgent:
+            self._urgent -= 1
+        self._owner = me
+        self._depth = 1
 
 
 class Engines:
@@ -697,8 +756,13 @@ class Engines:
         return engine
 
     @contextlib.contextmanager
-    def begin(self, *, write: bool = True, unbounded: bool = False) -> Iterator[Connection]:
+    def begin(
+        self, *, write: bool = True, unbounded: bool = False, urgent: bool = False
+    ) -> Iterator[Connection]:
         """One transaction; database-level failures become StoreUnavailable.
+
+        `urgent` (SQLite): a write transaction that jumps this process's writer queue
+        (`WriterQueue`): lease renewals, which must not wait behind bulk writes.
 
         On PostgreSQL a connection lost while the commit was in flight becomes
         StoreOutcomeUnknown: the server may have committed before the connection broke. `unbounded` lifts the
@@ -714,7 +778,7 @@ class Engines:
         try:
             with contextlib.ExitStack() as stack:
                 if write and self.writers is not None:
-                    stack.enter_context(self.writers.turn(self.url))
+                    stack.enter_context(self.writers.turn(self.url, urgent=urgent))
                 if unbounded and watch is not None:
                     stack.enter_context(watch.exempt())
                 conn = stack.enter_context(engine.begin())

@@ -164,7 +164,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
         `after_expiry`: take an expired lease only once it has been expired this long (lets
         the preferred holder go first without any coordination)."""
         now = self.db.db_now_sql()
-        with self.db.begin() as conn:
+        with self.db.begin(urgent=True) as conn:
             # a lease that never existed counts as expired just now, so that its preferred
             # holder gets the first chance at it
             if self.dialect == "postgresql":
@@ -199,7 +199,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
 
     def renew_lease(self, name: str, holder: str, term: int, ttl: float) -> bool:
         now = self.db.db_now_sql()
-        with self.db.begin() as conn:
+        with self.db.begin(urgent=True) as conn:
             res = conn.execute(
                 text(
                     f"UPDATE leases SET expires_at = {now.text} + :ttl "
@@ -210,7 +210,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
             return res.rowcount == 1
 
     def release_lease(self, name: str, holder: str, term: int) -> bool:
-        with self.db.begin() as conn:
+        with self.db.begin(urgent=True) as conn:
             res = conn.execute(
                 update(s.leases)
                 .where(
@@ -278,8 +278,9 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
             self._event(conn, "controller.start", f"controller {cid} started at {url}")
 
     def touch_controller(self, cid: str) -> None:
-        """Stamp a controller's last_seen with the database's clock (peers compare it)."""
-        with self.db.begin() as conn:
+        """Stamp a controller's last_seen with the database's clock (peers compare it).
+        Urgent, like the lease writes: peers spread leases over the controllers seen lately."""
+        with self.db.begin(urgent=True) as conn:
             now = conn.execute(select(self.db.db_now_sql())).scalar_one()
             conn.execute(
                 update(s.controllers).where(s.controllers.c.id == cid).values(last_seen=now)
@@ -1303,7 +1304,9 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
         """
         if not ages:
             return []
-        with self.db.begin() as conn:
+        # urgent (engine.WriterQueue): a flush that fails restarts the failure detector's
+        # grace, so it must not wait behind bulk writes; one small row per node heard from
+        with self.db.begin(urgent=True) as conn:
             db_now = float(conn.execute(select(self.db.db_now_sql())).scalar_one())
             conn.execute(
                 update(s.nodes)
