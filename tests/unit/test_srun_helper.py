@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from phalanx.slurm import srun_fast
@@ -90,6 +91,17 @@ def job_env(tmp_path: Path) -> Iterator[dict[str, str]]:
         "PHX_SRUN_HOST": "127.0.0.1",
     }
     yield env
+    # a full srun run by the test starts its own helper on this test's socket (the first full
+    # srun of a job does): stop it, found by that socket's path (unique to this test)
+    path = srun_fast.socket_path(env)
+    left = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if path is not None and (p.info["cmdline"] or [])[-2:] == ["phalanx.slurm.srund", path]
+    ]
+    for p in left:
+        p.terminate()
+    psutil.wait_procs(left, timeout=30)
 
 
 def start_helper(env: dict[str, str]) -> subprocess.Popen[bytes]:
