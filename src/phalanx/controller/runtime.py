@@ -809,11 +809,16 @@ class Controller:
         if fresh_steps:
             self.store.apply_step_reports(node, fresh_steps)
             self._step_memo.applied(node, fresh_steps)
-        work, step_work = self.store.node_all_work(node)
+        reported = step_reports or []
+
+        def needs_steps(w: list[dict[str, Any]]) -> bool:
+            return steps_to_decide(w, reported)
+
+        work, step_work = self.store.node_all_work(node, needs_steps)
         if needs_write(work, reports, taken_at):
             changed = state_changes(work, reports, taken_at)  # not only checkpoints/progress
             self.store.apply_reports(node, reports, taken_at)
-            work, step_work = self.store.node_all_work(node)  # the attempt may end its steps
+            work, step_work = self.store.node_all_work(node, needs_steps)  # may end its steps
             if changed:
                 self.kick()
         ended = self.store.finished_attempts(
@@ -823,9 +828,9 @@ class Controller:
         reply.signals = signal_items(work, reports)
         self.maintenance.adjust_stops(reply.stop)  # stopped at the window's start
         reply.checkpoint = checkpoint_items(work, lambda w: self.checkpoint_interval(w).seconds)
-        if not steps_to_decide(work, step_reports or []):
+        if not needs_steps(work):
             return reply, StepReply()
-        return reply, self._step_exchange(node, step_reports or [], step_work)
+        return reply, self._step_exchange(node, reported, step_work)
 
     def _step_exchange(
         self, node: str, reports: list[StepReport], work: list[dict[str, Any]]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -1358,12 +1358,16 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
         with self.db.begin(write=False) as c:
             return [dict(r) for r in c.execute(q, params).mappings()]
 
-    def node_all_work(self, node: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """The node's task work and its step work (JobSteps.node_step_work) in one read
-        transaction: every heartbeat needs both, and on SQLite a transaction of its own
-        costs about as much as the query."""
+    def node_all_work(
+        self, node: str, needs_steps: Callable[[list[dict[str, Any]]], bool]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The node's task work and, when ``needs_steps(task work)`` says the heartbeat can
+        use it (exchange.steps_to_decide: not for an idle node), its step work
+        (JobSteps.node_step_work), in one read transaction: on SQLite a transaction of its
+        own costs about as much as the query."""
         with self.db.begin(write=False) as conn:
-            return self.node_work(node, conn), self.node_step_work(node, conn)
+            work = self.node_work(node, conn)
+            return work, self.node_step_work(node, conn) if needs_steps(work) else []
 
     def finished_attempts(self, attempt_ids: Sequence[int]) -> set[int]:
         """Which of these attempts the store has fully recorded (ENDED) or never heard of."""
