@@ -555,6 +555,54 @@ class MetricsConfig(BaseModel):
     )
 
 
+class StepsConfig(BaseModel):
+    """Job steps (`srun` inside a job; docs/slurm.md, "What a step costs")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    direct: bool = Field(
+        True,
+        description="srun hands each node's share of a step to that node's agent itself, with "
+        "a credential the controller signed (Slurm's model); false: every step reaches the "
+        "agents through their long-polls, as does any step a direct hand-over misses",
+    )
+    agent_host: str = Field(
+        "0.0.0.0",
+        min_length=1,
+        max_length=256,
+        description="address each agent listens on for direct step launches",
+    )
+    agent_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="port each agent listens on for direct step launches (0: any free port; "
+        "agents tell the controllers theirs in every heartbeat)",
+    )
+    launch_ttl: float = Field(
+        60.0,
+        ge=1,
+        le=3600,
+        description="seconds a signed step launch stays valid for the node it is addressed "
+        "to (clocks of controllers and nodes may differ by less than this)",
+    )
+    push_timeout: float = Field(
+        2.0,
+        gt=0,
+        le=60,
+        description="seconds srun waits for a node's agent to take a step before it has the "
+        "controller wake that node's long-poll instead",
+    )
+    exit_report_delay: float = Field(
+        0.5,
+        ge=0,
+        le=60,
+        description="agent: seconds a step task's end may wait before it is reported, so that "
+        "the ends of a burst of short steps go to the controller in one heartbeat (srun "
+        "learns of them from the tasks at once; the store within this delay)",
+    )
+
+
 def _duration_field(text: str, label: str, *, allow_zero: bool = False) -> str:
     """Check a Slurm-form duration ("7-00:00:00", "30:00"; "UNLIMITED" not allowed here;
     "0" only where `allow_zero` says it means something)."""
@@ -894,6 +942,7 @@ class Config(BaseModel):
     watchdog: WatchdogConfig = Field(default_factory=lambda: WatchdogConfig())
     preemption: PreemptionConfig = Field(default_factory=lambda: PreemptionConfig())
     topology: TopologyConfig = Field(default_factory=lambda: TopologyConfig())
+    steps: StepsConfig = Field(default_factory=lambda: StepsConfig())
 
     @model_validator(mode="after")
     def _watchdog_rules(self) -> Config:

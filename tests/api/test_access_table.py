@@ -194,6 +194,10 @@ BODIES: dict[tuple[str, str], tuple[str, Any]] = {
     ("GET", "/v1/share"): ("/v1/share", None),
     ("POST", "/v1/jobs/{ref}/steps/signal"): ("/v1/jobs/{job}/steps/signal", {"signal": 10}),
     ("POST", "/v1/jobs/{ref}/steps/cancel"): ("/v1/jobs/{job}/steps/cancel", {}),
+    ("POST", "/v1/jobs/{ref}/steps/{step_id}/wake"): (
+        "/v1/jobs/{job}/steps/0/wake",
+        {"nodes": ["n1"]},
+    ),
     ("GET", "/v1/nodes"): ("/v1/nodes", None),
     ("GET", "/v1/nodes/{name}"): ("/v1/nodes/n1", None),
     ("POST", "/v1/nodes/{name}/drain"): ("/v1/nodes/n1/drain", {"reason": "disk"}),
@@ -231,6 +235,7 @@ OWNER_REFUSALS = {
     (("GET", "/v1/jobs/{ref}/steps/{step_id}"), "bob"),
     (("POST", "/v1/jobs/{ref}/steps/signal"), "bob"),
     (("POST", "/v1/jobs/{ref}/steps/cancel"), "bob"),
+    (("POST", "/v1/jobs/{ref}/steps/{step_id}/wake"), "bob"),
     (("GET", "/v1/jobs/{ref}/priority"), "bob"),
 }
 # The matrix's jobs are pending: a step route that let the caller through then refuses on the
@@ -238,6 +243,7 @@ OWNER_REFUSALS = {
 PAST_AUTH = {
     ("POST", "/v1/jobs/{ref}/steps"): {409},
     ("GET", "/v1/jobs/{ref}/steps/{step_id}"): {404},
+    ("POST", "/v1/jobs/{ref}/steps/{step_id}/wake"): {404},
 }
 SUCCESS = {"POST": {200, 201}, "GET": {200}, "DELETE": {200}}
 PUBLIC_OK = {200, 503}  # health may say "not ready" (no loops run here), never "who are you"
@@ -316,6 +322,7 @@ OWNED = {
     "GET /v1/jobs/{ref}/steps/{step_id}",
     "POST /v1/jobs/{ref}/steps/signal",
     "POST /v1/jobs/{ref}/steps/cancel",
+    "POST /v1/jobs/{ref}/steps/{step_id}/wake",
     "GET /v1/jobs/{ref}/priority",
 }
 

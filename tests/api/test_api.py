@@ -589,3 +589,54 @@ def test_a_step_of_an_arrays_first_task_is_created_in_that_task(
         assert r.json()["job_id"] == jid, r.json()
     # the array as a whole is still every task where a command means it
     assert [j["id"] for j in client.get(f"/v1/jobs/{arr[0]}").json()["jobs"]] == arr
+
+
+def test_a_direct_step_comes_with_signed_launches_and_wakes_only_what_srun_cannot_reach(
+    client: TestClient, ctl: Controller
+) -> None:
+    """srun asking for a direct launch gets, per node whose agent told its address, that node's
+    launch signed with the node's key (and no long-poll is woken for it); a node without an
+    address is woken at once; `.../wake` wakes the nodes srun names, of that step only."""
+    from phalanx.auth import launchcred
+    from phalanx.auth.keys import KeySet, derive
+
+    n1, n2 = Agent(client, "n1"), Agent(client, "n2")
+    for a in (n1, n2):
+        a.register(cpus=4)
+    jid = submit(client, nodes=2)[0]
+    assert ctl.schedule_tick().startswith("started 1 jobs")
+    for a in (n1, n2):
+        starts = a.heartbeat()["start"]
+        a.heartbeat([Agent.report(s, "running") for s in starts])
+    r = client.post(
+        "/v1/agents/n1/heartbeat", json={"wait": 0, "steps_at": "127.0.0.1:7001"}
+    )  # n1's agent takes direct launches; n2's has told no address
+    assert r.status_code == 200, r.text
+    woken: list[list[str]] = []
+    ctl.waiters.notify = woken.append  # type: ignore[method-assign]
+    body = {"argv": ["hostname"], "host": "127.0.0.1", "port": 9, "cookie": "c" * 32}
+    r = client.post(f"/v1/jobs/{jid}/steps", json={**body, "direct": True}, headers=USER)
+    assert r.status_code == 201, r.text
+    step = r.json()
+    (launch,) = step["launch"]
+    assert launch["node"] == "n1" and launch["at"] == "127.0.0.1:7001"
+    keys = KeySet([derive(KEYS.signing, "node", "n1")])
+    item = launchcred.verify(keys, "n1", launch, now=time.time())
+    assert item["argv"] == ["hostname"] and item["step_id"] == step["step_id"]
+    assert item["tasks"][0]["env"]["SLURM_PROCID"] == "0"
+    assert woken == [["n2"]], "only the node without an address is woken"
+    # srun could not reach n1 after all: it asks for n1 (and names a node not in the step)
+    r = client.post(
+        f"/v1/jobs/{jid}/steps/{step['step_id']}/wake", json={"nodes": ["n1", "n9"]}, headers=USER
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["woken"] == ["n1"] and woken[-1] == ["n1"]
+    assert (
+        client.post(
+            f"/v1/jobs/{jid}/steps/99/wake", json={"nodes": ["n1"]}, headers=USER
+        ).status_code
+        == 404
+    )
+    # without `direct` (an older srun), the step wakes every node as before
+    r = client.post(f"/v1/jobs/{jid}/steps", json=body, headers=USER)
+    assert "launch" not in r.json() and sorted(woken[-1]) == ["n1", "n2"]

@@ -280,3 +280,41 @@ def test_a_step_survives_its_agent_restarting(cluster: Cluster, tmp_path: Path) 
     )
     assert (step["state"], step["exit_code"]) == ("FAILED", 4), step
     assert time.time() >= step["end_time"]
+
+
+@pytest.mark.timeout(240)
+def test_srun_hands_steps_to_the_agents_and_the_long_poll_covers_the_rest(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Direct step launch (docs/slurm.md, "What a step costs"): node01's agent takes each
+    step's launch from srun itself; node02's agent takes no direct launches (its own
+    configuration), so the controller wakes its long-poll for it.  Every task runs once,
+    srun gets their output and exit codes, and the store records every step with its code."""
+    no_direct = tmp_path / "no-direct.toml"
+    no_direct.write_text("[steps]\ndirect = false\n")
+    cluster.start(nodes=1, cpus=2)
+    cluster.start_agent("node02", cpus=2, env={"PHALANX_CONFIG": str(no_direct)})
+    body = (
+        "for i in 1 2 3; do\n"
+        "  srun -N 2 bash -c 'echo step $SLURM_STEP_ID on $SLURMD_NODENAME; "
+        'exit $((SLURM_PROCID * SLURM_STEP_ID))\'; echo "srun=$?"\n'
+        "done\n"
+    )
+    jid = submit(cluster, tmp_path, "direct", body, nodes=2)
+    job = cluster.wait_terminal([jid])[jid]
+    out = output(tmp_path, "direct", jid)
+    assert job["state"] == "COMPLETED", out
+    ran = sorted(ln for ln in out.splitlines() if ln.startswith("step "))
+    assert ran == [f"step {s} on node0{n}" for s in range(3) for n in (1, 2)], out
+    assert [ln for ln in out.splitlines() if ln.startswith("srun=")] == [
+        "srun=0",
+        "srun=1",
+        "srun=2",
+    ], out
+    steps = steps_of(cluster, jid)
+    assert [(s["step_id"], s["exit_code"]) for s in steps] == [(0, 0), (1, 1), (2, 2)], steps
+    logs = {n: (cluster.logs / f"agent-{n}.log").read_text() for n in ("node01", "node02")}
+    for sid in range(3):
+        started = f"started step {jid}.{sid}: 1 tasks"
+        assert f"{started} (handed over by srun)" in logs["node01"], logs["node01"]
+        assert f"{started} (from a heartbeat reply)" in logs["node02"], logs["node02"]

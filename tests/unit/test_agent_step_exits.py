@@ -111,3 +111,48 @@ def test_no_wait_without_fresh_step_tasks(agent: Agent) -> None:
     t0 = time.monotonic()
     agent._hold_step_exits()
     assert time.monotonic() - t0 < agent_mod.STEP_EXIT_WAIT_S
+
+
+def test_step_ends_wait_for_the_report_delay_job_ends_do_not(agent: Agent) -> None:
+    """Right after a heartbeat, a step task's end waits until `step_report_delay` has passed
+    since it (one exchange for a burst of short steps); a job task's end goes at once and
+    takes the waiting step ends along."""
+    agent.step_report_delay = 3600.0  # never over during this test
+    agent._snapshot_at = time.monotonic()
+    calls: list[float] = []
+    watcher = _watch(agent, calls)
+    try:
+        d = _step_dir(agent, "6.0.0")
+        (d / "exit.json").write_text('{"exit_code": 0}')
+        time.sleep(6 * agent_mod.WATCH_INTERVAL)  # the watcher looks several times
+        assert calls == [], "a step end was reported within the delay"
+        job = agent.tasks_dir / "6"
+        job.mkdir()
+        (job / "exit.json").write_text('{"exit_code": 0}')
+        deadline = time.monotonic() + 10
+        while not calls:
+            assert time.monotonic() < deadline, "the job task's end was never reported"
+            time.sleep(0.01)
+        assert {"6", "step:6.0.0"} <= agent._known_exited
+    finally:
+        agent._stop.set()
+        watcher.join(5)
+
+
+def test_a_step_end_goes_once_the_delay_is_over(agent: Agent) -> None:
+    agent.step_report_delay = 0.3
+    calls: list[float] = []
+    watcher = _watch(agent, calls)
+    try:
+        t0 = agent._snapshot_at = time.monotonic()
+        d = _step_dir(agent, "7.0.0")
+        (d / "exit.json").write_text('{"exit_code": 0}')
+        deadline = time.monotonic() + 10
+        while not calls:
+            assert time.monotonic() < deadline, "the step end was never reported"
+            time.sleep(0.01)
+        assert calls[0] - t0 >= 0.3, "reported before the delay was over"
+        assert "step:7.0.0" in agent._known_exited
+    finally:
+        agent._stop.set()
+        watcher.join(5)

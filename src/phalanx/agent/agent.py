@@ -32,7 +32,10 @@ from phalanx.agent.files import write_json as _write_json
 from phalanx.agent.health import GpuCheck, HealthMonitor, IsolationCheck, Status
 from phalanx.agent.metrics import AgentFigures
 from phalanx.agent.resources import NodeResources
+from phalanx.agent.step_listener import StepListener, render
 from phalanx.agent.steps import StepRunner
+from phalanx.auth import launchcred
+from phalanx.auth.keys import KeySet
 from phalanx.client import Client
 from phalanx.domain import job_reports
 from phalanx.errors import PhalanxError
@@ -75,6 +78,9 @@ class Agent:
         loop_timeout: float = 60.0,
         on_ready: Callable[[], None] | None = None,
         gpu_sampler: gpu_usage.GpuSampler | None = None,
+        launch_keys: KeySet | None = None,
+        steps_listen: tuple[str, int] | None = None,
+        step_report_delay: float = 0.5,
     ) -> None:
         # set in every job: this node's credential socket (it wins over a submitter's) and the
         # controllers (a submitter's own PHALANX_URL wins), so `phalanx` works inside jobs
@@ -95,6 +101,15 @@ class Agent:
         }
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        # direct step launches (agent/step_listener.py): this node's keys verify the
+        # controller's signature; None: the agent takes steps from its heartbeats only
+        self.launch_keys = launch_keys
+        self.steps_listen = steps_listen if launch_keys is not None else None
+        self.steps_at: str | None = None  # host:port told to the controllers
+        self._step_listener: StepListener | None = None
+        # a step task's end may wait this long for a heartbeat (config steps.exit_report_delay)
+        self.step_report_delay = step_report_delay
+        self._snapshot_at = 0.0  # monotonic time the last heartbeat's snapshot was taken
         self._known_exited: set[str] = set()
         # step task dirs whose exits the poller is about to report itself (the watcher leaves
         # them alone meanwhile); both threads change _known_exited under _exits_lock
@@ -282,6 +297,7 @@ class Agent:
             if first.status is not Status.OK:
                 log.warning("preflight %s: %s: %s", first.status, first.check, first.reason)
             self.health.start_thread(self._stop, period=1.0)
+        self._start_step_listener()
         self._beat("poller")
         self._beat("watcher")
         watcher = threading.Thread(target=self._watch, name="phx-watcher", daemon=True)
@@ -318,7 +334,44 @@ class Agent:
         finally:
             # The watcher may still be launching; close() waits for that launch, and later ones
             # fall back to plain launches.  Running shepherds are unaffected.
+            if self._step_listener is not None:
+                self._step_listener.close()
+                self._step_listener = None
             self._launcher.close()
+
+    def _start_step_listener(self) -> None:
+        if self.steps_listen is None:
+            return
+        host, port = self.steps_listen
+        try:
+            listener = StepListener(host, port, self.take_direct_launch)
+        except OSError as e:
+            log.warning(
+                "cannot listen for direct step launches on %s: %s (steps reach this node "
+                "through its heartbeats only; steps.agent_host / steps.agent_port)",
+                render(host, port),
+                e.strerror or e,
+            )
+            return
+        listener.start()
+        self._step_listener = listener
+        self.steps_at = listener.advertised(self.client.urls)
+        log.info("taking direct step launches at %s", self.steps_at)
+
+    def take_direct_launch(self, cred: Any) -> str:
+        """A step launch srun hands over (step_listener.py): start it if a controller signed
+        it for this node."""
+        keys = self.launch_keys
+        if keys is None:
+            return "refused this agent takes no direct launches"
+        try:
+            item = launchcred.verify(keys, self.name, cred, now=time.time())
+        except launchcred.LaunchRefused as e:
+            log.warning("refused a direct step launch: %s", e)
+            return f"refused {e}"
+        with self._lock:
+            started = self.steps.launch(item, hold_exits=False)
+        return "ok" if started else "wait"
 
     def loop_deadline(self, loop: str) -> float:
         """How long `loop` may go without progress before the watchdog calls it wedged: twice
@@ -452,6 +505,7 @@ class Agent:
     def heartbeat(self, wait: float = 0.0) -> dict[str, Any]:
         taken_at = time.time()
         with self._lock:
+            self._snapshot_at = time.monotonic()
             tasks = self.snapshot()
             steps = self.steps.snapshot()
         self._note_figures(tasks, steps)
@@ -469,6 +523,7 @@ class Agent:
                 "taken_at": taken_at,
                 "wait": wait,
                 "health": health,
+                **({"steps_at": self.steps_at} if self.steps_at else {}),
             },
             idempotent=True,
             timeout=wait + heartbeat_grace(float(self.timing["heartbeat_interval"])),
@@ -810,6 +865,14 @@ class Agent:
             except Exception:
                 log.exception("GPU usage sampler error; going on")
 
+    def _step_ends_can_wait(self) -> bool:
+        """Whether the ends of step tasks may wait for a later heartbeat: until
+        `step_report_delay` after the last heartbeat's snapshot.  srun learns of a task's end
+        from the task itself, and a burst of short steps (a loop of ``srun``) then costs the
+        controllers one exchange per node per delay instead of one per step; a job task's end
+        is never held (it ends the attempt), and takes the held step ends along."""
+        return time.monotonic() - self._snapshot_at < self.step_report_delay
+
     def _watch(self) -> None:
         """Report a task's exit as soon as its exit file appears."""
         while not self._stop.wait(WATCH_INTERVAL):
@@ -835,7 +898,10 @@ class Agent:
                         if n.startswith("step:") and n not in steps_exited
                     }
                     # the poller reports the exits of step tasks it has just started itself
-                    fresh += sorted(steps_exited - self._known_exited - self._held_steps)
+                    step_ends = sorted(steps_exited - self._known_exited - self._held_steps)
+                    if step_ends and not fresh and self._step_ends_can_wait():
+                        step_ends = []  # a later heartbeat takes them, with the next ones
+                    fresh += step_ends
                     if fresh:
                         self._known_exited.update(fresh)
                 if fresh:

@@ -119,6 +119,9 @@ def run_agent(
             "PHALANX_URL": ",".join(client.urls),
         },
         loop_timeout=config.watchdog.loop_timeout,
+        launch_keys=keys if config.steps.direct else None,
+        steps_listen=(config.steps.agent_host, config.steps.agent_port),
+        step_report_delay=config.steps.exit_report_delay,
     )
     watchdog = Watchdog(
         notifier,

@@ -165,9 +165,11 @@ class StepRunner:
             tmp.write_text(str(done))
             os.replace(tmp, done_file)
 
-    def launch(self, item: dict[str, Any]) -> bool:
+    def launch(self, item: dict[str, Any], *, hold_exits: bool = True) -> bool:
         """Start the step's tasks on this node (once); False while the job's own task here has
-        not started yet (the next reply brings the step again)."""
+        not started yet (the next reply brings the step again).  `hold_exits`: the poller
+        waits for these tasks' ends before its next heartbeat (Agent._hold_step_exits); a
+        direct launch is no heartbeat's answer, so there is nothing to hold."""
         aid, sid = int(item["attempt_id"]), int(item["step_id"])
         if (aid, sid) in self._forgotten or self._dirs(aid, sid):
             return True
@@ -245,7 +247,8 @@ class StepRunner:
             )
             os.replace(tmp, d)
             dirs.append(d)
-        self._launched.extend(d.name for d in dirs)
+        if hold_exits:
+            self._launched.extend(d.name for d in dirs)
         for d in dirs:
             try:
                 self._launch_dir(d)
@@ -262,5 +265,6 @@ class StepRunner:
                         "ended_at": time.time(),
                     },
                 )
-        log.info("started step %s.%s: %d tasks", item["job_id"], sid, len(dirs))
+        how = "from a heartbeat reply" if hold_exits else "handed over by srun"
+        log.info("started step %s.%s: %d tasks (%s)", item["job_id"], sid, len(dirs), how)
         return True

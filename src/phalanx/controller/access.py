@@ -68,6 +68,9 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/v1/jobs/{ref}/steps/{step_id}"): Rule(USER, "showing a job step", owner=True),
     ("POST", "/v1/jobs/{ref}/steps/signal"): Rule(USER, "signalling job steps", owner=True),
     ("POST", "/v1/jobs/{ref}/steps/cancel"): Rule(USER, "cancelling job steps", owner=True),
+    ("POST", "/v1/jobs/{ref}/steps/{step_id}/wake"): Rule(
+        USER, "waking the nodes of a job step (srun)", owner=True
+    ),
     ("POST", "/v1/jobs/requeue"): Rule(USER, "requeueing jobs", owner=True),
     ("POST", "/v1/jobs/update"): Rule(USER, "changing jobs", owner=True),
     ("GET", "/v1/jobs/{ref}/priority"): Rule(USER, "reading a job's priority", owner=True),

@@ -170,6 +170,16 @@ class StepIn(BaseModel):
     pty: bool = Field(
         default=False, description="srun --pty: task 0 on a pseudo-terminal relayed to srun"
     )
+    direct: bool = Field(
+        default=False,
+        description="srun hands each node its launch itself (the reply's `launch`: a signed "
+        "credential and the agent's address per node) when the cluster allows it "
+        "(steps.direct); nodes not in `launch` are woken here",
+    )
+
+
+class StepWakeIn(BaseModel):
+    nodes: list[str] = Field(min_length=1, max_length=100_000)
 
 
 class StepSignalIn(BaseModel):
@@ -197,6 +207,9 @@ class HeartbeatIn(BaseModel):
     taken_at: float | None = None
     wait: float = Field(default=0.0, ge=0, le=60)
     health: dict[str, Any] | None = None
+    steps_at: str | None = Field(
+        default=None, max_length=300, description="host:port the agent takes step launches at"
+    )
 
 
 def job_view(row: dict[str, Any], *, detail: bool = False) -> dict[str, Any]:
@@ -868,12 +881,41 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
             },
         }
         name = body.name or os.path.basename(body.argv[0])
-        step = ctl.store.create_step(int(row["id"]), req, spec, name, ident.actor)
-        # this controller's long-polling agents start it at once (SQLite has no NOTIFY, and
-        # the work_gen poll would cost up to GEN_POLL per step); the poll is told, so it does
-        # not wake them a second time for the same step
-        ctl.woke(step.pop("work_gens"))
+        direct = body.direct and ctl.config.steps.direct
+        step = ctl.store.create_step(
+            int(row["id"]), req, spec, name, ident.actor, launch_rows=direct
+        )
+        gens: dict[str, int] = step.pop("work_gens")
+        rows = step.pop("launch_rows")
+        if direct:
+            # srun hands the launches over itself (Slurm's model): no long-poll is woken for
+            # them, and the nodes whose agents have told no address yet are woken now
+            step["launch"], unknown = ctl.direct_launches(rows, keys.signing)
+            step["push_timeout"] = ctl.config.steps.push_timeout
+            ctl.seen_gens(gens)
+            if unknown:
+                ctl.woke({n: gens[n] for n in unknown if n in gens})
+        else:
+            # this controller's long-polling agents start it at once (SQLite has no NOTIFY,
+            # and the work_gen poll would cost up to GEN_POLL per step); the poll is told, so
+            # it does not wake them a second time for the same step
+            ctl.woke(gens)
         return step
+
+    @app.post("/v1/jobs/{ref}/steps/{step_id}/wake")
+    def wake_step_nodes(
+        ref: str, step_id: int, body: StepWakeIn, ident: Identity = Depends(caller)
+    ) -> dict[str, Any]:
+        """The nodes of a step whose direct launch srun could not hand over: their agents'
+        long-polls on this controller answer with it now (the others' controllers have
+        woken them already: the step bumped their work generation)."""
+        row = _own_job(ref, ident, "srun")
+        if not 0 <= step_id < 2**31:
+            raise InvalidSpec(f"invalid step id {step_id}")
+        step = ctl.store.get_step(int(row["id"]), step_id)
+        nodes = sorted(set(body.nodes) & set(step["nodes"]))
+        ctl.waiters.notify(nodes)
+        return {"step_id": step_id, "woken": nodes}
 
     @app.get("/v1/jobs/{ref}/steps/{step_id}")
     def show_step(ref: str, step_id: int, ident: Identity = Depends(caller)) -> dict[str, Any]:
@@ -1039,6 +1081,10 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
     @app.post("/v1/agents/{node}/heartbeat")
     async def heartbeat(node: str, body: HeartbeatIn) -> dict[str, Any]:
         ctl.seen(node)
+        if body.steps_at:
+            ctl.step_addrs[node] = body.steps_at
+        else:
+            ctl.step_addrs.pop(node, None)
         reports = [TaskReport(**r.model_dump()) for r in body.tasks]
         step_reports = [StepReport(**r.model_dump()) for r in body.steps]
         deadline = time.monotonic() + min(body.wait, ctl.timing.heartbeat_interval)

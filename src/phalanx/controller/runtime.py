@@ -17,6 +17,8 @@ from typing import Any
 
 from prometheus_client import Counter
 
+from phalanx.auth import launchcred
+from phalanx.auth.keys import Key, derive
 from phalanx.config import Config
 from phalanx.controller.exchange import (
     Reply,
@@ -154,6 +156,10 @@ class Controller:
         self._beats: dict[str, float] = {}  # node -> monotonic time last seen
         self._beats_lock = threading.Lock()
         self._gens: dict[str, int] = {}
+        # node -> "host:port" its agent takes direct step launches at (config [steps]): soft
+        # state from the agents' heartbeats, so a fresh controller knows it within one
+        self.step_addrs: dict[str, str] = {}
+        self._node_keys: dict[str, Key] = {}  # node -> its derived key (signs step launches)
         self._listener: WorkListener | None = None  # PostgreSQL only: cross-controller wakeups
         self._health: dict[str, tuple[Any, ...]] = {}  # node -> last health summary applied
         self._step_memo = StepReportMemo()  # step reports recorded already (exchange.py)
@@ -734,6 +740,33 @@ class Controller:
         answers with a whole exchange (a few per job step, the largest cost of a short step)."""
         self._gens.update(gens)
         self.waiters.notify(sorted(gens))
+
+    def seen_gens(self, gens: dict[str, int]) -> None:
+        """Take these nodes' new work generations as seen without waking them: a step srun
+        hands to the agents itself (direct launch) needs no long-poll.  A node srun cannot
+        reach is woken afterwards (`POST .../steps/N/wake`)."""
+        self._gens.update(gens)
+
+    def direct_launches(
+        self, rows: list[dict[str, Any]], cluster_key: Key
+    ) -> tuple[list[dict[str, Any]], list[str]]:
+        """A direct step launch per node of a new step: (credentials with the address of
+        each node's agent, the nodes without a known address, which the long-poll serves)."""
+        now = time.time()
+        ttl = self.config.steps.launch_ttl
+        out, unknown = [], []
+        for w in rows:
+            node = str(w["node"])
+            at = self.step_addrs.get(node)
+            if at is None:
+                unknown.append(node)
+                continue
+            key = self._node_keys.get(node)
+            if key is None or not key.kid.startswith(f"{cluster_key.kid}:"):
+                key = self._node_keys[node] = derive(cluster_key, "node", node)
+            item = build_step_launch(w, node=node, kill_wait=self.timing.kill_wait, now=now)
+            out.append({"node": node, "at": at, **launchcred.sign(key, item, now=now, ttl=ttl)})
+        return out, unknown
 
     def gen_tick(self) -> str:
         """Wake this controller's long-polls when another controller gave their nodes work

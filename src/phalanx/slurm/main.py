@@ -23,14 +23,15 @@ COMMANDS = (
 )
 
 
-def run(command: str, argv: list[str]) -> int:
-    """Run one Slurm command with its arguments; returns its exit status."""
+def run(command: str, argv: list[str], *, fast: bool = True) -> int:
+    """Run one Slurm command with its arguments; returns its exit status.  `fast`: srun tries
+    the job's helper first (main() has already when it passes False)."""
     if command not in COMMANDS:
         sys.stderr.write(
             f"phalanx: '{command}' is not a Slurm command known here ({', '.join(COMMANDS)})\n"
         )
         return 1
-    if command == "srun":
+    if command == "srun" and fast:
         # the job's resident helper runs the step when it can: no heavy imports here
         from phalanx.slurm import srun_fast
 
@@ -45,8 +46,20 @@ def main() -> None:
     """Entry point when called through a link named after a command (or as `... CMD ARGS`)."""
     name = os.path.basename(sys.argv[0])
     if name in COMMANDS:
-        sys.exit(run(name, sys.argv[1:]))
-    if len(sys.argv) < 2:
+        command, argv = name, sys.argv[1:]
+    elif len(sys.argv) < 2:
         sys.stderr.write(f"usage: {name} COMMAND [ARGS...]   (COMMAND: {', '.join(COMMANDS)})\n")
         sys.exit(1)
-    sys.exit(run(sys.argv[1], sys.argv[2:]))
+    else:
+        command, argv = sys.argv[1], sys.argv[2:]
+    if command == "srun":
+        from phalanx.slurm import srun_fast
+
+        code = srun_fast.main(argv)
+        if code is not None:
+            # The thin srun has nothing to clean up (it writes with os.write), and in a loop
+            # of `srun` the interpreter's finalisation is ~6 ms of every step: skip it.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    sys.exit(run(command, argv, fast=False))

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from phalanx.domain import hostlist
 from phalanx.errors import ControllerUnavailable, PhalanxError
-from phalanx.slurm import pty_relay
+from phalanx.slurm import pty_relay, step_push
 from phalanx.slurm.common import SlurmParser, SlurmUsageError, run_command
 from phalanx.slurm.lean import LeanClient
 
@@ -413,10 +413,24 @@ def _step(
     try:
         host = host or advertised_host(client.urls, caller.env)
         body = _body(opts, host, io.cookie, io.port, caller)
-        step = client.post(f"/v1/jobs/{job}/steps", body)
+        step = start_step(client, job, body)
         return _supervise(client, job, step, io, opts, caller)
     finally:
         io.close()
+
+
+def start_step(client: LeanClient, job: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Create the step and, where the controller answers with direct launches, hand them to
+    the nodes' agents (step_push.py); the nodes that did not take theirs are woken through
+    the controller, whose long-poll carries the same step."""
+    step = client.post(f"/v1/jobs/{job}/steps", {**body, "direct": True})
+    launches = step.pop("launch", None)
+    if launches:
+        failed = step_push.hand_over(launches, float(step.pop("push_timeout", 2.0)))
+        if failed:
+            with contextlib.suppress(PhalanxError):  # their heartbeats bring it anyway
+                client.post(f"/v1/jobs/{job}/steps/{step['step_id']}/wake", {"nodes": failed})
+    return step
 
 
 def _inner(client: LeanClient, job: str, opts: Any, attach: str) -> int:
@@ -424,7 +438,7 @@ def _inner(client: LeanClient, job: str, opts: Any, attach: str) -> int:
     address, then wait for the step's end and exit with its code."""
     host, port, cookie = attach.rsplit(":", 2)
     body = _body(opts, host, cookie, int(port))
-    step = client.post(f"/v1/jobs/{job}/steps", body)
+    step = start_step(client, job, body)
     sid = int(step["step_id"])
     while True:
         st = client.get(f"/v1/jobs/{job}/steps/{sid}")

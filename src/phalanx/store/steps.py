@@ -45,10 +45,19 @@ class JobSteps(StoreBase):
     """Steps of running jobs (`srun`): create, hand to nodes, record, signal, end."""
 
     def create_step(
-        self, job_id: int, req: StepRequest, spec: dict[str, Any], name: str, actor: str
+        self,
+        job_id: int,
+        req: StepRequest,
+        spec: dict[str, Any],
+        name: str,
+        actor: str,
+        *,
+        launch_rows: bool = False,
     ) -> dict[str, Any]:
         """Start a step in the job's running allocation; refuses (InvalidSpec) what the
-        allocation cannot hold, and a job that is not running."""
+        allocation cannot hold, and a job that is not running.  With `launch_rows`, the
+        result's ``launch_rows`` are the step's node_step_work rows, read in the same
+        transaction (for a direct launch: no node reads them before srun hands them over)."""
         now = _now()
         with self.db.begin() as conn:
             job = (
@@ -127,6 +136,16 @@ class JobSteps(StoreBase):
                 data={"step_id": step_id, "nodes": plan.nodes, "tasks": plan.tasks},
             )
             self._bump_gen(conn, plan.nodes)
+            rows = (
+                [
+                    dict(r)
+                    for r in conn.execute(
+                        _step_launch_query(), {"attempt_id": att["id"], "step_id": step_id}
+                    ).mappings()
+                ]
+                if launch_rows
+                else []
+            )
             gens = {
                 str(r.name): int(r.work_gen)
                 for r in conn.execute(
@@ -141,6 +160,7 @@ class JobSteps(StoreBase):
             "tasks": plan.tasks,
             "task_ids": plan.task_ids,
             "work_gens": gens,  # for the caller's wakeups (Controller.woke), not the API
+            "launch_rows": rows,  # node_step_work rows of the new step (direct launch)
         }
 
     def node_step_work(self, node: str, conn: Connection | None = None) -> list[dict[str, Any]]:
@@ -446,10 +466,28 @@ def step_view(row: dict[str, Any]) -> dict[str, Any]:
 def _node_step_work_query() -> Select[Any]:
     """JobSteps.node_step_work's query, built once with the node as a parameter (every
     heartbeat runs it: see store._node_work_query)."""
+    return _step_work_select().where(
+        s.step_nodes.c.node == bindparam("node"), s.step_nodes.c.state.in_(_LIVE_NODE)
+    )
+
+
+@functools.cache
+def _step_launch_query() -> Select[Any]:
+    """The same rows for one step on every node of it (direct launch: create_step)."""
+    return _step_work_select().where(
+        s.step_nodes.c.attempt_id == bindparam("attempt_id"),
+        s.step_nodes.c.step_id == bindparam("step_id"),
+    )
+
+
+def _step_work_select() -> Select[Any]:
+    """A node_step_work row per (step, node): the step, its node's state there and the job's
+    task on that node (what build_step_launch turns into the node's launch)."""
     return (
         select(
             s.step_nodes.c.attempt_id,
             s.step_nodes.c.step_id,
+            s.step_nodes.c.node,
             s.step_nodes.c.state.label("node_state"),
             s.steps.c.state.label("step_state"),
             s.steps.c.stop_reason.label("step_stop_reason"),
@@ -472,5 +510,4 @@ def _node_step_work_query() -> Select[Any]:
             & (s.tasks.c.node == s.step_nodes.c.node),
         )
         .join(s.jobs, s.jobs.c.id == s.steps.c.job_id)
-        .where(s.step_nodes.c.node == bindparam("node"), s.step_nodes.c.state.in_(_LIVE_NODE))
     )
