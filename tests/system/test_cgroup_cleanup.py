@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.agent import cgroups
-from phalanx.agent.cgroup_roots import ROOTS_FILE
+from phalanx.agent import cgroup_roots, cgroups
 from system.harness import Cluster, agent_cgroup_roots, cgroup_layout, wait_for
 
 pytestmark = [
@@ -73,6 +72,7 @@ def test_clean_stop_removes_the_nodes_own_cgroups(
 ) -> None:
     start(cluster)
     mine = roots(cluster, layout)
+    name = cgroup_roots.cgroup_name(NODE, cluster.agent_dir(NODE))
     assert present(mine) == mine, "the agent makes its root in every hierarchy it uses"
     jid = submit(cluster, tmp_path, "grep -c phalanx/ /proc/self/cgroup\n")
     assert cluster.wait_terminal([jid])[jid]["state"] == "COMPLETED"
@@ -81,7 +81,7 @@ def test_clean_stop_removes_the_nodes_own_cgroups(
 
     stop_agent(cluster)
     assert present(mine) == [], "a clean stop removes the node's empty roots"
-    assert not (cluster.agent_dir(NODE) / ROOTS_FILE).exists(), "nothing left to remember"
+    assert cgroup_roots.recorded(cluster.agent_dir(NODE), name) == mine, "remembered"
     # other agents' roots (and the shared `phalanx` directory) are not the agent's to remove
     assert all(os.path.isdir(os.path.dirname(d)) for d in mine)
 

@@ -21,7 +21,6 @@ The shared ``phalanx`` directory above the roots is never removed (see :func:`cg
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import time
@@ -56,18 +55,10 @@ def recorded(state_dir: Path, name: str) -> list[str]:
     return merge([r for r in roots if isinstance(r, str)], (), name)
 
 
-def _save(state_dir: Path, name: str, roots: list[str]) -> None:
-    path = state_dir / ROOTS_FILE
-    if roots:
-        write_json(path, {"name": name, "roots": roots})
-    else:
-        path.unlink(missing_ok=True)
-
-
 def record(state_dir: Path, layout: cgroups.Layout, name: str) -> list[str]:
     """Remember this agent's roots under ``layout`` (added to those already remembered)."""
     roots = merge(recorded(state_dir, name), cgroups.node_roots(layout, name), name)
-    _save(state_dir, name, roots)
+    write_json(state_dir / ROOTS_FILE, {"name": name, "roots": roots})
     return roots
 
 
@@ -93,14 +84,13 @@ def ended_attempts(node_dirs: Iterable[str], tasks_dir: Path) -> dict[str, list[
 
 
 def release(state_dir: Path, name: str) -> list[str]:
-    """Remove the remembered roots that are empty; forget those that are gone.  Returns the
-    roots kept (jobs still run beneath them).  Kills nothing."""
+    """Remove the remembered roots that are empty.  Returns the roots kept (jobs still run
+    beneath them).  Kills nothing.  The record stays: a shepherd launched just before the
+    stop may make its root again (cgroups.setup), and a later teardown must still find it."""
     roots = recorded(state_dir, name)
     if not roots:
         return []
     _gone, kept = cgroups.remove_empty(roots)
-    with contextlib.suppress(OSError):
-        _save(state_dir, name, kept)
     return kept
 
 
