@@ -3,8 +3,9 @@
 Controllers and agents are separate processes (as in production), each in its own session so a
 Ctrl-C in the terminal reaches only `phalanx up`, which then stops them in order. Every PID is
 written to `<state-dir>/run/<name>.pid`; `phalanx down` stops exactly those processes (after
-checking that each PID is still a phalanx process), and asks the shepherds of the local
-agents to stop their jobs, so nothing is left behind.
+checking that each PID is still a phalanx process), asks the shepherds of the local
+agents to stop their jobs, and once those have ended removes the agents' node cgroups
+(agent/cgroup_roots.py), so nothing is left behind.
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ from pathlib import Path
 
 import httpx
 
-from phalanx.agent import shepherd
+from phalanx.agent import cgroup_roots, shepherd
 from phalanx.auth.credentials import LocalService
 from phalanx.client import Client
 from phalanx.errors import PhalanxError
 
 READY_TIMEOUT = 60.0
+# how long `phalanx down` waits for the stopped jobs to end before removing the nodes' cgroups
+# (a job gets SIGKILL after its kill grace; one still running keeps its node's cgroup)
+JOBS_END_TIMEOUT = 30.0
 
 
 def _alive(pid: int) -> bool:
@@ -71,6 +75,21 @@ def _stop_shepherds(state_dir: Path) -> None:
                 shepherd.request_stop(d)
 
 
+def _remove_node_cgroups(state_dir: Path, timeout: float = JOBS_END_TIMEOUT) -> None:
+    """Each local agent's node cgroups, once its jobs have ended (cgroup_roots.teardown)."""
+    deadline = time.monotonic() + timeout
+    nodes = state_dir.absolute() / "nodes"  # as the agents were given it (cgroup_name)
+    for node_dir in sorted(d for d in nodes.glob("*") if d.is_dir()):
+        name = cgroup_roots.cgroup_name(node_dir.name, node_dir)
+        left = max(0.0, deadline - time.monotonic())
+        kept = cgroup_roots.teardown(node_dir, name, timeout=left)
+        if kept:
+            print(
+                f"{node_dir.name}: jobs still running; its cgroups stay: {', '.join(kept)}",
+                file=sys.stderr,
+            )
+
+
 def stop_from_pidfiles(state_dir: Path) -> list[str]:
     run = state_dir / "run"
     pids: dict[str, int] = {}
@@ -83,6 +102,7 @@ def stop_from_pidfiles(state_dir: Path) -> list[str]:
     ordered = dict(sorted(pids.items(), key=lambda kv: (not kv[0].startswith("agent"), kv[0])))
     stopped = _terminate(ordered)
     _stop_shepherds(state_dir)
+    _remove_node_cgroups(state_dir)
     for p in run.glob("*.pid"):
         p.unlink(missing_ok=True)
     return stopped

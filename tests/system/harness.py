@@ -5,6 +5,7 @@ is killed in `Cluster.cleanup` (run from a fixture finalizer, so also when the t
 daemons by their Popen handle, job shepherds from `<agent state dir>/tasks/*/shepherd.pid` (and `steps/*`) (after
 checking their start time), job process groups from `job.json`, and finally anything that still
 carries this cluster's marker in its environment (daemons started by `phalanx up`, orphans).
+Then the agents' cgroups are removed (their node roots, `<base>/phalanx/<node>-<hash>`).
 
 Waits poll a condition against a generous deadline; a 2-core machine under load is slow, but a
 condition that is met returns at once, so the deadlines cost nothing when things go well.
@@ -27,7 +28,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from phalanx.agent import shepherd
+from phalanx.agent import cgroup_roots, cgroups, shepherd
 from phalanx.auth import keys as keyfiles
 from phalanx.auth.tokens import mint_token
 from phalanx.client import Client
@@ -564,7 +565,23 @@ class Cluster:
                     os.kill(pid, signal.SIGKILL)
             swept += [p for p in left if p not in swept]
             time.sleep(0.5)
+        self.remove_node_cgroups()
         return swept
+
+    def node_state_dirs(self) -> list[Path]:
+        """Every agent state dir of this cluster (and of `phalanx up` clusters under its root)."""
+        roots = [self.state_dir, *self.extra_state_dirs()]
+        return sorted(d for r in roots for d in r.glob("nodes/*") if d.is_dir())
+
+    def remove_node_cgroups(self) -> list[str]:
+        """The agents' cgroups (their node roots and attempts left by killed shepherds), once
+        everything is dead: the agents were SIGKILLed, so they could not remove their own.
+        Returns the roots that could not be removed."""
+        kept: list[str] = []
+        for d in self.node_state_dirs():
+            with contextlib.suppress(OSError):
+                kept += cgroup_roots.teardown(d, cgroup_roots.cgroup_name(d.name, d))
+        return kept
 
 
 def _environ(pid: int) -> bytes:
@@ -593,6 +610,26 @@ def marked_processes(root: Path) -> list[int]:
         if env and any(k in env for k in keys) and alive(pid):
             out.append(pid)
     return out
+
+
+def cgroup_layout() -> cgroups.Layout | None:
+    """The cgroups an agent started by this test process would use (it inherits our cgroups),
+    or None where it could not (not root, no memory+pids controllers, a read-only cgroupfs):
+    tried by making and removing a probe node root."""
+    found = cgroups.detect()
+    probe = f"phx-probe-{os.getpid()}"
+    try:
+        made = cgroups.ensure_parents(found, probe)
+    finally:
+        cgroups.remove_empty(cgroups.node_roots(found, probe))
+    return found if made.usable else None
+
+
+def agent_cgroup_roots(layout: cgroups.Layout | None, state_dir: Path, node: str) -> list[str]:
+    """The node roots the agent of ``node`` with ``state_dir`` makes (none without cgroups)."""
+    if layout is None:
+        return []
+    return cgroups.node_roots(layout, cgroup_roots.cgroup_name(node, state_dir))
 
 
 def run_cli(

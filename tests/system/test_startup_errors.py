@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import time
@@ -10,7 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from system.harness import Cluster, alive, base_env, free_port, phalanx_cmd, run_cli, wait_for
+from system.harness import (
+    Cluster,
+    agent_cgroup_roots,
+    alive,
+    base_env,
+    cgroup_layout,
+    free_port,
+    phalanx_cmd,
+    run_cli,
+    wait_for,
+)
 
 pytestmark = pytest.mark.system
 
@@ -126,6 +137,14 @@ def test_up_detach_then_down_leaves_nothing(cluster: Cluster, tmp_path: Path) ->
     job_pids = wait_for(running_task, what=f"job {job_id} to start")
     shepherds = cluster.live_shepherds()
     assert shepherds
+    # each agent's own cgroups (where this host has usable ones): `down` removes them too
+    layout = cgroup_layout()
+    node_cgroups = [
+        r
+        for n in range(1, 5)
+        for r in agent_cgroup_roots(layout, state / "nodes" / f"node0{n}", f"node0{n}")
+    ]
+    assert [r for r in node_cgroups if os.path.isdir(r)] == node_cgroups
 
     down = run_cli(["down", "--state-dir", str(state)], root=cluster.root)
     assert down.returncode == 0, down.stderr
@@ -136,3 +155,5 @@ def test_up_detach_then_down_leaves_nothing(cluster: Cluster, tmp_path: Path) ->
         timeout=30,
         what="every process of the local cluster to be gone (or a zombie)",
     )
+    left = [r for r in node_cgroups if os.path.exists(r)]
+    assert left == [], "`down` removes the nodes' cgroups once their jobs are gone"

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from phalanx import __version__
-from phalanx.agent import cgroups, gpu_usage, shepherd
+from phalanx.agent import cgroup_roots, cgroups, gpu_usage, shepherd
+from phalanx.agent.cgroup_roots import cgroup_name
 from phalanx.agent.files import read_json as _read_json
 from phalanx.agent.files import write_json as _write_json
 from phalanx.agent.health import GpuCheck, HealthMonitor, IsolationCheck, Status
@@ -180,7 +181,19 @@ class Agent:
         if saved:
             self.isolation.update({k: saved[k] for k in DEFAULT_ISOLATION if k in saved})
         try:
-            layout = cgroups.ensure_parents(cgroups.detect(), self.cgroup_name)
+            detected = cgroups.detect()
+        except OSError as e:
+            detected = cgroups.Layout(
+                "none", missing=cgroups.REQUIRED, problem=f"cannot detect: {e}"
+            )
+        if detected.usable:
+            # before making them: a half-made set (ensure_parents failing midway) is removed too
+            try:
+                cgroup_roots.record(self.state_dir, detected, self.cgroup_name)
+            except OSError as e:
+                log.warning("cannot remember this node's cgroups: %s", e)
+        try:
+            layout = cgroups.ensure_parents(detected, self.cgroup_name)
         except OSError as e:
             layout = cgroups.Layout("none", missing=cgroups.REQUIRED, problem=f"cannot detect: {e}")
         self.layout = layout
@@ -256,20 +269,9 @@ class Agent:
         the shepherd removes its own, but it may have died, or the agent was down.  Returns
         the attempt ids swept."""
         self._swept_at = time.monotonic()
-        found: dict[str, list[str]] = {}
-        for d in sorted(set(cgroups.node_dirs(self.layout, self.cgroup_name).values())):
-            try:
-                names = os.listdir(d)
-            except OSError:
-                continue
-            for n in names:
-                if n.isdigit() and os.path.isdir(f"{d}/{n}"):
-                    found.setdefault(n, []).append(f"{d}/{n}")
+        node_dirs = cgroups.node_dirs(self.layout, self.cgroup_name).values()
         swept = []
-        for aid, dirs in found.items():
-            td = self.tasks_dir / aid
-            if td.is_dir() and shepherd.read_status(td)["state"] not in ("exited", "lost"):
-                continue
+        for aid, dirs in cgroup_roots.ended_attempts(node_dirs, self.tasks_dir).items():
             left = cgroups.remove({"dirs": dirs}, timeout=0.5)
             swept.append(aid)
             if left:
@@ -277,6 +279,22 @@ class Agent:
             else:
                 log.info("removed the cgroups of ended attempt %s", aid)
         return swept
+
+    def release_cgroups(self) -> list[str]:
+        """At a clean stop: sweep the cgroups of ended attempts, then remove this node's own
+        roots (``<base>/phalanx/<node>-<hash>``) where they are empty, so a stopped agent
+        leaves nothing behind.  Roots with running jobs beneath stay (the kernel refuses, and
+        nothing is killed): the restarted agent uses them again.  Returns the roots kept."""
+        try:
+            with self._lock:
+                self.sweep_cgroups()
+            kept = cgroup_roots.release(self.state_dir, self.cgroup_name)
+        except Exception:
+            log.exception("cannot remove this node's cgroups at stop; going on")
+            return []
+        if kept:
+            log.info("keeping this node's cgroups (jobs still run in them): %s", ", ".join(kept))
+        return kept
 
     def run(self) -> None:
         """Register (retrying forever), then heartbeat until stopped.
@@ -338,6 +356,7 @@ class Agent:
                 self._step_listener.close()
                 self._step_listener = None
             self._launcher.close()
+            self.release_cgroups()
 
     def _start_step_listener(self) -> None:
         if self.steps_listen is None:
@@ -910,14 +929,6 @@ class Agent:
                 log.debug("exit report failed (the poller will retry): %s", e.message)
             except Exception:
                 log.exception("watcher error; going on")
-
-
-def cgroup_name(node: str, state_dir: Path) -> str:
-    """``<node>-<8 hex digits of the state dir's path>`` (see Agent.cgroup_name)."""
-    import hashlib
-
-    digest = hashlib.sha256(os.fsencode(os.path.abspath(state_dir))).hexdigest()[:8]
-    return f"{node}-{digest}"
 
 
 def job_owner(user: str | None) -> tuple[int, int] | None:

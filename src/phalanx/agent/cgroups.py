@@ -35,7 +35,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterable, Sequence
     from typing import Any
 
 __all__ = [
@@ -45,10 +45,14 @@ __all__ = [
     "attach",
     "detect",
     "ensure_parents",
+    "is_node_root",
+    "node_roots",
     "oom_kills",
     "pick_cpus",
     "plan",
+    "removal_order",
     "remove",
+    "remove_empty",
     "setup",
     "usage",
 ]
@@ -232,6 +236,34 @@ def detect(mountinfo: str | None = None, proc_cgroup: str | None = None) -> Layo
 def node_dirs(layout: Layout, node: str) -> dict[str, str]:
     """Controller -> ``<base>/phalanx/<node>``."""
     return {c: f"{b.rstrip('/')}/phalanx/{node}" for c, b in layout.bases.items()}
+
+
+def removal_order(dirs: Iterable[str]) -> list[str]:
+    """``dirs`` once each, children before parents (pure): a cgroup can only be removed once
+    nothing is below it, so the deepest paths come first (ties by name, for a stable order)."""
+    unique = {d.rstrip("/") or "/" for d in dirs}
+    return sorted(unique, key=lambda d: (-d.count("/"), d))
+
+
+def node_roots(layout: Layout, node: str) -> list[str]:
+    """The agent's own ``<base>/phalanx/<node>`` directories, each once (v2: one for every
+    controller), in :func:`removal_order` (pure).  Never the shared ``phalanx`` above them:
+    other agents' roots live there, and one agent removing it while another is between making
+    ``phalanx`` and its own root would leave that one without containment."""
+    return removal_order(node_dirs(layout, node).values())
+
+
+def is_node_root(path: str, node: str) -> bool:
+    """``path`` is an absolute ``.../phalanx/<node>`` (pure): what a remembered root must look
+    like before it is removed, so a damaged record never names another directory."""
+    parts = path.rstrip("/").split("/")
+    return (
+        path.startswith("/")
+        and len(parts) >= 3
+        and parts[-2:] == ["phalanx", node]
+        and ".." not in parts
+        and bool(node)
+    )
 
 
 def parent_steps(layout: Layout, node: str) -> list[tuple[str, list[tuple[str, str]]]]:
@@ -561,6 +593,24 @@ def pids(d: str) -> list[int]:
             return [int(x) for x in f.read().split()]
     except (OSError, ValueError):
         return []
+
+
+def remove_empty(dirs: Iterable[str]) -> tuple[list[str], list[str]]:
+    """rmdir each of ``dirs`` in :func:`removal_order`, once, killing nothing: the kernel
+    refuses (EBUSY) a cgroup that still holds processes or child cgroups, and so it stays.
+    Returns (gone, kept): gone includes directories that were not there."""
+    gone: list[str] = []
+    kept: list[str] = []
+    for d in removal_order(dirs):
+        try:
+            os.rmdir(d)
+        except FileNotFoundError:
+            pass
+        except OSError:  # EBUSY / ENOTEMPTY: in use; EACCES, EROFS: not ours to remove
+            kept.append(d)
+            continue
+        gone.append(d)
+    return gone, kept
 
 
 def remove(p: dict[str, Any], timeout: float = _REMOVE_TIMEOUT_S) -> list[str]:
