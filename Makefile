@@ -27,7 +27,7 @@ test: install lint
 	bash scripts/ensure-etcd.sh
 	bash scripts/ensure-netns-tools.sh
 	bash scripts/ensure-chromium.sh
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=30
 
 bench: install
 	$(BIN)/python bench/submit.py
