@@ -181,3 +181,24 @@ def test_no_requeue_with_retries_is_refused_at_submit(store: Store) -> None:
         submit1(store, retry_on="sometimes")
     with pytest.raises(InvalidSpec, match="below the base"):
         submit1(store, retry_backoff="10:1")
+
+
+def test_a_pass_reads_a_job_before_its_begin_time_only_to_say_so_once(store: Store) -> None:
+    """A pass (`eligible_by`: its clock) does not read pending jobs before their begin time
+    whole (a store with many jobs for tomorrow would re-read them every pass): it gets their
+    ids until their reason says BeginTime, then nothing, until their time comes."""
+    add_node(store, "n1")
+    add_node(store, "n2")
+    jid = submit1(store, retries=3, retry_on="exit", retry_backoff="30:100")
+    fail_once(store, jid, "n1")
+    now = time.time()
+    snap = store.sched_snapshot(eligible_by=now)
+    assert snap.pending == []
+    assert [r["id"] for r in snap.not_yet] == [jid]
+    plan = scheduling.plan(snap, now)
+    assert not plan.starts and plan.reasons[jid].startswith("BeginTime (not before ")
+    store.set_pending_reasons(plan.reasons)
+    assert store.sched_snapshot(eligible_by=now).not_yet == [], "said once"
+    later = store.sched_snapshot(eligible_by=now + 31)
+    assert [j["id"] for j in later.pending] == [jid] and later.not_yet == []
+    assert [p.job_id for p in scheduling.plan(later, now + 31).starts] == [jid]

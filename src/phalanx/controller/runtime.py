@@ -520,12 +520,14 @@ class Controller:
         return out
 
     def _schedule(self, fences: dict[str, Fence]) -> str:
-        snap = self.store.sched_snapshot()
+        now = time.time()
+        snap = self.store.sched_snapshot(eligible_by=now)
         owner = {int(j["id"]): j["partitions"].split(",")[0] for j in snap.pending}
         snap.pending = [j for j in snap.pending if owner[int(j["id"])] in fences]
+        snap.not_yet = [j for j in snap.not_yet if j["partitions"].split(",")[0] in fences]
         options = self.plan_options(snap)
         totals = options["license_totals"]
-        plan = scheduling.plan(snap, time.time(), **options)
+        plan = scheduling.plan(snap, now, **options)
         for jid, why in plan.never:
             self.store.end_pending(jid, JobState.CANCELLED, why, fences[owner[jid]])
         started: list[int] = []

@@ -26,6 +26,14 @@ from phalanx.domain.priority import Queue, QueuePolicy
 # (its default is this value; tests/unit/test_config.py holds them equal).
 DEFAULT_QUEUE_DEPTH = 1000
 
+BEGIN = "BeginTime"  # the reason of a job before its begin time (--begin, a retry's backoff)
+
+
+def begin_reason(eligible_at: float) -> str:
+    when = time.strftime("%H:%M:%S", time.localtime(eligible_at))
+    return f"{BEGIN} (not before {when})"
+
+
 # The reason of a job waiting for nodes held for it (a restart after a node failure, or the
 # nodes of the jobs it preempts, docs/preemption.md)
 RESERVED = "Reserved (waits for the nodes held for it: a restart or a preemption)"
@@ -262,6 +270,8 @@ def plan(
     dependency, a limit, an array's task limit) do not count against it.
     """
     out = Plan()
+    for row in getattr(snap, "not_yet", None) or []:  # not read whole before their time
+        out.reasons[int(row["id"])] = begin_reason(float(row["eligible_time"]))
     depth = len(snap.pending) if queue_depth is None else max(1, queue_depth)
     # the head of the queue in order, the rest only if the pass reaches it (QueuePolicy.queue)
     queue = policy.queue(snap, now, depth) if policy else Queue(snap.pending)
@@ -286,8 +296,7 @@ def plan(
         key = (job["name"], job["user"])
         eligible_at = job.get("eligible_time")
         if eligible_at and eligible_at > now:
-            when = time.strftime("%H:%M:%S", time.localtime(eligible_at))
-            out.reasons[jid] = f"BeginTime (not before {when})"
+            out.reasons[jid] = begin_reason(eligible_at)
             continue
         singleton = any(d["type"] == "singleton" for d in job["dependency"])
         verdict, why = evaluate(

@@ -53,6 +53,7 @@ from phalanx.domain.policy import (
     is_user_requeue,
     user_requeue_reason,
 )
+from phalanx.domain.scheduling import BEGIN
 from phalanx.domain.spec import PartitionInfo, ResolvedJob
 from phalanx.domain.states import (
     TERMINAL,
@@ -141,6 +142,8 @@ class SchedSnapshot:
     reservations: list[dict[str, Any]] = field(default_factory=list)
     # maintenance windows still to come or under way (rows of `maintenance`)
     maintenance: list[dict[str, Any]] = field(default_factory=list)
+    # pending jobs before their begin time whose reason does not say so yet (sched_snapshot)
+    not_yet: list[dict[str, Any]] = field(default_factory=list)
     # jobs holding resources (for limits): user, account, qos, nodes, gpus_per_node
     active_jobs: list[dict[str, Any]] = field(default_factory=list)
     # the --licenses text of every attempt that holds its resources (not ENDED)
@@ -875,7 +878,19 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
         return out
 
     # ------------------------------------------------------------------ scheduler
-    def sched_snapshot(self, pending_limit: int = 5000) -> SchedSnapshot:
+    def sched_snapshot(
+        self, pending_limit: int = 5000, eligible_by: float | None = None
+    ) -> SchedSnapshot:
+        """What one scheduling pass reads.  `eligible_by` (the pass's clock): pending jobs
+        whose begin time (--begin, a retry's backoff) is later are not read whole: a store
+        holding many jobs scheduled for tomorrow would otherwise re-read them every pass.
+        Those whose reason does not say so yet come in ``not_yet`` (id, partitions, time),
+        for the pass to set it once.  None: every pending job, as `explain` wants."""
+        pending_where = [s.jobs.c.state == JobState.PENDING.value]
+        if eligible_by is not None:
+            pending_where.append(
+                or_(s.jobs.c.eligible_time.is_(None), s.jobs.c.eligible_time <= eligible_by)
+            )
         with self.db.begin(write=False) as conn:
             nodes = [
                 dict(r) for r in conn.execute(select(s.nodes).order_by(s.nodes.c.name)).mappings()
@@ -899,11 +914,25 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
                 dict(r)
                 for r in conn.execute(
                     select(*_JOB_SUMMARY, *_elastic_columns(), _LICENSES, *_topology_columns())
-                    .where(s.jobs.c.state == JobState.PENDING.value)
+                    .where(*pending_where)
                     .order_by(s.jobs.c.priority.desc(), s.jobs.c.id)
                     .limit(pending_limit)
                 ).mappings()
             ]
+            not_yet = (
+                []
+                if eligible_by is None
+                else [
+                    dict(r)
+                    for r in conn.execute(
+                        select(s.jobs.c.id, s.jobs.c.partitions, s.jobs.c.eligible_time).where(
+                            s.jobs.c.state == JobState.PENDING.value,
+                            s.jobs.c.eligible_time > eligible_by,
+                            or_(s.jobs.c.reason.is_(None), ~s.jobs.c.reason.startswith(BEGIN)),
+                        )
+                    ).mappings()
+                ]
+            )
             reservations = [
                 dict(r)
                 for r in conn.execute(
@@ -955,6 +984,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
                 active_names=active_names,
                 array_active=array_active,
                 reservations=reservations,
+                not_yet=not_yet,
                 maintenance=self._live_windows(conn),
                 active_jobs=self._limit_rows(conn, active_states),
                 licenses_held=self._licenses_held(conn),
