@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -75,18 +76,13 @@ def send(a: Agent, payload: bytes) -> str:
     host, _, port = (a.steps_at or "").rpartition(":")
     with socket.create_connection((host, int(port)), timeout=10) as s:
         s.sendall(payload)
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = s.recv(4096)
-            if not chunk:
-                break
-            data += chunk
-    return data.decode().strip()
+        with s.makefile("rb") as lines:
+            return lines.readline().decode().strip()
 
 
 def cred_line(cluster_key: object = CLUSTER, **kw: object) -> bytes:
     key = derive(cluster_key, "node", "node01")  # type: ignore[arg-type]
-    cred = launchcred.sign(key, {**item(), **kw}, now=__import__("time").time(), ttl=60)
+    cred = launchcred.sign(key, {**item(), **kw}, now=time.time(), ttl=60)
     return json.dumps(cred).encode() + b"\n"
 
 

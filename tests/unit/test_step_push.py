@@ -34,13 +34,8 @@ class Answering:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = conn.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-            self.got.append(data)
+            with conn.makefile("rb") as lines:
+                self.got.append(lines.readline())
             if self.reply is None:
                 self.held.append(conn)  # never answered, kept open
                 continue

@@ -27,7 +27,8 @@ import socketserver
 import threading
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
+
+from phalanx.netaddr import local_address
 
 log = logging.getLogger("phalanx.agent")
 
@@ -102,15 +103,8 @@ class StepListener:
 def advertised_host(bound: str, controller_urls: list[str]) -> str:
     if bound not in ("0.0.0.0", "::", ""):
         return bound
-    url = urlsplit(controller_urls[0]) if controller_urls else None
-    host = (url.hostname if url else None) or "127.0.0.1"
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_DGRAM) as s:
-            s.connect((host, (url.port if url else None) or 80))
-            return str(s.getsockname()[0])
-    except OSError:
-        return socket.gethostname()
+    found = local_address(controller_urls[0] if controller_urls else "http://127.0.0.1")
+    return found or socket.gethostname()
 
 
 def render(host: str, port: int) -> str:

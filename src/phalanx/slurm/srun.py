@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from phalanx.domain import hostlist
 from phalanx.errors import ControllerUnavailable, PhalanxError
+from phalanx.netaddr import local_address
 from phalanx.slurm import pty_relay, step_push
 from phalanx.slurm.common import SlurmParser, SlurmUsageError, run_command
 from phalanx.slurm.lean import LeanClient
@@ -339,16 +340,7 @@ def advertised_host(urls: list[str], env: Mapping[str, str] | None = None) -> st
     given = (os.environ if env is None else env).get("PHX_SRUN_HOST")
     if given:
         return given
-    from urllib.parse import urlsplit
-
-    url = urlsplit(urls[0])
-    host = url.hostname or "127.0.0.1"
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((host, url.port or 80))
-            return str(s.getsockname()[0])
-    except OSError:
-        return "127.0.0.1"
+    return local_address(urls[0]) or "127.0.0.1"
 
 
 def _body(
