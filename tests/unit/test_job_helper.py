@@ -39,9 +39,13 @@ def control(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     yield ctl
 
 
-def _request(ctl: Path, seq: int, *, stop: bool = False, reason: str = "interval") -> None:
-    """Write a request the way the node side does (atomic replace, new mtime)."""
-    data = {"seq": seq, "reason": reason, "requested_at": time.time(), "deadline": None}
+def _request(
+    ctl: Path, seq: int, *, stop: bool = False, reason: str = "interval", age: float = 0.0
+) -> None:
+    """Write a request the way the node side does (atomic replace, new mtime), made ``age``
+    seconds ago."""
+    at = time.time() - age
+    data = {"seq": seq, "reason": reason, "requested_at": at, "deadline": None}
     data["stop"] = stop
     tmp = ctl / "req.tmp"
     tmp.write_text(json.dumps(data))
@@ -118,6 +122,50 @@ def test_signal_handler_sets_the_flag(control: Path) -> None:
         assert job.checkpoint_request()["reason"] == "signal"  # type: ignore[index]
         job.report_checkpoint(control / "whatever")
         assert not job.checkpoint_requested()
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+
+
+def _signal_self_and_wait(signum: int = signal.SIGUSR1) -> None:
+    before = job._state.signals
+    os.kill(os.getpid(), signum)
+    deadline = time.monotonic() + 5
+    while job._state.signals == before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert job._state.signals > before, "the signal never reached the handler"
+
+
+def test_a_requests_signal_arriving_after_its_answer_is_not_a_second_request(
+    control: Path,
+) -> None:
+    """The node side writes the file, then signals: a job that read and answered the file
+    in between must not checkpoint again for that same request's signal."""
+    old = signal.getsignal(signal.SIGUSR1)
+    try:
+        job.install_signal_handler()
+        _request(control, 1)
+        assert job.checkpoint_request()["seq"] == 1  # type: ignore[index]
+        job.report_checkpoint(control / "step-1")
+        _signal_self_and_wait()  # request 1's own signal, late
+        assert job.checkpoint_request() is None
+        assert not job.checkpoint_requested()
+        # the next request by file is seen as usual
+        _request(control, 2)
+        assert job.checkpoint_request()["seq"] == 2  # type: ignore[index]
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+
+
+def test_a_signal_long_after_the_last_answered_request_is_a_request(control: Path) -> None:
+    old = signal.getsignal(signal.SIGUSR1)
+    try:
+        job.install_signal_handler()
+        _request(control, 1, age=job.SIGNAL_LAG_S + 5)
+        assert job.checkpoint_request()["seq"] == 1  # type: ignore[index]
+        job.report_checkpoint(control / "step-1")
+        _signal_self_and_wait()  # sent by hand, long after request 1
+        req = job.checkpoint_request()
+        assert req is not None and req["reason"] == "signal"
     finally:
         signal.signal(signal.SIGUSR1, old)
 

@@ -74,6 +74,11 @@ ENV_RESTART = "PHX_RESTART_COUNT"
 # dir, so it survives the attempt), which is what latest_checkpoint() trusts first.
 LATEST_POINTER = ".phalanx-latest.json"
 _TMP_PREFIX = "."  # temporary files are hidden, so latest_checkpoint never picks one
+# The node side writes a request's file, then has its signal delivered.  A job that read the
+# file (and answered it) before the signal arrived must not take that signal for a second,
+# file-less request: a signal that comes at most this long after the newest request was
+# written, when that request is already answered, belongs to it.
+SIGNAL_LAG_S = 30.0
 
 
 class _State:
@@ -87,6 +92,7 @@ class _State:
         self.signals = 0  # checkpoint signals received
         self.signals_seen = 0  # ... of which checkpoint_request() has reported
         self.signals_acked = 0  # ... of which a report_checkpoint has answered
+        self.last_signal_at = 0.0  # wall clock of the newest checkpoint signal
         self.seen_seq = 0  # newest request seq checkpoint_request() has reported
         self.acked_seq = 0  # newest request seq a report_checkpoint has answered
         self.request_cache: tuple[tuple[int, int], dict[str, Any] | None] | None = None
@@ -154,7 +160,8 @@ def checkpoint_request() -> dict[str, Any] | None:
 
     Pending means not answered by a :func:`report_checkpoint` after it was seen here.  A
     request known only from the signal (no request file) reads as
-    ``{"seq": None, "reason": "signal", ...}``.
+    ``{"seq": None, "reason": "signal", ...}``; the late signal of a request already
+    answered from its file is not one (`SIGNAL_LAG_S`).
     """
     req = _read_request()
     with _state.lock:
@@ -165,8 +172,25 @@ def checkpoint_request() -> dict[str, Any] | None:
             return req
         if signals > _state.signals_acked:
             _state.signals_seen = signals
+            if _late_signal_of_answered_request(req):
+                _state.signals_acked = signals
+                return None
             return {"seq": None, "reason": "signal", "deadline": None, "stop": None}
     return None
+
+
+def _late_signal_of_answered_request(req: dict[str, Any] | None) -> bool:
+    """True when the newest signal is the one that came with ``req``, already answered.
+
+    Only a signal with no visible request (a job whose control dir is not shared, a signal
+    sent by hand) is a request of its own; see `SIGNAL_LAG_S`.  Caller holds the lock.
+    """
+    if req is None or req["seq"] > _state.acked_seq:
+        return False
+    at = req.get("requested_at")
+    if not isinstance(at, (int, float)) or isinstance(at, bool):
+        return False
+    return -1.0 <= _state.last_signal_at - at <= SIGNAL_LAG_S
 
 
 def checkpoint_requested() -> bool:
@@ -208,6 +232,7 @@ def install_signal_handler(signum: int | None = None) -> int | None:
         signum = _signal_number(os.environ.get(ENV_SIGNAL)) or int(signal.SIGUSR1)
 
     def on_signal(_signum: int, _frame: object) -> None:
+        _state.last_signal_at = time.time()
         _state.signals += 1
 
     signal.signal(signum, on_signal)
