@@ -242,13 +242,26 @@ def check_exactly_once(cluster: Cluster, stream: Stream, extra_acked: list[int] 
         f"({len(acked)} acknowledged + {len(stream.failed)} unanswered)"
     )
 
+    not_ended: dict[int, Any] = {}
+
     def ended() -> dict[int, dict[str, Any]] | None:
         # not cluster.wait_terminal: that one fails as soon as any controller is down
         jobs = cluster.jobs_by_id(everything)
-        open_ = {i: j["state"] for i, j in jobs.items() if j["state"] not in TERMINAL_STATES}
-        return None if open_ or len(jobs) != len(everything) else jobs
+        not_ended.clear()
+        not_ended.update(
+            {
+                i: {k: j.get(k) for k in ("state", "reason", "nodelist")}
+                for i, j in jobs.items()
+                if j["state"] not in TERMINAL_STATES
+            }
+        )
+        not_ended.update({i: "missing from the list" for i in set(everything) - set(jobs)})
+        return None if not_ended else jobs
 
-    jobs = wait_for(ended, timeout=90, interval=0.25, what=f"{len(everything)} jobs to end")
+    try:
+        jobs = wait_for(ended, timeout=90, interval=0.25, what=f"{len(everything)} jobs to end")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; not ended: {not_ended}") from None
     runs: dict[int, list[str]] = {}
     for line in stream.runs.read_text().splitlines():
         runs.setdefault(int(line.split()[0]), []).append(line)
