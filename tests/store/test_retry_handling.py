@@ -198,7 +198,12 @@ def test_a_pass_reads_a_job_before_its_begin_time_only_to_say_so_once(store: Sto
     plan = scheduling.plan(snap, now)
     assert not plan.starts and plan.reasons[jid].startswith("BeginTime (not before ")
     store.set_pending_reasons(plan.reasons)
-    assert store.sched_snapshot(eligible_by=now).not_yet == [], "said once"
+    quiet = store.sched_snapshot(eligible_by=now)
+    assert quiet.not_yet == [], "said once"
+    # nothing for a pass to do: the nodes are not read at all
+    assert quiet.quiet and quiet.nodes == [] and quiet.pending == []
     later = store.sched_snapshot(eligible_by=now + 31)
     assert [j["id"] for j in later.pending] == [jid] and later.not_yet == []
+    assert not later.quiet and sorted(n["name"] for n in later.nodes) == ["n1", "n2"]
+    assert not store.sched_snapshot().quiet, "explain (no clock) always reads everything"
     assert [p.job_id for p in scheduling.plan(later, now + 31).starts] == [jid]

@@ -410,11 +410,12 @@ def test_events_filters_and_add_event(store: Store) -> None:
 def test_lifecycle_to_completed(store: Store) -> None:
     add_node(store, "n1")
     jid = submit1(store, time_limit_s=600)
-    gen0 = store.node_gens()["n1"]
+    gen0, total0 = store.node_gens()["n1"], store.node_gens_total()
     assert schedule(store) == [jid]
     job = store.get_job(jid)
     assert job["state"] == "STARTING" and job["nodelist_run"] == ["n1"]
     assert store.node_gens()["n1"] > gen0  # the agent's long-poll is woken
+    assert store.node_gens_total() > total0  # ... and a poll of the sum alone sees it
     (att,) = store.attempts_of(jid)
     assert job["attempt_id"] == att["id"]
     assert att["state"] == "STARTING" and att["seq"] == 0 and att["nodes"] == ["n1"]
@@ -808,6 +809,17 @@ def test_register_heartbeat_down_and_back(store: Store) -> None:
     assert [e["kind"] for e in store.events(node="n1")] == ["node.register", "node.down", "node.up"]
     with pytest.raises(NotFound):
         store.get_node("ghost")
+
+
+def test_the_failure_detector_reads_only_silent_nodes(store: Store) -> None:
+    for name in ("quiet", "fresh", "gone"):
+        add_node(store, name)
+    store.record_heartbeats({"quiet": 60.0, "fresh": 1.0, "gone": 60.0})  # seconds ago
+    assert store.mark_down("gone", "no heartbeat", None)
+    rows = store.silent_node_rows(store.db_time() - 30.0)
+    assert [r["name"] for r in rows] == ["quiet"]
+    assert store.db_time() - rows[0]["last_heartbeat"] == pytest.approx(60.0, abs=5.0)
+    assert store.silent_node_rows(store.db_time() - 120.0) == []
 
 
 def test_drain_and_resume(store: Store) -> None:

@@ -156,6 +156,7 @@ class Controller:
         self._beats: dict[str, float] = {}  # node -> monotonic time last seen
         self._beats_lock = threading.Lock()
         self._gens: dict[str, int] = {}
+        self._gens_total: int | None = None  # node_gens_total() when _gens was last read
         # node -> "host:port" its agent takes direct step launches at (config [steps]): soft
         # state from the agents' heartbeats, so a fresh controller knows it within one
         self.step_addrs: dict[str, str] = {}
@@ -522,6 +523,8 @@ class Controller:
     def _schedule(self, fences: dict[str, Fence]) -> str:
         now = time.time()
         snap = self.store.sched_snapshot(eligible_by=now)
+        if snap.quiet:
+            return "idle"
         owner = {int(j["id"]): j["partitions"].split(",")[0] for j in snap.pending}
         snap.pending = [j for j in snap.pending if owner[int(j["id"])] in fences]
         snap.not_yet = [j for j in snap.not_yet if j["partitions"].split(",")[0] in fences]
@@ -662,7 +665,7 @@ class Controller:
         with self._beats_lock:
             unflushed = list(self._beats)
         verdicts = silent_nodes(
-            self.store.list_nodes(),
+            self.store.silent_node_rows(db_now - self.timing.node_down_timeout),
             db_now,
             self.timing.node_down_timeout,
             heard_recently=unflushed,
@@ -776,7 +779,11 @@ class Controller:
         waiting = self.waiters.waiting_nodes()
         if not waiting:
             return "idle"
+        total = self.store.node_gens_total()  # first: a change after it is read next tick
+        if total == self._gens_total:
+            return "idle"
         gens = self.store.node_gens()
+        self._gens_total = total
         changed = [n for n in waiting if gens.get(n) is not None and gens[n] != self._gens.get(n)]
         self._gens.update(gens)
         if changed:

@@ -150,6 +150,8 @@ class SchedSnapshot:
     licenses_held: list[str] = field(default_factory=list)
     # job id -> --group of every job with an attempt that holds its nodes (anti-affinity)
     groups_active: dict[int, str] = field(default_factory=dict)
+    # True: no pending job at all for this pass (nothing else was read; see sched_snapshot)
+    quiet: bool = False
 
 
 MAX_ID = 2**63 - 1  # the largest id an INTEGER column holds (SQLite and PostgreSQL)
@@ -885,31 +887,14 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
         whose begin time (--begin, a retry's backoff) is later are not read whole: a store
         holding many jobs scheduled for tomorrow would otherwise re-read them every pass.
         Those whose reason does not say so yet come in ``not_yet`` (id, partitions, time),
-        for the pass to set it once.  None: every pending job, as `explain` wants."""
+        for the pass to set it once.  None: every pending job, as `explain` wants.  A pass
+        with no pending job at all gets a `quiet` snapshot, without nodes or allocations."""
         pending_where = [s.jobs.c.state == JobState.PENDING.value]
         if eligible_by is not None:
             pending_where.append(
                 or_(s.jobs.c.eligible_time.is_(None), s.jobs.c.eligible_time <= eligible_by)
             )
         with self.db.begin(write=False) as conn:
-            nodes = [
-                dict(r) for r in conn.execute(select(s.nodes).order_by(s.nodes.c.name)).mappings()
-            ]
-            parts = {r["name"]: dict(r) for r in conn.execute(select(s.partitions)).mappings()}
-            allocs = [
-                dict(r)
-                for r in conn.execute(
-                    _active_tasks(
-                        s.tasks.c.node,
-                        s.tasks.c.cpus,
-                        s.tasks.c.mem_mb,
-                        s.tasks.c.gpu_ids,
-                        s.tasks.c.exclusive,
-                        s.attempts.c.job_id,
-                        s.attempts.c.expected_end,
-                    )
-                ).mappings()
-            ]
             pending = [
                 dict(r)
                 for r in conn.execute(
@@ -939,6 +924,38 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
                     select(s.jobs.c.id, s.jobs.c.reserved_nodes, s.jobs.c.reserved_until).where(
                         s.jobs.c.state == JobState.PENDING.value,
                         s.jobs.c.reserved_until.is_not(None),
+                    )
+                ).mappings()
+            ]
+            if eligible_by is not None and not (pending or not_yet or reservations):
+                # nothing a pass could start, reserve or explain: a quiet cluster of 10,000
+                # nodes would otherwise read every node row once a second for nothing
+                return SchedSnapshot(
+                    nodes=[],
+                    partitions={},
+                    allocations=[],
+                    pending=[],
+                    dep_states={},
+                    dep_started={},
+                    active_names=set(),
+                    array_active={},
+                    quiet=True,
+                )
+            nodes = [
+                dict(r) for r in conn.execute(select(s.nodes).order_by(s.nodes.c.name)).mappings()
+            ]
+            parts = {r["name"]: dict(r) for r in conn.execute(select(s.partitions)).mappings()}
+            allocs = [
+                dict(r)
+                for r in conn.execute(
+                    _active_tasks(
+                        s.tasks.c.node,
+                        s.tasks.c.cpus,
+                        s.tasks.c.mem_mb,
+                        s.tasks.c.gpu_ids,
+                        s.tasks.c.exclusive,
+                        s.attempts.c.job_id,
+                        s.attempts.c.expected_end,
                     )
                 ).mappings()
             ]
@@ -1372,6 +1389,15 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
     def db_time(self) -> float:
         with self.db.begin(write=False) as conn:
             return float(conn.execute(select(self.db.db_now_sql())).scalar_one())
+
+    def node_gens_total(self) -> int:
+        """The sum of every node's work generation: gens only grow, so an unchanged sum means
+        no node got work since it was last read, and a poll of 10,000 nodes reads one number
+        instead of 10,000 rows (`Controller.gen_tick`)."""
+        with self.db.begin(write=False) as conn:
+            return int(
+                conn.execute(select(func.coalesce(func.sum(s.nodes.c.work_gen), 0))).scalar_one()
+            )
 
     def node_gens(self) -> dict[str, int]:
         with self.db.begin(write=False) as conn:
@@ -1962,6 +1988,24 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
             return aids
 
     # ------------------------------------------------------------------ nodes
+    def silent_node_rows(self, heard_before: float) -> list[dict[str, Any]]:
+        """Registered, not-DOWN nodes whose last heartbeat in the store is older than
+        `heard_before` (database clock): the failure detector's candidates (name, registered,
+        down, last_heartbeat). The filter runs in the database, so a detector tick on a
+        healthy 10,000-node cluster reads no rows instead of all of them with their usage."""
+        n = s.nodes.c
+        with self.db.begin(write=False) as conn:
+            return [
+                dict(r)
+                for r in conn.execute(
+                    select(n.name, n.registered, n.down, n.last_heartbeat)
+                    .where(
+                        n.registered.is_(True), n.down.is_(False), n.last_heartbeat < heard_before
+                    )
+                    .order_by(n.name)
+                ).mappings()
+            ]
+
     def list_nodes(self) -> list[dict[str, Any]]:
         with self.db.begin(write=False) as conn:
             nodes = [
