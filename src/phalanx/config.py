@@ -439,7 +439,8 @@ class AuthConfig(BaseModel):
 
 
 class LimitsConfig(BaseModel):
-    """Per-user rate limits of each controller (token buckets; docs/security.md)."""
+    """Per-user rate limits of each controller (token buckets; docs/security.md), and how
+    much of it the agents' heartbeats may take at once."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -455,6 +456,14 @@ class LimitsConfig(BaseModel):
     )
     exempt_roles: list[str] = Field(
         default_factory=lambda: ["admin"], description="roles never throttled (agents never are)"
+    )
+    agent_exchanges: int = Field(
+        4,
+        ge=1,
+        le=256,
+        description="heartbeat exchanges one controller works on at once; the others wait "
+        "their turn on the event loop, so users' requests and /metrics keep their worker "
+        "threads and a share of the interpreter when thousands of nodes heartbeat",
     )
 
     @field_validator("exempt_roles")

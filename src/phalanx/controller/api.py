@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import anyio.to_thread
+from anyio import CapacityLimiter
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.requests import HTTPConnection
@@ -35,6 +37,7 @@ from phalanx.controller import (
     metrics,
     share_api,
 )
+from phalanx.controller.exchange import Reply, StepReply
 from phalanx.controller.fastpath import SubmitFastPath
 from phalanx.controller.launch import default_output, expand_pattern, job_layout
 from phalanx.controller.runtime import Controller
@@ -1078,6 +1081,15 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
             "controller": ctl.cid,
         }
 
+    # Exchanges are CPU work under one interpreter lock: more of them at once adds no
+    # throughput, and in the shared worker pool (40 threads) thousands of nodes' heartbeats
+    # would leave a user's request or a scrape one fortieth of the interpreter (a 10,000-node
+    # /metrics scrape took minutes). They get threads of their own, `limits.agent_exchanges`.
+    exchanges = CapacityLimiter(ctl.config.limits.agent_exchanges)
+
+    async def exchange(*args: Any) -> tuple[Reply, StepReply]:
+        return await anyio.to_thread.run_sync(ctl.exchange, *args, limiter=exchanges)
+
     @app.post("/v1/agents/{node}/heartbeat")
     async def heartbeat(node: str, body: HeartbeatIn) -> dict[str, Any]:
         ctl.seen(node)
@@ -1090,16 +1102,18 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         deadline = time.monotonic() + min(body.wait, ctl.timing.heartbeat_interval)
         read_at = time.monotonic()  # a wakeup after this may not be in the reply: wait less
         args = (node, reports, body.taken_at, body.health, step_reports)
-        reply, steps = await run_in_threadpool(ctl.exchange, *args)
+        reply, steps = await exchange(*args)
         while reply.empty and steps.empty and time.monotonic() < deadline:
             woke = await ctl.waiters.wait(node, deadline - time.monotonic(), since=read_at)
             if not woke:
                 break
             read_at = time.monotonic()
-            reply, steps = await run_in_threadpool(ctl.exchange, *args)
+            reply, steps = await exchange(*args)
         return _fast_json(
             {
-                "start": await run_in_threadpool(ctl.launch_specs, reply, node),
+                "start": await anyio.to_thread.run_sync(
+                    ctl.launch_specs, reply, node, limiter=exchanges
+                ),
                 "stop": reply.stop,
                 "forget": reply.forget,
                 "steps": {
