@@ -111,8 +111,12 @@ def main() -> int:
             f"run {i + 1}: placements/s {r['placements_per_s']:.0f}"
             + (f" (per window: {windows})" if windows else "")
             + (
-                f", {r['heartbeats_per_s']:.0f} heartbeats/s, "
-                f"{r['cpu_ms_per_heartbeat'] or 0:.2f} ms controller CPU each"
+                (
+                    f", {r['heartbeats_per_s']:.0f} heartbeats/s, "
+                    f"{r['cpu_ms_per_heartbeat'] or 0:.2f} ms controller CPU each"
+                    if r["heartbeats_per_s"] is not None
+                    else ", heartbeats/s unknown (/metrics did not answer)"
+                )
                 if "heartbeats_per_s" in r
                 else ""
             )

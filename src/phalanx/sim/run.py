@@ -489,9 +489,10 @@ class Sim:
         self._wait("the idle period", lambda: time.monotonic() - t0 >= seconds, seconds + 60)
         wall = time.monotonic() - t0
         cpu = sum(proc_cpu_s(p.pid) - cpu0[p.pid] for p in self.controllers)
-        beats = self._heartbeats() - beats0
+        beats1 = self._heartbeats()
+        beats = None if beats0 is None or beats1 is None else beats1 - beats0
         return {
-            "heartbeats_per_s": beats / wall,
+            "heartbeats_per_s": None if beats is None else beats / wall,
             "cpu_ms_per_heartbeat": 1000.0 * cpu / beats if beats else None,
             "seconds": wall,
             "controller_cpu_s": cpu,
@@ -551,14 +552,20 @@ class Sim:
             "false_down": len(self._downs() - self._stopped()),
         }
 
-    def _heartbeats(self) -> float:
-        """Heartbeats the controllers took so far (their phalanx_heartbeats_total)."""
+    def _heartbeats(self) -> float | None:
+        """Heartbeats the controllers took so far (their phalanx_heartbeats_total), or None
+        when one controller's /metrics did not answer within 30 s (then the count is unknown,
+        not zero)."""
         total = 0.0
         for url in self.urls:
-            with contextlib.suppress(httpx.HTTPError):
-                for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
-                    if line.startswith("phalanx_heartbeats_total"):
-                        total += float(line.split()[-1])
+            try:
+                text = httpx.get(url + "/metrics", timeout=30).raise_for_status().text
+            except httpx.HTTPError as e:
+                self.say(f"{url}/metrics did not answer: {type(e).__name__}: {e}")
+                return None
+            for line in text.splitlines():
+                if line.startswith("phalanx_heartbeats_total"):
+                    total += float(line.split()[-1])
         return total
 
     def _downs(self) -> set[str]:
