@@ -461,9 +461,10 @@ class LimitsConfig(BaseModel):
         4,
         ge=1,
         le=256,
-        description="heartbeat exchanges one controller works on at once; the others wait "
-        "their turn on the event loop, so users' requests and /metrics keep their worker "
-        "threads and a share of the interpreter when thousands of nodes heartbeat",
+        description="agents' heartbeat exchanges and registrations one controller works on "
+        "at once; the others wait their turn on the event loop, so users' requests and "
+        "/metrics keep their worker threads and a share of the interpreter when thousands of "
+        "nodes heartbeat or register",
     )
 
     @field_validator("exempt_roles")

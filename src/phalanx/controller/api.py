@@ -1071,24 +1071,26 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         return {"token": token, "user": body.user, "role": body.role, "expires_at": expires}
 
     # ---------------------------------------------------------------- agents
+    # Agents' registrations and exchanges are CPU work under one interpreter lock: more of
+    # them at once adds no throughput, and in the shared worker pool (40 threads) thousands of
+    # nodes heartbeating, or registering after a restart, would leave a user's request or a
+    # scrape waiting for a thread and then one fortieth of the interpreter (a 10,000-node
+    # /metrics scrape took minutes). They get threads of their own, `limits.agent_exchanges`.
+    exchanges = CapacityLimiter(ctl.config.limits.agent_exchanges)
+
+    async def exchange(*args: Any) -> tuple[Reply, StepReply]:
+        return await anyio.to_thread.run_sync(ctl.exchange, *args, limiter=exchanges)
+
     @app.post("/v1/agents/{node}/register")
-    def register(node: str, body: RegisterIn) -> dict[str, Any]:
-        ctl.register(node, body.model_dump())
+    async def register(node: str, body: RegisterIn) -> dict[str, Any]:
+        info = body.model_dump()
+        await anyio.to_thread.run_sync(ctl.register, node, info, limiter=exchanges)
         return {
             "node": node,
             "timing": ctl.timing.model_dump(),
             "isolation": ctl.config.isolation.model_dump(),
             "controller": ctl.cid,
         }
-
-    # Exchanges are CPU work under one interpreter lock: more of them at once adds no
-    # throughput, and in the shared worker pool (40 threads) thousands of nodes' heartbeats
-    # would leave a user's request or a scrape one fortieth of the interpreter (a 10,000-node
-    # /metrics scrape took minutes). They get threads of their own, `limits.agent_exchanges`.
-    exchanges = CapacityLimiter(ctl.config.limits.agent_exchanges)
-
-    async def exchange(*args: Any) -> tuple[Reply, StepReply]:
-        return await anyio.to_thread.run_sync(ctl.exchange, *args, limiter=exchanges)
 
     @app.post("/v1/agents/{node}/heartbeat")
     async def heartbeat(node: str, body: HeartbeatIn) -> dict[str, Any]:

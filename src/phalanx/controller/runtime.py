@@ -776,11 +776,11 @@ class Controller:
     def gen_tick(self) -> str:
         """Wake this controller's long-polls when another controller gave their nodes work
         (the fallback for LISTEN/NOTIFY: see gen_poll_interval)."""
-        waiting = self.waiters.waiting_nodes()
-        if not waiting:
-            return "idle"
         total = self.store.node_gens_total()  # first: a change after it is read next tick
         if total == self._gens_total:
+            return "idle"
+        waiting = self.waiters.waiting_nodes()  # after: 10,000 long-polls are a long list
+        if not waiting:
             return "idle"
         gens = self.store.node_gens()
         self._gens_total = total
