@@ -439,8 +439,7 @@ class AuthConfig(BaseModel):
 
 
 class LimitsConfig(BaseModel):
-    """Per-user rate limits of each controller (token buckets; docs/security.md), and how
-    much of it the agents' heartbeats may take at once."""
+    """Per-user rate limits of each controller (token buckets; docs/security.md)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -456,15 +455,6 @@ class LimitsConfig(BaseModel):
     )
     exempt_roles: list[str] = Field(
         default_factory=lambda: ["admin"], description="roles never throttled (agents never are)"
-    )
-    agent_exchanges: int = Field(
-        4,
-        ge=1,
-        le=256,
-        description="agents' heartbeat exchanges and registrations one controller works on "
-        "at once; the others wait their turn on the event loop, so users' requests and "
-        "/metrics keep their worker threads and a share of the interpreter when thousands of "
-        "nodes heartbeat or register",
     )
 
     @field_validator("exempt_roles")

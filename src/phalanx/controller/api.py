@@ -14,8 +14,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import anyio.to_thread
-from anyio import CapacityLimiter
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.requests import HTTPConnection
@@ -37,7 +35,6 @@ from phalanx.controller import (
     metrics,
     share_api,
 )
-from phalanx.controller.exchange import Reply, StepReply
 from phalanx.controller.fastpath import SubmitFastPath
 from phalanx.controller.launch import default_output, expand_pattern, job_layout
 from phalanx.controller.runtime import Controller
@@ -1071,20 +1068,9 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         return {"token": token, "user": body.user, "role": body.role, "expires_at": expires}
 
     # ---------------------------------------------------------------- agents
-    # Agents' registrations and exchanges are CPU work under one interpreter lock: more of
-    # them at once adds no throughput, and in the shared worker pool (40 threads) thousands of
-    # nodes heartbeating, or registering after a restart, would leave a user's request or a
-    # scrape waiting for a thread and then one fortieth of the interpreter (a 10,000-node
-    # /metrics scrape took minutes). They get threads of their own, `limits.agent_exchanges`.
-    exchanges = CapacityLimiter(ctl.config.limits.agent_exchanges)
-
-    async def exchange(*args: Any) -> tuple[Reply, StepReply]:
-        return await anyio.to_thread.run_sync(ctl.exchange, *args, limiter=exchanges)
-
     @app.post("/v1/agents/{node}/register")
-    async def register(node: str, body: RegisterIn) -> dict[str, Any]:
-        info = body.model_dump()
-        await anyio.to_thread.run_sync(ctl.register, node, info, limiter=exchanges)
+    def register(node: str, body: RegisterIn) -> dict[str, Any]:
+        ctl.register(node, body.model_dump())
         return {
             "node": node,
             "timing": ctl.timing.model_dump(),
@@ -1104,18 +1090,16 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         deadline = time.monotonic() + min(body.wait, ctl.timing.heartbeat_interval)
         read_at = time.monotonic()  # a wakeup after this may not be in the reply: wait less
         args = (node, reports, body.taken_at, body.health, step_reports)
-        reply, steps = await exchange(*args)
+        reply, steps = await run_in_threadpool(ctl.exchange, *args)
         while reply.empty and steps.empty and time.monotonic() < deadline:
             woke = await ctl.waiters.wait(node, deadline - time.monotonic(), since=read_at)
             if not woke:
                 break
             read_at = time.monotonic()
-            reply, steps = await exchange(*args)
+            reply, steps = await run_in_threadpool(ctl.exchange, *args)
         return _fast_json(
             {
-                "start": await anyio.to_thread.run_sync(
-                    ctl.launch_specs, reply, node, limiter=exchanges
-                ),
+                "start": await run_in_threadpool(ctl.launch_specs, reply, node),
                 "stop": reply.stop,
                 "forget": reply.forget,
                 "steps": {
