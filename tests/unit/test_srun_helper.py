@@ -174,6 +174,18 @@ def test_the_helper_runs_the_step_for_a_thin_srun(job_env: dict[str, str], tmp_p
         r2 = srun(env, "true", cwd=workdir)
         assert r2.returncode == 3 and len(ctl.bodies) == 2
         assert FULL_SRUN not in imported(r2.stderr)
+        # and keeps nothing of them: no thread, no listening port per step it ran (a job
+        # runs thousands of steps through one helper)
+        proc = psutil.Process(helper.pid)
+
+        def leftovers() -> tuple[int, list[Any]]:
+            listening = [c for c in proc.net_connections("tcp") if c.status == "LISTEN"]
+            return proc.num_threads(), listening
+
+        deadline = time.monotonic() + 30
+        while leftovers() != (1, []):
+            assert time.monotonic() < deadline, f"threads and listeners left: {leftovers()}"
+            time.sleep(0.05)
     finally:
         helper.terminate()
         helper.wait(timeout=30)

@@ -242,9 +242,16 @@ class StepIO:
             )
 
     def close(self) -> None:
+        """Stop listening and end the accept thread.  Closing the socket alone does not wake
+        a thread blocked in accept() on Linux: the resident helper (srund.py) would keep one
+        thread, and one listening port, per step it ran.  shutdown() wakes it."""
         self._closing = True
         with contextlib.suppress(OSError):
+            self.server.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
             self.server.close()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
 
     def _accept(self) -> None:
         while not self._closing:
