@@ -566,6 +566,12 @@ class StepsConfig(BaseModel):
         "a credential the controller signed (Slurm's model); false: every step reaches the "
         "agents through their long-polls, as does any step a direct hand-over misses",
     )
+    compiled_srun: bool = Field(
+        True,
+        description="agent: build the compiled thin srun (slurm/srun_thin.c) with the host's "
+        "C compiler once and put it first on jobs' PATH, so a step does not pay a Python "
+        "start-up; false, or no compiler: jobs find the Python srun on their PATH",
+    )
     agent_host: str = Field(
         "0.0.0.0",
         min_length=1,

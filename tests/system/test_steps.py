@@ -61,6 +61,7 @@ def test_batch_step_once_then_srun_tasks_everywhere(cluster: Cluster, tmp_path: 
         """host=$SLURMD_NODENAME step=$SLURM_STEP_ID n=$SLURM_STEP_NUM_TASKS"'\n"""
         'echo "srun=$?"\n'
         "srun -l -N 2 --ntasks-per-node=1 bash -c 'echo hello from $SLURMD_NODENAME'\n"
+        'echo "srun-is $(command -v srun)"\n'
     )
     jid = submit(cluster, tmp_path, "model", body, nodes=2, ntasks_per_node=2)
     job = cluster.wait_terminal([jid])[jid]
@@ -79,6 +80,10 @@ def test_batch_step_once_then_srun_tasks_everywhere(cluster: Cluster, tmp_path: 
     assert "srun=0" in lines
     labelled = sorted(ln for ln in lines if re.match(r"^\d+: hello", ln))
     assert labelled == ["0: hello from node01", "1: hello from node02"], out
+    # those sruns were the compiled thin srun the agent put first on the job's PATH (this
+    # host has a C compiler; slurm/native.py)
+    (srun_is,) = [ln.split(" ", 1)[1] for ln in lines if ln.startswith("srun-is ")]
+    assert Path(srun_is).read_bytes()[:4] == b"\x7fELF", srun_is
     steps = steps_of(cluster, jid)
     assert [(s["step_id"], s["state"], s["ntasks"], s["nodes"]) for s in steps] == [
         (0, "COMPLETED", 4, ["node01", "node02"]),

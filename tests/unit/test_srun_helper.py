@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from typing import Any
 import psutil
 import pytest
 
-from phalanx.slurm import srun_fast
+from phalanx.slurm import native, srun_fast
 
 # imported by the full srun only (srun.py itself is loaded by importlib.import_module, which
 # -X importtime does not list)
@@ -243,3 +244,80 @@ def test_no_helper_outside_a_job_or_for_an_attached_batch_step(job_env: dict[str
     assert srun_fast.socket_path({k: v for k, v in job_env.items() if k != "TMPDIR"}) is None
     assert srun_fast.socket_path({**job_env, srun_fast.ATTACH_ENV: "h:1:c"}) is None
     assert srun_fast.socket_path({**job_env, srun_fast.NO_HELPER_ENV: "1"}) is None
+
+
+# ----------------------------------------------------------------- the compiled thin srun
+@pytest.fixture(scope="module")
+def compiled_srun(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """srun_thin.c built as the agents build it, falling back to this interpreter."""
+    compiler = shutil.which(os.environ.get("CC") or "cc")
+    if compiler is None:
+        pytest.skip("no C compiler on this host: agents use the Python srun there")
+    target = tmp_path_factory.mktemp("native") / "srun"
+    native.build(compiler, sys.executable, target)
+    return target
+
+
+def compiled(
+    exe: Path, env: dict[str, str], *args: str, cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(exe), *args], env=env, capture_output=True, text=True, timeout=60, cwd=cwd
+    )
+
+
+def test_the_compiled_srun_hands_the_step_to_the_helper(
+    compiled_srun: Path, job_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Byte for byte the thin srun's request: the helper runs the step with the caller's
+    command, directory and environment and writes the task's output to the caller's own
+    stdout and stderr; the exit status is the step's."""
+    ctl = FakeController(code=3)
+    env = {**job_env, "PHALANX_URL": ctl.url, "MY_VAR": "from the caller"}
+    helper = start_helper({**env, "MY_VAR": "the helper's own"})
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    try:
+        r = compiled(compiled_srun, env, "-l", "echo", "two words", cwd=workdir)
+        assert r.stdout == "0: hello from the task\n", r
+        assert sorted(r.stderr.splitlines()) == [
+            "0: task stderr",
+            "srun: error: n1: task 0: Exited with exit code 3",
+        ], r.stderr
+        assert r.returncode == 3
+        (body,) = ctl.bodies
+        assert body["argv"] == ["echo", "two words"] and body["label"] is True
+        assert body["cwd"] == str(workdir)
+        assert body["env"]["MY_VAR"] == "from the caller"
+    finally:
+        helper.terminate()
+        helper.wait(timeout=30)
+        ctl.server.shutdown()
+
+
+def test_the_compiled_srun_runs_the_full_srun_where_the_helper_cannot(
+    compiled_srun: Path, job_env: dict[str, str], tmp_path: Path
+) -> None:
+    ctl = FakeController(code=4)
+    env = {**job_env, "PHALANX_URL": ctl.url}
+    helper = start_helper(env)
+    try:
+        # the helper answers `fallback` to an option srun refuses: the full srun's error
+        r = compiled(compiled_srun, env, "--bogus", "true", cwd=tmp_path)
+        assert r.returncode == 1
+        assert "srun: error: unrecognized arguments: --bogus" in r.stderr, r.stderr
+        assert ctl.bodies == []
+    finally:
+        helper.terminate()
+        helper.wait(timeout=30)
+    # no helper listening: the full srun runs the step itself
+    r = compiled(compiled_srun, env, "true", cwd=tmp_path)
+    assert r.returncode == 4, r.stderr
+    assert len(ctl.bodies) == 1
+    ctl.server.shutdown()
+    # outside a job: the full srun, which says there is no controller to make a job
+    outside = {k: v for k, v in env.items() if k != "SLURM_JOB_ID"}
+    outside["PHALANX_URL"] = "http://127.0.0.1:9"
+    r = compiled(compiled_srun, outside, "true", cwd=tmp_path)
+    assert r.returncode == 1
+    assert "srun: error: not inside a job (no SLURM_JOB_ID)" in r.stderr, r.stderr

@@ -31,6 +31,7 @@ from phalanx.agent.cgroup_roots import cgroup_name
 from phalanx.agent.files import read_json as _read_json
 from phalanx.agent.files import write_json as _write_json
 from phalanx.agent.health import GpuCheck, HealthMonitor, IsolationCheck, Status
+from phalanx.agent.jobenv import node_environment
 from phalanx.agent.metrics import AgentFigures
 from phalanx.agent.resources import NodeResources
 from phalanx.agent.step_listener import StepListener, render
@@ -82,10 +83,13 @@ class Agent:
         launch_keys: KeySet | None = None,
         steps_listen: tuple[str, int] | None = None,
         step_report_delay: float = 0.5,
+        srun_dir: Path | None = None,
     ) -> None:
         # set in every job: this node's credential socket (it wins over a submitter's) and the
         # controllers (a submitter's own PHALANX_URL wins), so `phalanx` works inside jobs
         self.job_env = dict(job_env or {})
+        # the compiled thin srun's directory, first on jobs' PATH (slurm/native.py)
+        self.srun_dir = srun_dir
         self.name = name
         self.health = health
         self.state_dir = state_dir
@@ -151,6 +155,7 @@ class Agent:
             state_dir / "steps",
             self.tasks_dir,
             job_env=self.job_env,
+            srun_dir=srun_dir,
             fence=self._fence_settings,
             launch=self._launch_shepherd,
         )
@@ -768,13 +773,8 @@ class Agent:
             argv = [str(d / "script"), *cmd.get("args", [])]
         else:
             argv = list(cmd["argv"])
-        env = dict(launch["env"])
+        env = node_environment(launch["env"], self.job_env, self.srun_dir)
         env["PHX_TASK_DIR"] = str(d)
-        for key, value in self.job_env.items():
-            if key == "PHALANX_URL":
-                env.setdefault(key, value)
-            else:
-                env[key] = value
         # the checkpoint protocol's control files (docs/checkpoints.md)
         (tmp / shepherd.CONTROL_DIR).mkdir(mode=0o700)
         if owner:  # the job writes checkpoint.json and progress.json there

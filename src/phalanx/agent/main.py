@@ -24,6 +24,7 @@ from phalanx.domain.topology import parse_place
 from phalanx.domain.values import parse_memory_mb
 from phalanx.errors import PhalanxError
 from phalanx.sdnotify import Notifier
+from phalanx.slurm import native
 from phalanx.watchdog import DeviceWatchdog, Watchdog
 
 log = logging.getLogger("phalanx.agent")
@@ -122,6 +123,7 @@ def run_agent(
         launch_keys=keys if config.steps.direct else None,
         steps_listen=(config.steps.agent_host, config.steps.agent_port),
         step_report_delay=config.steps.exit_report_delay,
+        srun_dir=native.thin_srun_dir(state_dir) if config.steps.compiled_srun else None,
     )
     watchdog = Watchdog(
         notifier,

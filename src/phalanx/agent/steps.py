@@ -30,6 +30,7 @@ from typing import Any
 from phalanx.agent import shepherd
 from phalanx.agent.files import read_json as _read_json
 from phalanx.agent.files import write_json as _write_json
+from phalanx.agent.jobenv import node_environment
 
 log = logging.getLogger("phalanx.agent")
 
@@ -44,12 +45,14 @@ class StepRunner:
         tasks_dir: Path,
         *,
         job_env: dict[str, str],
+        srun_dir: Path | None = None,
         fence: Callable[[], dict[str, Any]],
         launch: Callable[[Path], None],
     ) -> None:
         self.steps_dir = steps_dir
         self.tasks_dir = tasks_dir
         self.job_env = job_env
+        self.srun_dir = srun_dir
         self.fence = fence  # the shepherd's fence settings, as the agent's tasks get them
         self._launch_dir = launch
         self._forgotten: dict[tuple[int, int], None] = {}
@@ -183,12 +186,7 @@ class StepRunner:
         self.steps_dir.mkdir(parents=True, exist_ok=True)
         plan = job_spec.get("cgroup")
         cgroup = {**plan, "join_only": True} if isinstance(plan, dict) else None
-        base_env = dict(item["env"])
-        for key, value in self.job_env.items():
-            if key == "PHALANX_URL":
-                base_env.setdefault(key, value)
-            else:
-                base_env[key] = value
+        base_env = node_environment(item["env"], self.job_env, self.srun_dir)
         base_env.update(shepherd.control_environment(job_dir))
         tmpdir = job_dir / "tmp"
         if tmpdir.is_dir():
