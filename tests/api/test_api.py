@@ -646,3 +646,82 @@ def test_a_direct_step_comes_with_signed_launches_and_wakes_only_what_srun_canno
     # without `direct` (an older srun), the step wakes every node as before
     r = client.post(f"/v1/jobs/{jid}/steps", json=body, headers=USER)
     assert "launch" not in r.json() and sorted(woken[-1]) == ["n1", "n2"]
+
+
+def test_a_registration_that_waited_longer_than_its_agent_is_shed(
+    store: Any, tmp_path: Any
+) -> None:
+    """In a registration storm a registration that waited for a worker thread longer than
+    `limits.register_wait` is answered 503 overloaded with Retry-After, changing nothing;
+    the ones served are for agents still waiting.  Here the controller has one worker thread,
+    held by a registration whose write waits for a database lock the test holds."""
+    import sqlite3
+
+    import anyio.to_thread
+
+    from phalanx.controller import metrics
+
+    config = load_config(
+        overrides={
+            "cluster": {"partitions": [{"name": "batch", "default": True}]},
+            "limits": {"register_wait": 0.3},
+        }
+    )
+    ctl = Controller(store, config, cid="t")
+    assert "took term" in ctl.leases.tick()
+    shed_before = metrics.REQUESTS_SHED.labels("register")._value.get()
+    with AuthedClient(create_app(ctl, KEYS)) as client:
+        assert client.portal is not None
+        limiter = client.portal.call(anyio.to_thread.current_default_thread_limiter)
+
+        def set_tokens() -> None:
+            limiter.total_tokens = 1
+
+        client.portal.call(set_tokens)
+        lock = sqlite3.connect(str(tmp_path / "api.db"), isolation_level=None)
+        lock.execute("BEGIN IMMEDIATE")  # the store's next write waits for it
+        answers: dict[str, Any] = {}
+
+        def register(node: str) -> None:
+            answers[node] = client.post(
+                f"/v1/agents/{node}/register",
+                json={
+                    "cpus": 2,
+                    "mem_mb": 1024,
+                    "gpus": [],
+                    "features": [],
+                    "addr": "x",
+                    "boot_id": "b",
+                    "version": "test",
+                },
+            )
+
+        first = threading.Thread(target=register, args=("n1",))
+        first.start()
+        deadline = time.monotonic() + 30
+        while limiter.borrowed_tokens < 1:  # n1 holds the only worker, waiting for the lock
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        second = threading.Thread(target=register, args=("n2",))
+        second.start()
+        while limiter.statistics().tasks_waiting < 1:  # n2 waits for that worker
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        queued_at = time.monotonic()
+        while time.monotonic() < queued_at + 0.5:  # longer than register_wait: the point
+            time.sleep(0.05)
+        lock.rollback()
+        lock.close()
+        first.join(30)
+        second.join(30)
+        assert answers["n1"].status_code == 200, answers["n1"].text
+        shed = answers["n2"]
+        assert shed.status_code == 503, shed.text
+        err = shed.json()["error"]
+        assert err["code"] == "overloaded" and "limits.register_wait" in err["message"]
+        assert int(shed.headers["Retry-After"]) >= 1
+        # nothing of n2 was recorded; it registers when it comes back
+        assert [n["name"] for n in client.get("/v1/nodes").json()["nodes"]] == ["n1"]
+        assert metrics.REQUESTS_SHED.labels("register")._value.get() == shed_before + 1
+        register("n2")
+        assert answers["n2"].status_code == 200, answers["n2"].text

@@ -38,6 +38,7 @@ from phalanx.agent.step_listener import StepListener, render
 from phalanx.agent.steps import StepRunner
 from phalanx.auth import launchcred
 from phalanx.auth.keys import KeySet
+from phalanx.backoff import REGISTER_CAP_S, REGISTER_TIMEOUT_S, Backoff
 from phalanx.client import Client
 from phalanx.domain import job_reports
 from phalanx.errors import PhalanxError
@@ -333,7 +334,7 @@ class Agent:
             )
         if self.gpu_sampler is not None:
             threading.Thread(target=self._sample_gpus, name="phx-gpu", daemon=True).start()
-        backoff = 0.2
+        retry = Backoff()
         try:
             while not self._stop.is_set():
                 maybe_wedge("poller", self._stop)  # a test-only fault hook; nothing unless asked
@@ -343,14 +344,15 @@ class Agent:
                         self.register()
                     self._hold_step_exits()
                     self.heartbeat(wait=float(self.timing["heartbeat_interval"]))
-                    backoff = 0.2
+                    retry.reset()
                 except PhalanxError as e:
                     self.last_error = e.message
                     log.warning("controllers unreachable: %s", e.message)
                     if e.details.get("all_refused") or e.details.get("control_plane_down"):
                         self._control_plane_down()
-                    self._stop.wait(backoff)
-                    backoff = min(backoff * 2, float(self.timing["heartbeat_interval"]))
+                    interval = float(self.timing["heartbeat_interval"])
+                    cap = interval if self._registered else max(interval, REGISTER_CAP_S)
+                    self._stop.wait(retry.next_delay(cap))
                 except Exception:
                     log.exception("unexpected error in the heartbeat loop; going on")
                     self._stop.wait(1.0)
@@ -458,7 +460,7 @@ class Agent:
                 "health": self.health.summary() if self.health else None,
             },
             idempotent=True,
-            timeout=10.0,
+            timeout=REGISTER_TIMEOUT_S,
         )
         self.timing.update(reply.get("timing") or {})
         self._learn_isolation(reply.get("isolation"))

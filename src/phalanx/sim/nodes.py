@@ -35,6 +35,7 @@ from typing import Any
 from phalanx import __version__
 from phalanx.auth import keys as keyfiles
 from phalanx.auth.tokens import mint_agent
+from phalanx.backoff import REGISTER_CAP_S, REGISTER_TIMEOUT_S, Backoff
 from phalanx.sim.workload import run_of
 
 log = logging.getLogger("phalanx.sim.nodes")
@@ -220,13 +221,13 @@ class NodeServer:
 
     # ---------------------------------------------------------------- protocol
     async def _register(self, node: Node) -> None:
-        backoff = 0.2
+        retry = Backoff(rng=self.rng)  # the agent's retry policy (phalanx/backoff.py)
         while not node.stopped:
             try:
-                reply = await self._post(node, "register", node.body, timeout=30.0)
+                reply = await self._post(node, "register", node.body, timeout=REGISTER_TIMEOUT_S)
             except HttpError:
-                await asyncio.sleep(backoff)  # a retry's backoff, not a wait for a condition
-                backoff = min(2 * backoff, 5.0)
+                # a retry's backoff, not a wait for a condition
+                await asyncio.sleep(retry.next_delay(max(self.interval, REGISTER_CAP_S)))
                 continue
             self.interval = float((reply.get("timing") or {}).get("heartbeat_interval", 1.0))
             self.counters.registered += 1
@@ -324,19 +325,17 @@ class NodeServer:
             stopper.add_done_callback(lambda _t: loop_task.cancel())
         # spread the heartbeats over one interval, as independent agents' are
         await asyncio.sleep(self.rng.uniform(0, self.interval))
-        backoff = 0.2
+        retry = Backoff(rng=self.rng)
         while not node.stopped:
             try:
                 await self._heartbeat(node, self.interval)
-                backoff = 0.2
+                retry.reset()
             except HttpError:
-                await asyncio.sleep(backoff)  # a retry's backoff, as the agent's
-                backoff = min(2 * backoff, self.interval)
+                await asyncio.sleep(retry.next_delay(self.interval))  # as the agent's
             except Exception:  # a bug here must not look like a dead node: say it, go on
                 log.exception("virtual node %s: unexpected error in its heartbeat loop", node.name)
                 self.counters.errors += 1
-                await asyncio.sleep(backoff)
-                backoff = min(2 * backoff, self.interval)
+                await asyncio.sleep(retry.next_delay(self.interval))
 
     async def _stop_later(self, node: Node, after: float) -> None:
         await asyncio.sleep(after)  # the simulated failure's moment
