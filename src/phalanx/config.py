@@ -456,15 +456,6 @@ class LimitsConfig(BaseModel):
     exempt_roles: list[str] = Field(
         default_factory=lambda: ["admin"], description="roles never throttled (agents never are)"
     )
-    register_wait: float = Field(
-        5.0,
-        gt=0,
-        le=600,
-        description="seconds an agent's registration may wait for a worker thread before the "
-        "controller answers 503 overloaded (Retry-After) instead of serving it: agents give up "
-        "on a registration after 10 s, so in a registration storm later work would be for "
-        "agents that have gone; they retry with jittered backoff",
-    )
 
     @field_validator("exempt_roles")
     @classmethod

@@ -9,7 +9,6 @@
     ├── RateLimited                   rate_limited     429   too many calls; Retry-After says when
     ├── InvalidTransition             invalid_state    409   illegal lifecycle edge
     ├── Conflict                      conflict         409
-    ├── Overloaded                    overloaded       503   shed before any work; Retry-After says when
     ├── StoreUnavailable              store_unavailable 503  the database cannot be reached
     │   └── StoreOutcomeUnknown       store_outcome_unknown 504  a commit got no answer
     ├── LeaseLost / Fenced            fenced           409   a duty's term is no longer current
@@ -88,16 +87,6 @@ class Conflict(PhalanxError):
     http_status = 409
 
 
-class Overloaded(PhalanxError):
-    """The controller answered at once instead of doing the work: the request waited longer
-    than its caller would (limits.register_wait), nothing was changed, and another controller
-    or a later retry (``retry_after`` seconds) may serve it.  A 503, so clients try the next
-    controller, as for a store outage; not a sign the control plane is down."""
-
-    code = "overloaded"
-    http_status = 503
-
-
 class StoreUnavailable(PhalanxError):
     code = "store_unavailable"
     http_status = 503
@@ -142,7 +131,6 @@ BY_CODE: dict[str, type[PhalanxError]] = {
         RateLimited,
         InvalidTransition,
         Conflict,
-        Overloaded,
         StoreUnavailable,
         StoreOutcomeUnknown,
         LeaseLost,

@@ -44,7 +44,7 @@ from phalanx.domain.spec import JobSpec
 from phalanx.domain.states import JobState, node_display_state
 from phalanx.domain.steps import StepRequest
 from phalanx.domain.values import format_duration, parse_dependency, parse_duration
-from phalanx.errors import Forbidden, InvalidSpec, NotFound, Overloaded, PhalanxError
+from phalanx.errors import Forbidden, InvalidSpec, NotFound, PhalanxError
 from phalanx.store.metrics import CHECKPOINT_BUCKETS
 from phalanx.store.steps import StepReport
 from phalanx.store.store import TaskReport
@@ -1069,26 +1069,8 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
 
     # ---------------------------------------------------------------- agents
     @app.post("/v1/agents/{node}/register")
-    async def register(node: str, body: RegisterIn) -> dict[str, Any]:
-        arrived = time.monotonic()
-        limit = ctl.config.limits.register_wait
-
-        def work() -> None:
-            # In a boot storm registrations queue for worker threads (each is a write
-            # transaction); one that waited longer than its agent does is answered at once,
-            # changing nothing, so that the work done is for agents still waiting
-            # (docs/sim.md, "Registration storms").
-            waited = time.monotonic() - arrived
-            if waited > limit:
-                metrics.REQUESTS_SHED.labels("register").inc()
-                raise Overloaded(
-                    f"registration of {node} waited {waited:.1f}s for this controller "
-                    f"(limits.register_wait = {limit:g}s); retry later",
-                    retry_after=max(1, round(limit)),
-                )
-            ctl.register(node, body.model_dump())
-
-        await run_in_threadpool(work)
+    def register(node: str, body: RegisterIn) -> dict[str, Any]:
+        ctl.register(node, body.model_dump())
         return {
             "node": node,
             "timing": ctl.timing.model_dump(),

@@ -91,12 +91,6 @@ FENCED_REFUSED = Counter(
     "Writes of this controller the store refused because its lease term was no longer current",
     ["loop"],
 )
-REQUESTS_SHED = Counter(
-    "phalanx_requests_shed_total",
-    "Requests this controller answered 503 overloaded without serving them (they waited longer "
-    "than their callers would: limits.register_wait)",
-    ["route"],
-)
 HTTP_SECONDS = Histogram(
     "phalanx_http_request_duration_seconds",
     "API requests served by this controller, by route template, method and status",

@@ -35,12 +35,14 @@ from typing import Any
 from phalanx import __version__
 from phalanx.auth import keys as keyfiles
 from phalanx.auth.tokens import mint_agent
-from phalanx.backoff import REGISTER_CAP_S, REGISTER_TIMEOUT_S, Backoff
+from phalanx.backoff import Backoff
 from phalanx.sim.workload import run_of
 
 log = logging.getLogger("phalanx.sim.nodes")
 
 GRACE_MIN = 0.5  # as agent.heartbeat_grace: how long past its wait a heartbeat may take
+SIM_REGISTER_TIMEOUT_S = 30.0  # a virtual node waits this long for a registration
+SIM_REGISTER_CAP_S = 5.0  # and backs off up to this between registration attempts
 
 
 class HttpError(Exception):
@@ -221,13 +223,18 @@ class NodeServer:
 
     # ---------------------------------------------------------------- protocol
     async def _register(self, node: Node) -> None:
-        retry = Backoff(rng=self.rng)  # the agent's retry policy (phalanx/backoff.py)
+        retry = Backoff(rng=self.rng)  # jittered, as the agent's (phalanx/backoff.py)
         while not node.stopped:
             try:
-                reply = await self._post(node, "register", node.body, timeout=REGISTER_TIMEOUT_S)
+                # 30 s, not the agent's 10 s (REGISTER_TIMEOUT_S): with 10 s a 10,000-node
+                # boot storm did not settle on this machine (docs/sim.md, "Registration
+                # storms"); the figures recorded there are with 30 s
+                reply = await self._post(
+                    node, "register", node.body, timeout=SIM_REGISTER_TIMEOUT_S
+                )
             except HttpError:
                 # a retry's backoff, not a wait for a condition
-                await asyncio.sleep(retry.next_delay(max(self.interval, REGISTER_CAP_S)))
+                await asyncio.sleep(retry.next_delay(SIM_REGISTER_CAP_S))
                 continue
             self.interval = float((reply.get("timing") or {}).get("heartbeat_interval", 1.0))
             self.counters.registered += 1
