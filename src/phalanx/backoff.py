@@ -3,9 +3,8 @@
 Exponential backoff with jitter: after the n-th failure in a row a node waits between half
 and all of ``first * 2**(n-1)`` (capped), drawn at random.  Without the jitter, nodes that
 failed together (a boot storm, a controller that stalled) retry together and make the same
-storm again; with it their retries spread over the interval.  Heartbeats of a registered node
-are capped at its heartbeat interval, so a retry never waits long enough to make a live node
-look silent; registrations, which nothing times out, back off further.
+storm again; with it their retries spread over the interval.  The agent caps the delay at its
+heartbeat interval, so a retry never waits long enough to make a live node look silent.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import random
 
 FIRST_S = 0.2  # the first retry's delay (before jitter)
 REGISTER_TIMEOUT_S = 10.0  # how long an agent waits for a registration's answer
-REGISTER_CAP_S = 10.0  # registrations back off up to this
 
 
 class Backoff:

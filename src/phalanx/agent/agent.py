@@ -38,7 +38,7 @@ from phalanx.agent.step_listener import StepListener, render
 from phalanx.agent.steps import StepRunner
 from phalanx.auth import launchcred
 from phalanx.auth.keys import KeySet
-from phalanx.backoff import REGISTER_CAP_S, REGISTER_TIMEOUT_S, Backoff
+from phalanx.backoff import REGISTER_TIMEOUT_S, Backoff
 from phalanx.client import Client
 from phalanx.domain import job_reports
 from phalanx.errors import PhalanxError
@@ -350,9 +350,8 @@ class Agent:
                     log.warning("controllers unreachable: %s", e.message)
                     if e.details.get("all_refused") or e.details.get("control_plane_down"):
                         self._control_plane_down()
-                    interval = float(self.timing["heartbeat_interval"])
-                    cap = interval if self._registered else max(interval, REGISTER_CAP_S)
-                    self._stop.wait(retry.next_delay(cap))
+                    # never past the interval: a retry must not make a live node look silent
+                    self._stop.wait(retry.next_delay(float(self.timing["heartbeat_interval"])))
                 except Exception:
                     log.exception("unexpected error in the heartbeat loop; going on")
                     self._stop.wait(1.0)
