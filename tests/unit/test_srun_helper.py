@@ -10,6 +10,7 @@ without a cluster: tests/system/test_steps.py runs the same through real agents.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -146,13 +147,27 @@ def without_imports(stderr: str) -> str:
     return "".join(ln + "\n" for ln in stderr.splitlines() if not ln.startswith("import time:"))
 
 
-def test_the_helper_runs_the_step_for_a_thin_srun(job_env: dict[str, str], tmp_path: Path) -> None:
+@contextlib.contextmanager
+def caller_and_helper(
+    job_env: dict[str, str], tmp_path: Path
+) -> Iterator[tuple[FakeController, dict[str, str], Path, subprocess.Popen[bytes]]]:
+    """A controller whose task exits 3, the caller's environment (MY_VAR differs from the
+    helper's own), a working directory, and the job's helper; stopped afterwards."""
     ctl = FakeController(code=3)
     env = {**job_env, "PHALANX_URL": ctl.url, "MY_VAR": "from the caller"}
     helper = start_helper({**env, "MY_VAR": "the helper's own"})
     workdir = tmp_path / "work"
     workdir.mkdir()
     try:
+        yield ctl, env, workdir, helper
+    finally:
+        helper.terminate()
+        helper.wait(timeout=30)
+        ctl.server.shutdown()
+
+
+def test_the_helper_runs_the_step_for_a_thin_srun(job_env: dict[str, str], tmp_path: Path) -> None:
+    with caller_and_helper(job_env, tmp_path) as (ctl, env, workdir, helper):
         r = srun(env, "-l", "echo", "hi", cwd=workdir)
         # the task's output, labelled, on srun's own stdout and stderr; its exit code
         assert r.stdout == "0: hello from the task\n", r
@@ -187,10 +202,6 @@ def test_the_helper_runs_the_step_for_a_thin_srun(job_env: dict[str, str], tmp_p
         while leftovers() != (1, []):
             assert time.monotonic() < deadline, f"threads and listeners left: {leftovers()}"
             time.sleep(0.05)
-    finally:
-        helper.terminate()
-        helper.wait(timeout=30)
-        ctl.server.shutdown()
 
 
 def test_what_the_helper_should_not_run_falls_back_to_the_full_srun(
@@ -272,12 +283,7 @@ def test_the_compiled_srun_hands_the_step_to_the_helper(
     """Byte for byte the thin srun's request: the helper runs the step with the caller's
     command, directory and environment and writes the task's output to the caller's own
     stdout and stderr; the exit status is the step's."""
-    ctl = FakeController(code=3)
-    env = {**job_env, "PHALANX_URL": ctl.url, "MY_VAR": "from the caller"}
-    helper = start_helper({**env, "MY_VAR": "the helper's own"})
-    workdir = tmp_path / "work"
-    workdir.mkdir()
-    try:
+    with caller_and_helper(job_env, tmp_path) as (ctl, env, workdir, _helper):
         r = compiled(compiled_srun, env, "-l", "echo", "two words", cwd=workdir)
         assert r.stdout == "0: hello from the task\n", r
         assert sorted(r.stderr.splitlines()) == [
@@ -289,10 +295,6 @@ def test_the_compiled_srun_hands_the_step_to_the_helper(
         assert body["argv"] == ["echo", "two words"] and body["label"] is True
         assert body["cwd"] == str(workdir)
         assert body["env"]["MY_VAR"] == "from the caller"
-    finally:
-        helper.terminate()
-        helper.wait(timeout=30)
-        ctl.server.shutdown()
 
 
 def test_the_compiled_srun_runs_the_full_srun_where_the_helper_cannot(
