@@ -757,9 +757,18 @@ class Engines:
 
     @contextlib.contextmanager
     def begin(
-        self, *, write: bool = True, unbounded: bool = False, urgent: bool = False
+        self,
+        *,
+        write: bool = True,
+        unbounded: bool = False,
+        urgent: bool = False,
+        snapshot: bool = False,
     ) -> Iterator[Connection]:
         """One transaction; database-level failures become StoreUnavailable.
+
+        `snapshot` (PostgreSQL): every statement of the transaction sees the same snapshot
+        (REPEATABLE READ; under the default READ COMMITTED each statement sees its own). A
+        SQLite transaction always does.
 
         `urgent` (SQLite): a write transaction that jumps this process's writer queue
         (`WriterQueue`): lease renewals, which must not wait behind bulk writes.
@@ -782,6 +791,8 @@ class Engines:
                 if unbounded and watch is not None:
                     stack.enter_context(watch.exempt())
                 conn = stack.enter_context(engine.begin())
+                if snapshot and self.dialect == "postgresql":
+                    conn.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
                 yield conn
             if write and self.checkpointer is not None:
                 self.checkpointer.wrote()  # committed: the WAL has something to checkpoint

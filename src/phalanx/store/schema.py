@@ -77,9 +77,14 @@ jobs = Table(
     Column("account", String(64), nullable=True),
     Column("qos", String(64), nullable=True),
     Column("nice", Integer, nullable=False, default=0, server_default="0"),
+    # Set by the database on every insert and update of the row (triggers of migration 0010,
+    # never by the code): SQLite a counter, PostgreSQL the writing transaction's id. The
+    # scheduling loop reads only the rows changed since its last pass (store/pending.py).
+    Column("change_seq", BigInteger, nullable=True),
     sqlite_autoincrement=True,
 )
 Index("ix_jobs_state", jobs.c.state)
+Index("ix_jobs_change_seq", jobs.c.change_seq)
 Index("ix_jobs_array", jobs.c.array_job_id)
 Index("ix_jobs_name_user", jobs.c.name, jobs.c.user)
 # /metrics (store/metrics.py): jobs by state, partition and user, counted from the index alone

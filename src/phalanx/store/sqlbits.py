@@ -13,8 +13,9 @@ from phalanx.domain.states import AttemptState
 from phalanx.store import schema as s
 
 # Every job column but the spec (script and environment can be kilobytes): lists, scheduling
-# snapshots and state transitions never need it, only `get_job` does.
-JOB_SUMMARY = [c for c in s.jobs.c if c.name != "spec"]
+# snapshots and state transitions never need it, only `get_job` does. Nor the change
+# sequence: the database's bookkeeping for the scheduler's incremental read, not the job's.
+JOB_SUMMARY = [c for c in s.jobs.c if c.name not in ("spec", "change_seq")]
 
 # What a node needs to know about one of its tasks (or step tasks) to start it: the task's
 # share of the node, its attempt and its job. Store.node_work and Store.node_step_work select

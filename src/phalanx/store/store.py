@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +65,7 @@ from phalanx.errors import InvalidSpec, InvalidTransition, NotFound
 from phalanx.store import schema as s
 from phalanx.store.base import _EVENT_ROW
 from phalanx.store.metrics import MetricsQueries
+from phalanx.store.pending import PendingMirror
 from phalanx.store.preemption import Preemptions
 from phalanx.store.rowinsert import RowInsert
 from phalanx.store.sqlbits import JOB_SUMMARY as _JOB_SUMMARY
@@ -880,53 +881,29 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
         return out
 
     # ------------------------------------------------------------------ scheduler
-    def sched_snapshot(
-        self, pending_limit: int = 5000, eligible_by: float | None = None
-    ) -> SchedSnapshot:
-        """What one scheduling pass reads.  `eligible_by` (the pass's clock): pending jobs
-        whose begin time (--begin, a retry's backoff) is later are not read whole: a store
-        holding many jobs scheduled for tomorrow would otherwise re-read them every pass.
-        Those whose reason does not say so yet come in ``not_yet`` (id, partitions, time),
-        for the pass to set it once.  None: every pending job, as `explain` wants.  A pass
-        with no pending job at all gets a `quiet` snapshot, without nodes or allocations."""
-        pending_where = [s.jobs.c.state == JobState.PENDING.value]
-        if eligible_by is not None:
-            pending_where.append(
-                or_(s.jobs.c.eligible_time.is_(None), s.jobs.c.eligible_time <= eligible_by)
-            )
-        with self.db.begin(write=False) as conn:
-            pending = [
-                dict(r)
-                for r in conn.execute(
-                    select(*_JOB_SUMMARY, *_elastic_columns(), _LICENSES, *_topology_columns())
-                    .where(*pending_where)
-                    .order_by(s.jobs.c.priority.desc(), s.jobs.c.id)
-                    .limit(pending_limit)
-                ).mappings()
-            ]
-            not_yet = (
-                []
-                if eligible_by is None
-                else [
-                    dict(r)
-                    for r in conn.execute(
-                        select(s.jobs.c.id, s.jobs.c.partitions, s.jobs.c.eligible_time).where(
-                            s.jobs.c.state == JobState.PENDING.value,
-                            s.jobs.c.eligible_time > eligible_by,
-                            or_(s.jobs.c.reason.is_(None), ~s.jobs.c.reason.startswith(BEGIN)),
-                        )
-                    ).mappings()
-                ]
-            )
-            reservations = [
-                dict(r)
-                for r in conn.execute(
-                    select(s.jobs.c.id, s.jobs.c.reserved_nodes, s.jobs.c.reserved_until).where(
-                        s.jobs.c.state == JobState.PENDING.value,
-                        s.jobs.c.reserved_until.is_not(None),
-                    )
-                ).mappings()
-            ]
+    @functools.cached_property
+    def pending_mirror(self) -> PendingMirror:
+        """The scheduling loop's copy of the pending queue, read incrementally."""
+        return PendingMirror(_PENDING_COLUMNS)
+
+    def sched_snapshot(self, eligible_by: float | None = None) -> SchedSnapshot:
+        """What one scheduling pass reads. The pending jobs, all of them, come from the
+        process's `PendingMirror` (store/pending.py), which reads only the rows changed since
+        its last read. `eligible_by` (the scheduling loop's clock): the jobs before their
+        begin time (--begin, a retry's backoff) are left out, and those whose reason does
+        not say `BeginTime` yet come in ``not_yet`` (id, partitions, time), for the pass to
+        set it once.  None: every pending job, as `explain` wants.  A pass with no pending
+        job at all gets a `quiet` snapshot, without nodes or allocations. One snapshot of
+        the store throughout (on PostgreSQL too): the pending jobs, nodes and allocations
+        agree with each other."""
+        with self.db.begin(write=False, snapshot=True) as conn:
+            rows = self.pending_mirror.sync(conn)
+            if eligible_by is None:
+                pending = sorted(rows, key=_queue_order)
+                not_yet: list[dict[str, Any]] = []
+                reservations = [_reservation(j) for j in pending if j["reserved_until"] is not None]
+            else:
+                pending, not_yet, reservations = _split_pending(rows, eligible_by)
             if eligible_by is not None and not (pending or not_yet or reservations):
                 # nothing a pass could start, reserve or explain: a quiet cluster of 10,000
                 # nodes would otherwise read every node row once a second for nothing
@@ -2366,6 +2343,33 @@ _LICENSES = _LICENSES_TEXT.label("licenses")
 _LICENSE_LOCK = 0x5048584C4943  # "PHXLIC"
 
 
+def _split_pending(
+    rows: Iterable[dict[str, Any]], now: float
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The mirror's pending rows as a pass wants them: the jobs eligible at `now` in
+    (--priority, id) order (the queue order without multifactor priority), the later ones
+    whose reason does not say `BeginTime` yet, and those holding a restart reservation."""
+    eligible, not_yet, reservations = [], [], []
+    for j in rows:
+        at = j["eligible_time"]
+        if at is None or at <= now:
+            eligible.append(j)
+        elif not (j["reason"] or "").startswith(BEGIN):
+            not_yet.append({k: j[k] for k in ("id", "partitions", "eligible_time")})
+        if j["reserved_until"] is not None:
+            reservations.append(_reservation(j))
+    eligible.sort(key=_queue_order)
+    return eligible, not_yet, reservations
+
+
+def _reservation(job: dict[str, Any]) -> dict[str, Any]:
+    return {k: job[k] for k in ("id", "reserved_nodes", "reserved_until")}
+
+
+def _queue_order(job: dict[str, Any]) -> tuple[int, int]:
+    return -int(job["priority"] or 0), int(job["id"])
+
+
 def _topology_columns() -> list[Any]:
     """A job's topology options, read from its stored spec (domain/topology.py)."""
     spec = s.jobs.c.spec
@@ -2384,6 +2388,10 @@ def _elastic_columns() -> list[Any]:
         s.jobs.c.spec["nodes_max"].as_integer().label("nodes_max"),
         s.jobs.c.spec["spares"].as_integer().label("spares"),
     ]
+
+
+# what a scheduling pass reads of each pending job
+_PENDING_COLUMNS = [*_JOB_SUMMARY, *_elastic_columns(), _LICENSES, *_topology_columns()]
 
 
 def _rank_nodes(st: Mapping[str, Any]) -> list[str]:

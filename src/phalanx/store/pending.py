@@ -1,0 +1,132 @@
+"""The pending queue as the scheduling loop last read it, kept up to date by reading only the
+job rows changed since (`jobs.change_seq`, stamped by the database: migration 0010).
+
+Why: a scheduling pass runs every second and must order the whole pending queue by
+multifactor priority. Reading 100,000 pending rows (three JSON columns each) into dicts
+costs seconds a pass, so the pass used to read only the first 5,000 by ``--priority`` and
+id, and fair share ordered those alone. With the mirror a pass reads what changed: new jobs,
+jobs that started or were cancelled, reasons it set itself.
+
+The mark. Each read first takes a *mark*, then reads the rows stamped at or after the
+previous read's mark, then keeps the new mark for the next read:
+
+* SQLite: the largest stamp plus one. Writers take turns (one write transaction at a time)
+  and each stamps the largest stamp plus one, so stamps grow in commit order: a row changed
+  after the mark was taken is stamped at or above it.
+* PostgreSQL: the stamp is the writing transaction's id, and transactions commit out of id
+  order; the mark is the oldest transaction id still running when the read starts
+  (``pg_snapshot_xmin``). Any change the read does not see belongs to a transaction that was
+  running or not yet begun then, whose id is at or above the mark. Rows of a transaction
+  that committed during the read may be read twice, which is harmless: a row read again
+  replaces itself.
+
+A whole read replaces the mirror at the first read, after a failed read, when the mark goes
+backwards (a store restored from a backup, or a database failed over to a replica that had
+not received the last transactions): nothing then is known about what changed; and when the
+mirror does not hold as many jobs as the store has pending (a row deleted leaves no stamp: a
+job that ended and was purged between two reads).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, func, select, text
+
+from phalanx.domain.states import JobState
+from phalanx.store import schema as s
+
+_PENDING = JobState.PENDING.value
+
+
+def current_mark(conn: Connection) -> int:
+    """The mark a read taken now starts from (module docstring)."""
+    if conn.dialect.name == "postgresql":
+        return int(
+            conn.execute(
+                text("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
+            ).scalar_one()
+        )
+    top = conn.execute(select(func.max(s.jobs.c.change_seq))).scalar_one()
+    return int(top or 0) + 1
+
+
+class PendingMirror:
+    """Every pending job's row (the columns given), by id, as of the last `sync`."""
+
+    def __init__(self, columns: Sequence[Any]) -> None:
+        self.columns = list(columns)
+        self.rows: dict[int, dict[str, Any]] = {}
+        self.mark: int | None = None  # None: the next sync reads every pending row
+        self.whole_reads = 0  # how many syncs read everything (tests and /metrics read it)
+        self._lock = threading.Lock()
+
+    def reset(self) -> None:
+        """Forget everything: the next `sync` reads every pending row."""
+        with self._lock:
+            self.mark = None
+            self.rows = {}
+
+    def sync(self, conn: Connection) -> list[dict[str, Any]]:
+        """Bring the mirror up to date on `conn` and return its rows. `conn`: a transaction
+        whose statements all see one snapshot (`Engines.begin(snapshot=True)`), or the count
+        that checks the mirror may differ from the rows read and force a whole read.
+
+        The rows are the mirror's own: callers must not change them (a row read again is
+        replaced, never changed in place, so a caller's list stays as it was while another
+        thread syncs: the scheduling loop and `explain` both read through it). A failure
+        leaves the mirror empty, to be read whole next time (the read may have stopped half
+        way)."""
+        with self._lock:
+            try:
+                return list(self._sync(conn).values())
+            except BaseException:
+                self.mark = None
+                self.rows = {}
+                raise
+
+    def _sync(self, conn: Connection) -> dict[int, dict[str, Any]]:
+        mark = current_mark(conn)
+        since = self.mark
+        if since is None or mark < since:
+            rows = self._whole(conn)
+        else:
+            rows = self.rows
+            changed = s.jobs.c.change_seq >= since
+            for (jid,) in conn.execute(
+                select(s.jobs.c.id).where(changed, s.jobs.c.state != _PENDING)
+            ):
+                rows.pop(int(jid), None)
+            for r in conn.execute(
+                select(*self.columns).where(changed, s.jobs.c.state == _PENDING)
+            ).mappings():
+                rows[int(r["id"])] = dict(r)
+            # A deleted row leaves no stamp behind: a job that left the queue and was purged
+            # between two reads (a standby controller's mirror can be a month old) would stay
+            # here for ever. The count of pending rows, from the state index, catches that and
+            # any other drift.
+            if self._pending_count(conn) != len(rows):
+                rows = self._whole(conn)
+        self.mark = mark
+        return rows
+
+    def _whole(self, conn: Connection) -> dict[int, dict[str, Any]]:
+        rows = {
+            int(r["id"]): dict(r)
+            for r in conn.execute(
+                select(*self.columns).where(s.jobs.c.state == _PENDING)
+            ).mappings()
+        }
+        self.rows = rows
+        self.whole_reads += 1
+        return rows
+
+    @staticmethod
+    def _pending_count(conn: Connection) -> int:
+        return int(
+            conn.execute(
+                select(func.count()).select_from(s.jobs).where(s.jobs.c.state == _PENDING)
+            ).scalar_one()
+        )
