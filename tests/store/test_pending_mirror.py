@@ -68,7 +68,7 @@ def test_a_read_with_nothing_changed_reads_no_job_row(store: Store) -> None:
         before = mirror.rows
         changed = conn.execute(select(s.jobs.c.id).where(s.jobs.c.change_seq >= mirror.mark)).all()
         assert changed == []
-        assert [j["id"] for j in mirror.sync(conn)] == list(before)
+        assert [j["id"] for j in mirror.sync(conn).rows] == list(before)
         assert mirror.rows is before and mirror.whole_reads == 1
 
 
@@ -126,7 +126,7 @@ def test_a_failed_read_leaves_the_mirror_to_be_read_whole(store: Store) -> None:
         mirror.sync(conn)
     assert mirror.mark is None and mirror.rows == {}
     with store.db.begin(write=False, snapshot=True) as live:
-        assert [j["id"] for j in mirror.sync(live)] == [jid]
+        assert [j["id"] for j in mirror.sync(live).rows] == [jid]
     assert mirror.whole_reads == 2
 
 
@@ -164,4 +164,24 @@ def test_a_change_committed_after_the_read_began_is_read_next_time(store: Store)
         a.close()
     got = mirrored(store)
     assert got[older]["reason"] == "from A" and got == truth(store)
+    assert store.pending_mirror.whole_reads == 1
+
+
+def test_begin_times_and_dependencies_are_judged_each_pass(store: Store) -> None:
+    """The mirror hands out the rows a pass must look at by themselves (a begin time, a
+    dependency) apart from the rest: a job waiting for its begin time becomes eligible as
+    the clock passes it, with no change to its row, and a dependency's state is read."""
+    first = submit1(store, name="first")
+    later = submit1(store, name="later")
+    after = submit1(store, name="after", dependency=f"afterok:{first}")
+    now = time.time()
+    with store.db.begin() as conn:  # a retry's backoff, as the store sets it
+        conn.execute(update(s.jobs).where(s.jobs.c.id == later).values(eligible_time=now + 100))
+    snap = store.sched_snapshot(eligible_by=now)
+    assert [int(j["id"]) for j in snap.pending] == [first, after]
+    assert [j["id"] for j in snap.not_yet] == [later]
+    assert snap.dep_states == {first: JobState.PENDING}
+    snap = store.sched_snapshot(eligible_by=now + 101)  # the clock alone moved
+    assert [int(j["id"]) for j in snap.pending] == [first, later, after]
+    assert snap.not_yet == []
     assert store.pending_mirror.whole_reads == 1

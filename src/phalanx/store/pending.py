@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, func, select, text
 
 from phalanx.domain.states import JobState
 from phalanx.store import schema as s
+from phalanx.store.sqlbits import chunks
 
 _PENDING = JobState.PENDING.value
 
@@ -53,23 +55,37 @@ def current_mark(conn: Connection) -> int:
     return int(top or 0) + 1
 
 
+def _marked(row: dict[str, Any]) -> bool:
+    """Whether a pass must look at this row by itself: a begin time, a restart reservation
+    or a dependency (most of a large queue has none of these, and a pass then need not walk
+    every row to find the few that do)."""
+    return (
+        row["eligible_time"] is not None
+        or row["reserved_until"] is not None
+        or bool(row["dependency"])
+    )
+
+
+@dataclass(frozen=True)
+class Pending:
+    """What a `sync` hands out: every pending row, and the `_marked` ones among them."""
+
+    rows: list[dict[str, Any]]
+    marked: list[dict[str, Any]]
+
+
 class PendingMirror:
     """Every pending job's row (the columns given), by id, as of the last `sync`."""
 
     def __init__(self, columns: Sequence[Any]) -> None:
         self.columns = list(columns)
         self.rows: dict[int, dict[str, Any]] = {}
+        self.marked: dict[int, dict[str, Any]] = {}  # the `_marked` rows of `rows`
         self.mark: int | None = None  # None: the next sync reads every pending row
-        self.whole_reads = 0  # how many syncs read everything (tests and /metrics read it)
+        self.whole_reads = 0  # how many syncs read everything (tests read it)
         self._lock = threading.Lock()
 
-    def reset(self) -> None:
-        """Forget everything: the next `sync` reads every pending row."""
-        with self._lock:
-            self.mark = None
-            self.rows = {}
-
-    def sync(self, conn: Connection) -> list[dict[str, Any]]:
+    def sync(self, conn: Connection) -> Pending:
         """Bring the mirror up to date on `conn` and return its rows. `conn`: a transaction
         whose statements all see one snapshot (`Engines.begin(snapshot=True)`), or the count
         that checks the mirror may differ from the rows read and force a whole read.
@@ -81,47 +97,60 @@ class PendingMirror:
         way)."""
         with self._lock:
             try:
-                return list(self._sync(conn).values())
+                self._sync(conn)
+                return Pending(list(self.rows.values()), list(self.marked.values()))
             except BaseException:
                 self.mark = None
-                self.rows = {}
+                self.rows, self.marked = {}, {}
                 raise
 
-    def _sync(self, conn: Connection) -> dict[int, dict[str, Any]]:
+    def _sync(self, conn: Connection) -> None:
         mark = current_mark(conn)
         since = self.mark
         if since is None or mark < since:
-            rows = self._whole(conn)
+            self._whole(conn)
         else:
-            rows = self.rows
-            changed = s.jobs.c.change_seq >= since
-            for (jid,) in conn.execute(
-                select(s.jobs.c.id).where(changed, s.jobs.c.state != _PENDING)
+            rows, marked = self.rows, self.marked
+            # ids and states first, by the stamp's index alone (with the state in the WHERE,
+            # SQLite walks the state index instead: every pending row), then the pending
+            # ones' columns by id
+            pending = []
+            for jid, state in conn.execute(
+                select(s.jobs.c.id, s.jobs.c.state).where(s.jobs.c.change_seq >= since)
             ):
-                rows.pop(int(jid), None)
-            for r in conn.execute(
-                select(*self.columns).where(changed, s.jobs.c.state == _PENDING)
-            ).mappings():
-                rows[int(r["id"])] = dict(r)
+                if state == _PENDING:
+                    pending.append(int(jid))
+                else:
+                    rows.pop(int(jid), None)
+                    marked.pop(int(jid), None)
+            for chunk in chunks(pending, 500):
+                for r in conn.execute(
+                    select(*self.columns).where(s.jobs.c.id.in_(chunk), s.jobs.c.state == _PENDING)
+                ).mappings():
+                    row = dict(r)
+                    jid = int(row["id"])
+                    rows[jid] = row
+                    if _marked(row):
+                        marked[jid] = row
+                    else:
+                        marked.pop(jid, None)
             # A deleted row leaves no stamp behind: a job that left the queue and was purged
             # between two reads (a standby controller's mirror can be a month old) would stay
             # here for ever. The count of pending rows, from the state index, catches that and
             # any other drift.
             if self._pending_count(conn) != len(rows):
-                rows = self._whole(conn)
+                self._whole(conn)
         self.mark = mark
-        return rows
 
-    def _whole(self, conn: Connection) -> dict[int, dict[str, Any]]:
-        rows = {
+    def _whole(self, conn: Connection) -> None:
+        self.rows = {
             int(r["id"]): dict(r)
             for r in conn.execute(
                 select(*self.columns).where(s.jobs.c.state == _PENDING)
             ).mappings()
         }
-        self.rows = rows
+        self.marked = {jid: row for jid, row in self.rows.items() if _marked(row)}
         self.whole_reads += 1
-        return rows
 
     @staticmethod
     def _pending_count(conn: Connection) -> int:

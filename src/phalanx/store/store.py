@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import (
@@ -65,7 +66,7 @@ from phalanx.errors import InvalidSpec, InvalidTransition, NotFound
 from phalanx.store import schema as s
 from phalanx.store.base import _EVENT_ROW
 from phalanx.store.metrics import MetricsQueries
-from phalanx.store.pending import PendingMirror
+from phalanx.store.pending import Pending, PendingMirror
 from phalanx.store.preemption import Preemptions
 from phalanx.store.rowinsert import RowInsert
 from phalanx.store.sqlbits import JOB_SUMMARY as _JOB_SUMMARY
@@ -897,13 +898,8 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
         the store throughout (on PostgreSQL too): the pending jobs, nodes and allocations
         agree with each other."""
         with self.db.begin(write=False, snapshot=True) as conn:
-            rows = self.pending_mirror.sync(conn)
-            if eligible_by is None:
-                pending = sorted(rows, key=_queue_order)
-                not_yet: list[dict[str, Any]] = []
-                reservations = [_reservation(j) for j in pending if j["reserved_until"] is not None]
-            else:
-                pending, not_yet, reservations = _split_pending(rows, eligible_by)
+            got = self.pending_mirror.sync(conn)
+            pending, not_yet, reservations = _split_pending(got, eligible_by)
             if eligible_by is not None and not (pending or not_yet or reservations):
                 # nothing a pass could start, reserve or explain: a quiet cluster of 10,000
                 # nodes would otherwise read every node row once a second for nothing
@@ -936,7 +932,10 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
                     )
                 ).mappings()
             ]
-            dep_ids = {int(j) for p in pending for d in p["dependency"] for j in d.get("jobs", [])}
+            # only the mirror's marked rows have dependencies
+            dep_ids = {
+                int(j) for p in got.marked for d in p["dependency"] for j in d.get("jobs", [])
+            }
             dep_states: dict[int, JobState] = {}
             dep_started: dict[int, bool] = {}
             for chunk in _chunks(sorted(dep_ids), 500):
@@ -2344,21 +2343,26 @@ _LICENSE_LOCK = 0x5048584C4943  # "PHXLIC"
 
 
 def _split_pending(
-    rows: Iterable[dict[str, Any]], now: float
+    got: Pending, now: float | None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """The mirror's pending rows as a pass wants them: the jobs eligible at `now` in
-    (--priority, id) order (the queue order without multifactor priority), the later ones
-    whose reason does not say `BeginTime` yet, and those holding a restart reservation."""
-    eligible, not_yet, reservations = [], [], []
-    for j in rows:
-        at = j["eligible_time"]
-        if at is None or at <= now:
-            eligible.append(j)
-        elif not (j["reason"] or "").startswith(BEGIN):
-            not_yet.append({k: j[k] for k in ("id", "partitions", "eligible_time")})
-        if j["reserved_until"] is not None:
-            reservations.append(_reservation(j))
-    eligible.sort(key=_queue_order)
+    """The mirror's pending rows as a pass wants them: the jobs eligible at `now` (None:
+    all) in (--priority, id) order (the queue order without multifactor priority), the
+    later ones whose reason does not say `BeginTime` yet, and those holding a restart
+    reservation. Only the mirror's marked rows can be either of the last two: the whole
+    queue is walked only to leave out the jobs not eligible yet, when there are any."""
+    late = {
+        int(j["id"])
+        for j in got.marked
+        if now is not None and j["eligible_time"] is not None and j["eligible_time"] > now
+    }
+    eligible = [j for j in got.rows if int(j["id"]) not in late] if late else got.rows
+    not_yet = [
+        {k: j[k] for k in ("id", "partitions", "eligible_time")}
+        for j in got.marked
+        if int(j["id"]) in late and not (j["reason"] or "").startswith(BEGIN)
+    ]
+    reservations = [_reservation(j) for j in got.marked if j["reserved_until"] is not None]
+    _queue_sort(eligible)
     return eligible, not_yet, reservations
 
 
@@ -2366,8 +2370,15 @@ def _reservation(job: dict[str, Any]) -> dict[str, Any]:
     return {k: job[k] for k in ("id", "reserved_nodes", "reserved_until")}
 
 
-def _queue_order(job: dict[str, Any]) -> tuple[int, int]:
-    return -int(job["priority"] or 0), int(job["id"])
+_BY_ID = itemgetter("id")
+_BY_PRIORITY = itemgetter("priority")
+
+
+def _queue_sort(jobs: list[dict[str, Any]]) -> None:
+    """Sort in (--priority descending, id) order: two stable sorts on keys read in C, several
+    times faster than one on a Python key (100,000 pending jobs a pass)."""
+    jobs.sort(key=_BY_ID)
+    jobs.sort(key=_BY_PRIORITY, reverse=True)  # reverse=True keeps equal keys' order
 
 
 def _topology_columns() -> list[Any]:
