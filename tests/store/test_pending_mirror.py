@@ -101,6 +101,22 @@ def test_a_job_purged_between_two_reads_leaves_the_mirror(store: Store) -> None:
     assert set(mirrored(store)) == {kept} == set(truth(store))
 
 
+def test_purging_the_newest_stamped_row_does_not_hide_the_next_change(store: Store) -> None:
+    """Stamps must never repeat: had a stamp been the largest one plus one, purging the row
+    that held the largest would give the next change a stamp below the mirror's mark, and a
+    change that keeps the job pending (here its reason) would be missed for good."""
+    add_node(store, "n1")
+    waiting, done = submit1(store, name="waiting"), submit1(store, name="done")
+    att = start(store, done, ["n1"])
+    store.apply_reports("n1", [running(att)], None)
+    store.apply_reports("n1", [exited(att, 0)], None)  # `done` now holds the newest stamp
+    mirrored(store)
+    assert store.purge_finished(time.time() + 60) == 1
+    store.set_pending_reasons({waiting: "Resources"})
+    assert mirrored(store)[waiting]["reason"] == "Resources"
+    assert store.pending_mirror.whole_reads == 1
+
+
 def test_a_mark_that_goes_backwards_reads_everything_again(store: Store) -> None:
     """A store restored from a backup, or failed over to a replica behind the primary:
     nothing is known about what changed, so the next read is whole."""

@@ -10,9 +10,9 @@ jobs that started or were cancelled, reasons it set itself.
 The mark. Each read first takes a *mark*, then reads the rows stamped at or after the
 previous read's mark, then keeps the new mark for the next read:
 
-* SQLite: the largest stamp plus one. Writers take turns (one write transaction at a time)
-  and each stamps the largest stamp plus one, so stamps grow in commit order: a row changed
-  after the mark was taken is stamped at or above it.
+* SQLite: the stamp counter plus one. Writers take turns (one write transaction at a time)
+  and each change takes the counter's next value, so stamps grow in commit order and never
+  repeat: a row changed after the mark was taken is stamped at or above it.
 * PostgreSQL: the stamp is the writing transaction's id, and transactions commit out of id
   order; the mark is the oldest transaction id still running when the read starts
   (``pg_snapshot_xmin``). Any change the read does not see belongs to a transaction that was
@@ -51,8 +51,10 @@ def current_mark(conn: Connection) -> int:
                 text("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
             ).scalar_one()
         )
-    top = conn.execute(select(func.max(s.jobs.c.change_seq))).scalar_one()
-    return int(top or 0) + 1
+    top = conn.execute(
+        select(s.job_change_counter.c.seq).where(s.job_change_counter.c.id == 1)
+    ).scalar_one()
+    return int(top) + 1
 
 
 def _marked(row: dict[str, Any]) -> bool:

@@ -207,6 +207,17 @@ events = Table(
 Index("ix_events_job", events.c.job_id)
 Index("ix_events_node", events.c.node)
 
+# SQLite's source of `jobs.change_seq` (migration 0010's triggers): one row, a counter that only
+# grows. A stamp taken as the largest stamp plus one would repeat one after the row holding the
+# largest was purged, below a mark the scheduler already read past. PostgreSQL stamps with
+# transaction ids and leaves this table empty.
+job_change_counter = Table(
+    "job_change_counter",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("seq", BigInteger, nullable=False),
+)
+
 leases = Table(
     "leases",
     metadata,

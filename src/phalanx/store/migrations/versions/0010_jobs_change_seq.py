@@ -2,8 +2,10 @@
 scheduling loop reads only the pending jobs changed since its last pass (store/pending.py)
 instead of re-reading the whole queue each second
 
-SQLite: a counter, the largest stamp plus one, set by AFTER triggers (SQLite cannot change
-the row in a BEFORE trigger); its writers take turns, so stamps grow in commit order.
+SQLite: a counter that only grows (`job_change_counter`, one row), set by AFTER triggers
+(SQLite cannot change the row in a BEFORE trigger); its writers take turns, so stamps grow in
+commit order. (Not the largest stamp plus one: after the row holding the largest was purged,
+that would repeat a stamp below a mark the scheduler already read past.)
 PostgreSQL: the writing transaction's id (`pg_current_xact_id()`, 64-bit, never wraps), set
 by a BEFORE trigger; transactions commit out of id order, and the reader allows for that
 with the oldest transaction still running (store/pending.py).
@@ -26,19 +28,20 @@ down_revision = "0009"
 branch_labels = None
 depends_on = None
 
-_SQLITE_NEXT = "(SELECT COALESCE(MAX(change_seq), 0) + 1 FROM jobs)"
+_SQLITE_STAMP = """
+    UPDATE job_change_counter SET seq = seq + 1 WHERE id = 1;
+    UPDATE jobs SET change_seq = (SELECT seq FROM job_change_counter WHERE id = 1)
+    WHERE id = NEW.id;"""
 
 SQLITE_TRIGGERS = (
     f"""CREATE TRIGGER jobs_change_seq_insert AFTER INSERT ON jobs
-BEGIN
-    UPDATE jobs SET change_seq = {_SQLITE_NEXT} WHERE id = NEW.id;
+BEGIN{_SQLITE_STAMP}
 END""",
     # the WHEN keeps the trigger's own UPDATE from firing it again (recursive triggers are
     # off by default in SQLite; this holds even where they are on)
     f"""CREATE TRIGGER jobs_change_seq_update AFTER UPDATE ON jobs
 WHEN NEW.change_seq IS OLD.change_seq
-BEGIN
-    UPDATE jobs SET change_seq = {_SQLITE_NEXT} WHERE id = NEW.id;
+BEGIN{_SQLITE_STAMP}
 END""",
 )
 
@@ -57,10 +60,16 @@ def upgrade() -> None:
     with op.batch_alter_table("jobs") as b:
         b.add_column(sa.Column("change_seq", sa.BigInteger(), nullable=True))
     op.create_index("ix_jobs_change_seq", "jobs", ["change_seq"])
+    counter = op.create_table(
+        "job_change_counter",
+        sa.Column("id", sa.Integer(), primary_key=True, autoincrement=False),
+        sa.Column("seq", sa.BigInteger(), nullable=False),
+    )
     if op.get_bind().dialect.name == "postgresql":
         op.execute(POSTGRES_FUNCTION)
         op.execute(POSTGRES_TRIGGER)
     else:
+        op.bulk_insert(counter, [{"id": 1, "seq": 0}])
         for ddl in SQLITE_TRIGGERS:
             op.execute(ddl)
 
@@ -72,6 +81,7 @@ def downgrade() -> None:
     else:
         op.execute("DROP TRIGGER IF EXISTS jobs_change_seq_insert")
         op.execute("DROP TRIGGER IF EXISTS jobs_change_seq_update")
+    op.drop_table("job_change_counter")
     op.drop_index("ix_jobs_change_seq", table_name="jobs")
     with op.batch_alter_table("jobs") as b:
         b.drop_column("change_seq")
