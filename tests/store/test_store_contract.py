@@ -21,6 +21,7 @@ from phalanx.domain import scheduling
 from phalanx.domain.spec import JobSpec, normalize
 from phalanx.domain.states import AttemptState, JobState
 from phalanx.errors import Fenced, InvalidSpec, InvalidTransition, NotFound, StoreUnavailable
+from phalanx.store import arrayinsert
 from phalanx.store.store import Fence, Store, TaskReport
 
 # --------------------------------------------------------------------------------------------
@@ -297,6 +298,46 @@ def test_array_expands_to_one_row_per_task(store: Store) -> None:
     with pytest.raises(InvalidSpec):
         store.resolve_refs(["abc"])
     # one submit event per task
+    assert all(kinds(store, i) == ["job.submit"] for i in ids)
+
+
+def test_array_tasks_are_the_first_task_but_for_their_index(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tasks after the first are expanded by the database from one template row
+    (store/arrayinsert.py), a few per statement here: each row, spec and dependency included,
+    must be the first task's row but for its id and index, and ids follow the indices."""
+    monkeypatch.setattr(arrayinsert, "TASKS_PER_STATEMENT", 3)
+    dep = submit1(store)
+    (ids,) = store.submit(
+        [
+            item(
+                store,
+                array="9,1-4,20-30:5%3",
+                name="sweep",
+                dependency=f"afterok:{dep}",
+                nice=5,
+                account="physics",
+                env={"A": "b c"},
+                licenses="matlab:2",
+                time_limit_s=3600,
+            )
+        ],
+        "bob",
+    )
+    assert len(ids) == 8 and ids == sorted(ids)
+    jobs = [store.get_job(i) for i in ids]
+    assert [j["array_task_id"] for j in jobs] == [1, 2, 3, 4, 9, 20, 25, 30]
+    first = jobs[0]
+    assert first["array_job_id"] == ids[0] and first["array_limit"] == 3
+    assert first["dependency"][0]["jobs"] == [dep] and first["spec"]["env"] == {"A": "b c"}
+    assert first["nice"] == 5 and first["account"] == "physics"
+    assert first["time_limit_s"] == 3600 and first["state"] == "PENDING"
+    unlike = {"id", "array_task_id", "change_seq"}
+    for job in jobs[1:]:
+        assert {k: v for k, v in job.items() if k not in unlike} == {
+            k: v for k, v in first.items() if k not in unlike
+        }
     assert all(kinds(store, i) == ["job.submit"] for i in ids)
 
 

@@ -83,7 +83,9 @@ jobs = Table(
     Column("change_seq", BigInteger, nullable=True),
     sqlite_autoincrement=True,
 )
-Index("ix_jobs_state", jobs.c.state)
+# (state, id): the scheduler's whole read of the pending queue walks it in id order, in
+# chunks (store/pending.py); SQLite's index carries the rowid anyway, PostgreSQL's needs it
+Index("ix_jobs_state", jobs.c.state, jobs.c.id)
 Index("ix_jobs_change_seq", jobs.c.change_seq)
 Index("ix_jobs_array", jobs.c.array_job_id)
 Index("ix_jobs_name_user", jobs.c.name, jobs.c.user)

@@ -10,6 +10,9 @@ PostgreSQL: the writing transaction's id (`pg_current_xact_id()`, 64-bit, never 
 by a BEFORE trigger; transactions commit out of id order, and the reader allows for that
 with the oldest transaction still running (store/pending.py).
 
+The state index becomes (state, id): the reader's whole read walks the pending rows in id
+order, a chunk a statement.
+
 Rows written before this revision have no stamp; the reader's first read of each run is a
 whole read, which covers them, and any later change stamps them.
 
@@ -60,6 +63,8 @@ def upgrade() -> None:
     with op.batch_alter_table("jobs") as b:
         b.add_column(sa.Column("change_seq", sa.BigInteger(), nullable=True))
     op.create_index("ix_jobs_change_seq", "jobs", ["change_seq"])
+    op.drop_index("ix_jobs_state", table_name="jobs")
+    op.create_index("ix_jobs_state", "jobs", ["state", "id"])
     counter = op.create_table(
         "job_change_counter",
         sa.Column("id", sa.Integer(), primary_key=True, autoincrement=False),
@@ -83,5 +88,7 @@ def downgrade() -> None:
         op.execute("DROP TRIGGER IF EXISTS jobs_change_seq_update")
     op.drop_table("job_change_counter")
     op.drop_index("ix_jobs_change_seq", table_name="jobs")
+    op.drop_index("ix_jobs_state", table_name="jobs")
+    op.create_index("ix_jobs_state", "jobs", ["state"])
     with op.batch_alter_table("jobs") as b:
         b.drop_column("change_seq")
