@@ -1,4 +1,4 @@
-"""Lease renewals jump a controller's SQLite writer queue (engine.WriterQueue, `urgent`).
+"""Lease renewals jump a controller's writer queue (engine.WriterQueue, `urgent`).
 
 The controller's own write load (heartbeat reports, submissions, scheduler writes) must never
 make it lose its duty leases: docs/architecture.md, "Leases".
@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 from sqlalchemy import text
 
 from phalanx.controller.leases import LeaseKeeper
 from phalanx.store.engine import WriterQueue
-from phalanx.store.store import Store
+from phalanx.store.store import Fence, Store
 
 URL = "sqlite:////x.db"
 
@@ -62,12 +61,14 @@ def test_an_urgent_turn_goes_before_every_ordinary_writer_waiting() -> None:
     assert q._urgent == 0
 
 
-def test_a_controller_keeps_its_leases_under_its_own_bulk_writes(tmp_path: Path) -> None:
-    """Sixteen threads write back to back (each transaction 80 ms, like a large report
-    batch or scheduling pass) while the lease loop renews every 0.75 s with a 3 s TTL, the
-    controller's defaults. Every renewal must get its turn within the current transaction,
-    so the leases are taken once and never lost or retaken."""
-    store = Store(f"sqlite:///{tmp_path}/leases.db")
+def test_a_controller_keeps_its_leases_under_its_own_bulk_writes(db_url: str) -> None:
+    """Sixteen threads make fenced writes back to back (each transaction 80 ms, like a large
+    report batch or scheduling pass) while the lease loop renews every 0.75 s with a 3 s TTL,
+    the controller's defaults. Every renewal must get its turn within the current
+    transaction, so the leases are taken once and never lost or retaken. On PostgreSQL each
+    fenced write locks the lease row (FOR UPDATE): without the queue the writers' lock waits
+    on that row lined up ahead of the renewal."""
+    store = Store(db_url)
     store.migrate()
     with store.db.begin() as c:
         c.execute(text("CREATE TABLE bulk (v INTEGER)"))
@@ -98,6 +99,7 @@ def test_a_controller_keeps_its_leases_under_its_own_bulk_writes(tmp_path: Path)
         try:
             while not stop.is_set():
                 with store.db.begin() as c:
+                    store._check_fence(c, Fence("sched:batch", "c1", 1))
                     c.execute(text("INSERT INTO bulk VALUES (1)"))
                     time.sleep(0.08)  # the transaction's work, holding the write turn
         except BaseException as e:

@@ -470,7 +470,7 @@ def idle_in_transaction_ms(op_timeout: float) -> int:
 
 
 class WriterQueue:
-    """SQLite: this process's write transactions take turns on a lock before BEGIN IMMEDIATE.
+    """This process's write transactions take turns on a lock (on SQLite before BEGIN IMMEDIATE).
 
     SQLite admits one writer at a time; the others wait in its busy handler, which sleeps in
     steps of up to 100 ms and does not wake when the lock frees. With a dozen threads writing
@@ -494,6 +494,16 @@ class WriterQueue:
     completing a tick), so the simpler order stays.
     Re-entrant: a write transaction opened inside another on the same thread waits for
     SQLite as before instead of deadlocking here.
+
+    PostgreSQL too: its writers do not queue in a busy handler, but a controller's
+    concurrent write transactions meet on the same few rows (the lease row every fenced
+    write locks FOR UPDATE, the nodes' work generations and heartbeat stamps), and with a
+    dozen threads sharing one interpreter each transaction spent most of its life waiting
+    for the GIL between statements, holding those locks for seconds: the rest queued on
+    them past `db_op_timeout`, were cut, retried, and the lease renewals behind them failed
+    (200 simulated nodes, `bench/sim.py placements`: 227 lock waits over 0.5 s a minute, the
+    `sched:batch` lease lost, placements 125/s then 0/s; with turns taken here, none, and
+    68/s). The one writer at a time holds its locks only while it runs.
     """
 
     def __init__(self, timeout: float) -> None:
@@ -581,7 +591,7 @@ class Engines:
         self.op_timeout = op_timeout
         self.watchdog: Watchdog | None = None
         self.checkpointer: Checkpointer | None = None  # SQLite: WAL checkpoints off the commits
-        self.writers: WriterQueue | None = None  # SQLite: this process's writers take turns
+        self.writers: WriterQueue | None = None  # this process's writers take turns
         self.hosts: HostChooser | None = None  # PostgreSQL with several hosts
         self._local = threading.local()  # per thread: is a commit in flight?
         if self.dialect == "sqlite":
@@ -605,6 +615,7 @@ class Engines:
             self.read = self._sqlite_engine(immediate=False, timeout=max(connect_timeout, 10.0))
         elif self.dialect == "postgresql":
             self.watchdog = Watchdog(op_timeout)
+            self.writers = WriterQueue(max(connect_timeout, 10.0))
             self.write = self._postgres_engine(pool_size, connect_timeout, self.watchdog)
             self.read = self.write
             # a multi-host URL: which hosts new connections try, in which order (HostChooser)
@@ -770,7 +781,7 @@ class Engines:
         (REPEATABLE READ; under the default READ COMMITTED each statement sees its own). A
         SQLite transaction always does.
 
-        `urgent` (SQLite): a write transaction that jumps this process's writer queue
+        `urgent`: a write transaction that jumps this process's writer queue
         (`WriterQueue`): lease renewals, which must not wait behind bulk writes.
 
         On PostgreSQL a connection lost while the commit was in flight becomes
