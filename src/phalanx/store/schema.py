@@ -150,8 +150,13 @@ tasks = Table(
     Column("cpu_time_s", Float, nullable=True),
     Column("max_rss_bytes", BigInteger, nullable=True),
     Column("gpu_usage", JSON, nullable=True),
+    # True until the task's attempt ends (the attempt no longer holds anything): what a
+    # heartbeat reads of its node, by the (node, held) index, without walking every task the
+    # node ever ran (migration 0011).
+    Column("held", Boolean, nullable=False, default=True, server_default=true()),
 )
 Index("ix_tasks_node_state", tasks.c.node, tasks.c.state)
+Index("ix_tasks_node_held", tasks.c.node, tasks.c.held)
 
 nodes = Table(
     "nodes",

@@ -1434,6 +1434,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
                     .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
                     .where(
                         s.tasks.c.node == node,
+                        s.tasks.c.held.is_(True),  # by the (node, held) index
                         s.attempts.c.state != AttemptState.ENDED.value,
                         s.tasks.c.spare.is_(False),
                     )
@@ -1685,6 +1686,8 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
                 or (min((t["started_at"] for t in started), default=None)),
             )
         )
+        # its tasks leave the heartbeat's reads (tasks.held, migration 0011)
+        conn.execute(update(s.tasks).where(s.tasks.c.attempt_id == attempt_id).values(held=False))
         self._bump_gen(conn, att["nodes"])
         self._end_steps_of_attempt(conn, attempt_id, result, now)
         if spare_tasks:
@@ -2563,6 +2566,7 @@ def _node_work_query() -> Select[Any]:
         .join(s.jobs, s.jobs.c.id == s.attempts.c.job_id)
         .where(
             s.tasks.c.node == bindparam("node"),
+            s.tasks.c.held.is_(True),  # by the (node, held) index, not the node's whole history
             s.attempts.c.state != AttemptState.ENDED.value,
             s.tasks.c.spare.is_(False),  # a hot spare runs nothing: the agent never sees it
         )
