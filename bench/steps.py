@@ -23,7 +23,9 @@ its step to it.  For each loop the benchmark also reports the CPU time spent per
 kind of process, read from /proc around the loop (the script waits for a go file before each
 loop, so the sampling is outside the timed part): the controller, the 4 agents, the srun helper,
 and "srun+shell" (the batch shell and the sruns it waited for).  The shepherds and tasks are not
-in it (they are new processes each step).  The controller and the agents also spend CPU when
+in it (they are new processes each step); "machine" is every CPU's busy time from /proc/stat
+(those processes, the shepherds, the tasks and the kernel's work for them, plus whatever else
+runs: measure on a quiet machine).  The controller and the agents also spend CPU when
 no step runs (heartbeats, exit watchers, scheduler ticks); that idle rate is sampled for
 `--idle` seconds before each loop, and the "net of idle" figures take it away for the loop's
 duration, so that runs at different rates compare (a slow run on a loaded machine pays more
@@ -86,7 +88,15 @@ await 3   # alive until its CPU time is read
 """
 
 KINDS = ("controller", "agents", "srun helper", "srun+shell")
-IDLE_KINDS = ("controller", "agents")  # what runs when no step does (the shell waits then)
+IDLE_KINDS = ("controller", "agents", "machine")  # what runs when no step does
+MACHINE = "machine"  # every CPU's busy time: the above, shepherds, tasks and the kernel
+
+
+def _machine_cpu_s() -> float:
+    """Busy CPU seconds of the whole machine so far (user, nice, system, irq, softirq)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq = (int(f) for f in fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def _cpu_s(pid: int, children: bool) -> float:
@@ -123,7 +133,8 @@ def _cluster_processes(state: Path) -> dict[str, list[int]]:
 
 
 def _cpu_by_kind(procs: dict[str, list[int]]) -> dict[str, float]:
-    return {k: sum(_cpu_s(p, k == "srun+shell") for p in pids) for k, pids in procs.items()}
+    by_kind = {k: sum(_cpu_s(p, k == "srun+shell") for p in pids) for k, pids in procs.items()}
+    return {**by_kind, MACHINE: _machine_cpu_s()}
 
 
 def _await_file(path: Path, deadline: float, what: str) -> None:
@@ -156,10 +167,10 @@ def _loop_cpu(
         _await_file(out / f"ready.{n + 1}", deadline, f"the end of the job's loop {n}")
         took = time.monotonic() - t0
         after = _cpu_by_kind(procs)
-        res[name] = {k: (after[k] - before[k]) / loop * 1000 for k in KINDS}
+        res[name] = {k: (after[k] - before[k]) / loop * 1000 for k in (*KINDS, MACHINE)}
         res[name]["load"] = os.getloadavg()[0]
-        res[name]["idle_ms_per_s"] = sum(rate.values()) * 1000
-        for k in KINDS:
+        res[name]["idle_ms_per_s"] = (rate["controller"] + rate["agents"]) * 1000
+        for k in (*KINDS, MACHINE):
             idle = rate[k] * took if k in IDLE_KINDS else 0.0
             res[name][f"net {k}"] = max(0.0, after[k] - before[k] - idle) / loop * 1000
     (out / "go.3").touch()
@@ -243,7 +254,8 @@ def one_run(i: int, args: argparse.Namespace, bindir: str) -> dict[str, Any]:
                 + ", ".join(f"{k} {per[k]:.1f}" for k in KINDS)
                 + f" (load average {per['load']:.1f}); net of idle "
                 + ", ".join(f"{k} {per['net ' + k]:.1f}" for k in KINDS)
-                + f" (idle {per['idle_ms_per_s']:.0f} ms/s)"
+                + f" (idle {per['idle_ms_per_s']:.0f} ms/s); machine {per[MACHINE]:.1f}, "
+                + f"net {per['net ' + MACHINE]:.1f}"
             )
         return res
 
@@ -289,6 +301,11 @@ def main() -> int:
                 f"CPU ms per step{what}, {label}: "
                 + ", ".join(f"{k} {v:.1f}" for k, v in per.items())
                 + f" (total {sum(per.values()):.1f}, shepherds and tasks not counted)"
+            )
+            machine = statistics.median(r["cpu_ms_per_step"][name][prefix + MACHINE] for r in runs)
+            print(
+                f"machine CPU ms per step{what}, {label}: {machine:.1f} "
+                "(every process and the kernel: shepherds and tasks too)"
             )
     loads = [r["cpu_ms_per_step"][n]["load"] for r in runs for n in ("loop", "loop1")]
     print(f"load average during the loops: median {statistics.median(loads):.1f}")

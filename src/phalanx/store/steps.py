@@ -175,113 +175,111 @@ class JobSteps(StoreBase):
 
     def apply_step_reports(self, node: str, reports: Sequence[StepReport]) -> bool:
         """Record what an agent says about its step tasks; end steps whose every node is done.
-        Returns whether anything changed."""
-        if not reports:
+        Returns whether anything changed.
+
+        One heartbeat carries the reports of every step that started or ended on the node
+        since the last (a loop of short steps: several), so they are applied together: one
+        read of the node's rows, one statement per kind of change (executemany), one read of
+        the steps that may have ended; a constant number of statements per heartbeat instead
+        of a few per report (docs/slurm.md, "What a step costs")."""
+        latest = {(rep.attempt_id, rep.step_id): rep for rep in reports}  # the last one wins
+        if not latest:
             return False
         now = _now()
-        changed = False
         with self.db.begin() as conn:
-            for rep in reports:
-                row = (
-                    conn.execute(
-                        select(s.step_nodes, s.attempts.c.token)
-                        .join(s.attempts, s.attempts.c.id == s.step_nodes.c.attempt_id)
-                        .where(
-                            s.step_nodes.c.attempt_id == rep.attempt_id,
-                            s.step_nodes.c.step_id == rep.step_id,
-                            s.step_nodes.c.node == node,
-                        )
-                    )
-                    .mappings()
-                    .first()
-                )
-                if row is None or row["token"] != rep.token or row["state"] not in _LIVE_NODE:
+            rows = {
+                (int(r["attempt_id"]), int(r["step_id"])): r
+                for r in conn.execute(
+                    _live_step_nodes_query(),
+                    {"node": node, "attempt_ids": sorted({a for a, _ in latest})},
+                ).mappings()
+            }
+            started: list[dict[str, Any]] = []
+            ended: list[dict[str, Any]] = []
+            for key, rep in latest.items():
+                row = rows.get(key)
+                if row is None or row["token"] != rep.token:
                     continue
-                where = (
-                    (s.step_nodes.c.attempt_id == rep.attempt_id)
-                    & (s.step_nodes.c.step_id == rep.step_id)
-                    & (s.step_nodes.c.node == node)
-                )
+                ids = {"a": rep.attempt_id, "s": rep.step_id, "n": node}
                 if rep.state == "running" and row["state"] == "STARTING":
-                    started = rep.started_at or now
-                    conn.execute(
-                        update(s.step_nodes)
-                        .where(where)
-                        .values(state="RUNNING", started_at=started)
-                    )
-                    conn.execute(
-                        update(s.steps)
-                        .where(
-                            s.steps.c.attempt_id == rep.attempt_id,
-                            s.steps.c.step_id == rep.step_id,
-                            s.steps.c.start_time.is_(None),
-                        )
-                        .values(start_time=started)
-                    )
-                    changed = True
+                    started.append({**ids, "started": rep.started_at or now})
                 elif rep.state in ("exited", "lost"):
-                    conn.execute(
-                        update(s.step_nodes)
-                        .where(where)
-                        .values(
-                            state="EXITED" if rep.state == "exited" else "LOST",
-                            started_at=row["started_at"] or rep.started_at,
-                            ended_at=now,
-                            exits=list(rep.exits),
-                        )
+                    ended.append(
+                        {
+                            **ids,
+                            "st": "EXITED" if rep.state == "exited" else "LOST",
+                            "started": row["started_at"] or rep.started_at,
+                            "ended": now,
+                            "xs": list(rep.exits),
+                        }
                     )
-                    self._maybe_end_step(conn, rep.attempt_id, rep.step_id, now)
-                    changed = True
-        return changed
+            if started:
+                conn.execute(_mark_step_node_running(), started)
+                conn.execute(_set_step_start_time(), started)
+            if ended:
+                conn.execute(_mark_step_node_ended(), ended)
+                self._end_finished_steps(conn, {(e["a"], e["s"]) for e in ended}, now)
+        return bool(started or ended)
 
-    def _maybe_end_step(self, conn: Connection, attempt_id: int, step_id: int, now: float) -> None:
-        rows = (
-            conn.execute(
-                select(s.step_nodes).where(
-                    s.step_nodes.c.attempt_id == attempt_id, s.step_nodes.c.step_id == step_id
-                )
-            )
-            .mappings()
-            .all()
-        )
-        if any(r["state"] in _LIVE_NODE for r in rows):
+    def _end_finished_steps(self, conn: Connection, keys: set[tuple[int, int]], now: float) -> None:
+        """End each of these steps whose every node has reported its tasks' end."""
+        per_step: dict[tuple[int, int], list[Any]] = {k: [] for k in keys}
+        for r in conn.execute(
+            select(s.step_nodes).where(s.step_nodes.c.attempt_id.in_(sorted({a for a, _ in keys})))
+        ).mappings():
+            key = (int(r["attempt_id"]), int(r["step_id"]))
+            if key in per_step:
+                per_step[key].append(r)
+        done = {
+            k: rs for k, rs in per_step.items() if not any(r["state"] in _LIVE_NODE for r in rs)
+        }
+        if not done:
             return
-        step = (
-            conn.execute(
+        steps = [
+            st
+            for st in conn.execute(
                 select(s.steps).where(
-                    s.steps.c.attempt_id == attempt_id, s.steps.c.step_id == step_id
+                    s.steps.c.attempt_id.in_(sorted({a for a, _ in done})),
+                    s.steps.c.state == RUNNING,
                 )
+            ).mappings()
+            if (int(st["attempt_id"]), int(st["step_id"])) in done
+        ]
+        updates, events = [], []
+        for step in steps:
+            step_id = int(step["step_id"])
+            rows = done[(int(step["attempt_id"]), step_id)]
+            exits = [ex for r in rows for ex in (r["exits"] or [])]
+            state, code, sig = step_outcome(
+                exits,
+                lost=any(r["state"] == "LOST" for r in rows),
+                stop_reason=step["stop_reason"],
             )
-            .mappings()
-            .one()
-        )
-        if step["state"] != RUNNING:
-            return
-        exits = [ex for r in rows for ex in (r["exits"] or [])]
-        state, code, sig = step_outcome(
-            exits, lost=any(r["state"] == "LOST" for r in rows), stop_reason=step["stop_reason"]
-        )
-        started = [r["started_at"] for r in rows if r["started_at"] is not None]
-        conn.execute(
-            update(s.steps)
-            .where(s.steps.c.attempt_id == attempt_id, s.steps.c.step_id == step_id)
-            .values(
-                state=state,
-                end_time=now,
-                exit_code=code,
-                exit_signal=sig,
-                start_time=step["start_time"] or (min(started) if started else None),
+            started = [r["started_at"] for r in rows if r["started_at"] is not None]
+            updates.append(
+                {
+                    "a": int(step["attempt_id"]),
+                    "s": step_id,
+                    "st": state,
+                    "end": now,
+                    "code": code,
+                    "sig": sig,
+                    "start": step["start_time"] or (min(started) if started else None),
+                }
             )
-        )
-        self._event(
-            conn,
-            "step.end",
-            f"step {step['job_id']}.{step_id} {state}"
-            + (f" exit code {code}" if code is not None else "")
-            + (f" signal {sig}" if sig else ""),
-            job_id=int(step["job_id"]),
-            data={"step_id": step_id, "state": state, "exit_code": code, "signal": sig},
-        )
+            events.append(
+                {
+                    "kind": "step.end",
+                    "message": f"step {step['job_id']}.{step_id} {state}"
+                    + (f" exit code {code}" if code is not None else "")
+                    + (f" signal {sig}" if sig else ""),
+                    "job_id": int(step["job_id"]),
+                    "data": {"step_id": step_id, "state": state, "exit_code": code, "signal": sig},
+                }
+            )
+        if updates:
+            conn.execute(_end_step(), updates)
+            self._events_many(conn, events)
 
     def _end_steps_of_attempt(
         self, conn: Connection, attempt_id: int, result: JobState, now: float
@@ -468,6 +466,81 @@ def _node_step_work_query() -> Select[Any]:
     heartbeat runs it: see store._node_work_query)."""
     return _step_work_select().where(
         s.step_nodes.c.node == bindparam("node"), s.step_nodes.c.state.in_(_LIVE_NODE)
+    )
+
+
+@functools.cache
+def _live_step_nodes_query() -> Select[Any]:
+    """A node's live step rows in these attempts, with the attempt's token (apply_step_reports:
+    a report is taken only from the attempt it names)."""
+    return (
+        select(s.step_nodes, s.attempts.c.token)
+        .join(s.attempts, s.attempts.c.id == s.step_nodes.c.attempt_id)
+        .where(
+            s.step_nodes.c.node == bindparam("node"),
+            s.step_nodes.c.attempt_id.in_(bindparam("attempt_ids", expanding=True)),
+            s.step_nodes.c.state.in_(_LIVE_NODE),
+        )
+    )
+
+
+def _step_node_key() -> Any:
+    return (
+        (s.step_nodes.c.attempt_id == bindparam("a"))
+        & (s.step_nodes.c.step_id == bindparam("s"))
+        & (s.step_nodes.c.node == bindparam("n"))
+    )
+
+
+@functools.cache
+def _mark_step_node_running() -> Any:
+    return (
+        update(s.step_nodes)
+        .where(_step_node_key())
+        .values(state="RUNNING", started_at=bindparam("started"))
+    )
+
+
+@functools.cache
+def _set_step_start_time() -> Any:
+    """The step's start is its first node's (kept once set)."""
+    return (
+        update(s.steps)
+        .where(
+            s.steps.c.attempt_id == bindparam("a"),
+            s.steps.c.step_id == bindparam("s"),
+            s.steps.c.start_time.is_(None),
+        )
+        .values(start_time=bindparam("started"))
+    )
+
+
+@functools.cache
+def _mark_step_node_ended() -> Any:
+    return (
+        update(s.step_nodes)
+        .where(_step_node_key())
+        .values(
+            state=bindparam("st"),
+            started_at=bindparam("started"),
+            ended_at=bindparam("ended"),
+            exits=bindparam("xs", type_=s.step_nodes.c.exits.type),
+        )
+    )
+
+
+@functools.cache
+def _end_step() -> Any:
+    return (
+        update(s.steps)
+        .where(s.steps.c.attempt_id == bindparam("a"), s.steps.c.step_id == bindparam("s"))
+        .values(
+            state=bindparam("st"),
+            end_time=bindparam("end"),
+            exit_code=bindparam("code"),
+            exit_signal=bindparam("sig"),
+            start_time=bindparam("start"),
+        )
     )
 
 
