@@ -7,6 +7,7 @@ enforced, OOM kills) is for the system tests; here it is what gets written where
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from phalanx.agent.health import IsolationCheck, Status
 # does not care which hierarchy); swap accounting files only where a test adds them.
 KERNEL_FILES = {
     "cgroup.procs",
+    "tasks",
     "cgroup.controllers",
     "cgroup.subtree_control",
     "memory.max",
@@ -198,6 +200,10 @@ def test_v1_plan_and_setup(tmp_path: Path, kernel: set[str]) -> None:
     assert dev.read_text() == "c 195:0 rwm"
     # no quota where there is a cpuset
     assert not (tmp_path / "cpu" / "phalanx" / "node01" / "17").exists()  # no quota needed
+    # the shepherd's child joins through each hierarchy's `tasks`, as itself ("0")
+    cgroups.attach_self(p)
+    assert [Path(d, "tasks").read_text() for d in p["dirs"]] == ["0"] * 4
+    assert all(Path(d, "cgroup.procs").read_text() == "" for d in p["dirs"])
 
 
 def test_v2_plan_and_setup(tmp_path: Path, kernel: set[str]) -> None:
@@ -219,6 +225,9 @@ def test_v2_plan_and_setup(tmp_path: Path, kernel: set[str]) -> None:
     assert (leaf / "cpuset.cpus").read_text() == "0-1"
     cgroups.attach(p, 4242)
     assert (leaf / "cgroup.procs").read_text() == "4242"
+    cgroups.attach_self(p)  # v2 takes whole processes only: cgroup.procs, by pid
+    assert (leaf / "cgroup.procs").read_text() == str(os.getpid())
+    assert (leaf / "tasks").read_text() == ""
 
 
 def test_v2_without_cpuset_gets_a_cpu_quota(tmp_path: Path) -> None:

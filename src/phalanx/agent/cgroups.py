@@ -530,6 +530,24 @@ def attach(p: dict[str, Any], pid: int) -> None:
         _write(path, text)
 
 
+def attach_self(p: dict[str, Any]) -> None:
+    """Move the calling process into the attempt's cgroups: a single-threaded one, the
+    shepherd's child between its fork and its exec (its children follow).
+
+    On v1 this writes ``0`` to each hierarchy's ``tasks``, which moves the calling thread
+    alone: the kernel then skips the global lock that keeps a whole thread group still while
+    it moves, whose write side waits for an RCU grace period whenever attaches are sporadic
+    (~7 ms per attach on the development machine, whatever the number of hierarchies, and
+    longer when several tasks start at once: the largest wait on a step's start, docs/slurm.md
+    "What a step costs"); here 0.3 ms.  A forked child has exactly one thread, so moving it
+    moves the process.  v2's domain cgroups take whole processes only (``cgroup.procs``)."""
+    if p.get("backend") == "v2":
+        attach(p, os.getpid())
+        return
+    for d in p["dirs"]:
+        _write(f"{d}/tasks", "0")
+
+
 def oom_kills(p: dict[str, Any]) -> int | None:
     """How many processes the kernel's OOM killer killed in the attempt's memory cgroup
     (``memory.events`` on v2, ``memory.oom_control`` on v1), or None if unreadable."""
