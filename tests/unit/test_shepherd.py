@@ -617,6 +617,14 @@ def test_missing_script_is_a_launch_failure(tasks: Tasks) -> None:
     _assert_launch_failed(result)
     assert result["error"] == f"cannot execute {missing}: No such file or directory"
     assert result["error"] in (td / "err").read_text()  # also where the user looks
+    # and in the shepherd's own log, made for its first line
+    assert f"launch failed: cannot execute {missing}" in (td / shepherd.LOG_FILE).read_text()
+
+
+def test_a_shepherd_with_nothing_to_say_makes_no_log(tasks: Tasks) -> None:
+    td = tasks.launch(["/bin/true"])
+    assert tasks.wait_exited(td)["exit_code"] == 0
+    assert not (td / shepherd.LOG_FILE).exists()
 
 
 def test_non_executable_script_is_a_launch_failure(tasks: Tasks) -> None:

@@ -247,3 +247,31 @@ def test_idle_node_skips_the_step_query_only_where_it_could_decide_nothing(
     # a live task on the node, or any step report, and the step work is read as before
     assert steps_to_decide([{"attempt_id": 5}], [])
     assert steps_to_decide([], [report("exited")])
+
+
+def test_a_stream_header_is_read_without_a_byte_of_the_stream() -> None:
+    """srun's StepIO reads each task connection's header line, then hands the socket on to
+    the copy of the task's output: the header's reader must leave the output alone, whether
+    both came in one segment, the header in pieces, or no header at all."""
+    import socket
+
+    from phalanx.slurm.srun import _read_line
+
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(b"cookie 3 out\nfirst line of output\n")
+        assert _read_line(b) == "cookie 3 out"
+        assert b.recv(100) == b"first line of output\n"
+        a.sendall(b"cook")
+        a.sendall(b"ie 0 exit\n{}")
+        assert _read_line(b) == "cookie 0 exit"
+        assert b.recv(100) == b"{}"
+        a.sendall(b"x" * 600)
+        with pytest.raises(OSError, match="short header"):
+            _read_line(b)
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(b"no newline then EOF")
+        a.shutdown(socket.SHUT_WR)
+        with pytest.raises(OSError, match="short header"):
+            _read_line(b)

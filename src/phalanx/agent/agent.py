@@ -13,7 +13,6 @@ it immediately). Both apply replies under one lock, and launching is idempotent 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -30,6 +29,7 @@ from phalanx.agent import cgroup_roots, cgroups, gpu_usage, shepherd
 from phalanx.agent.cgroup_roots import cgroup_name
 from phalanx.agent.files import read_json as _read_json
 from phalanx.agent.files import write_json as _write_json
+from phalanx.agent.files import write_private_json
 from phalanx.agent.health import GpuCheck, HealthMonitor, IsolationCheck, Status
 from phalanx.agent.jobenv import node_environment
 from phalanx.agent.metrics import AgentFigures
@@ -823,19 +823,16 @@ class Agent:
             "cgroup": self._cgroup_plan(launch, cpus),
         }
         # the job's environment and the attempt's token are nobody else's business
-        (tmp / "spec.json").touch(mode=0o600)
-        (tmp / "spec.json").write_text(json.dumps(spec))
-        (tmp / "meta.json").touch(mode=0o600)
-        (tmp / "meta.json").write_text(
-            json.dumps(
-                {
-                    "attempt_id": launch["attempt_id"],
-                    "token": launch["token"],
-                    "job_id": launch["job_id"],
-                    "launched_at": time.time(),
-                    "gpu_ids": list(launch.get("gpu_ids") or []),  # sampled for `eff`
-                }
-            )
+        write_private_json(tmp / "spec.json", spec)
+        write_private_json(
+            tmp / "meta.json",
+            {
+                "attempt_id": launch["attempt_id"],
+                "token": launch["token"],
+                "job_id": launch["job_id"],
+                "launched_at": time.time(),
+                "gpu_ids": list(launch.get("gpu_ids") or []),  # sampled for `eff`
+            },
         )
         os.replace(tmp, d)
         launcher: shepherd.Launcher | None = getattr(self, "_launcher", None)

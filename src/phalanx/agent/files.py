@@ -22,3 +22,12 @@ def write_json(p: Path, data: dict[str, Any]) -> None:
     tmp = p.with_name(f".{p.name}.tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, p)
+
+
+def write_private_json(p: Path, data: dict[str, Any]) -> None:
+    """Create `p` (it must not exist: a task directory being prepared under a temporary name,
+    renamed into place once complete) readable by this user only, in one open: the job's
+    environment and its attempt's token are nobody else's business."""
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(json.dumps(data))

@@ -69,7 +69,8 @@ Written by the shepherd:
   a SIGKILL the shepherd did not send (or exited 137) while the counter of the shepherd's
   memory cgroup went up.  ``job_error`` is present (true) with ``launch_failed`` when the job's
   own request could not be met (see "Who the job runs as" below).
-* ``shepherd.log``: the shepherd's own diagnostics (stdout/stderr of the daemon).
+* ``shepherd.log``: the shepherd's own diagnostics (stdout/stderr of the daemon), made when
+  the first line is written (most shepherds write none).
 
 The job's control directory ``control/`` (checkpoint protocol, docs/checkpoints.md): the
 agent creates it; :func:`write_checkpoint_request` writes ``checkpoint-request.json`` (the
@@ -822,10 +823,32 @@ def forward_signal(task_dir: str | os.PathLike[str], signum: int, batch_only: bo
 # --------------------------------------------------------------------------------------------
 
 
+_log_path: str | None = None  # a daemonized shepherd's LOG_FILE, until its first line
+
+
 def _log(msg: str) -> None:
     """Append one line to the shepherd's stderr (``shepherd.log`` when daemonized)."""
     line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} shepherd[{os.getpid()}] {msg}\n"
+    _open_log()
     _write_quiet(2, line)
+
+
+def _open_log() -> None:
+    """A daemonized shepherd's stdout and stderr go to ``shepherd.log`` from its first line
+    on: the file is made then, not at every start, since most shepherds never write one and
+    each file made is part of a step's cost (on ext4 without a journal, a scan of the inodes
+    deleted in the last minutes; docs/slurm.md "What a step costs")."""
+    global _log_path
+    path, _log_path = _log_path, None
+    if path is None:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:
+        return
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 class _LaunchError(Exception):
@@ -1299,7 +1322,7 @@ class _Shepherd:
                 _ptys().make_controlling(self.out_fd)
             if self.cgroup is not None:
                 what = "cannot join the job's cgroup"
-                _cgroups.attach(self.cgroup, os.getpid())
+                _cgroups.attach_self(self.cgroup)
             if self.cpus:
                 what = f"cannot set the CPU affinity to {self.cpus}"
                 os.sched_setaffinity(0, self.cpus)
@@ -1983,19 +2006,25 @@ def _daemonize(task_dir: str) -> NoReturn:
         os.close(ready_r)
         os.setsid()
         os.chdir("/")
+        if not (os.path.isdir(task_dir) and os.access(task_dir, os.W_OK | os.X_OK)):
+            raise OSError(f"{task_dir} is not a writable directory")
         null = os.open(os.devnull, os.O_RDWR)
-        log = os.open(
-            os.path.join(task_dir, LOG_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
-        )
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
         os.close(null)
-        os.close(log)
     except OSError as exc:
         _write_quiet(ready_w, f"cannot set up shepherd in {task_dir}: {exc}")
         os._exit(1)
-    os._exit(_Shepherd(task_dir).run(ready_w))
+    global _log_path
+    _log_path = os.path.join(task_dir, LOG_FILE)  # made at the first line (_open_log)
+    try:
+        code = _Shepherd(task_dir).run(ready_w)
+    except BaseException:
+        import traceback
+
+        _log("internal error:\n" + traceback.format_exc())
+        code = 1
+    os._exit(code)
 
 
 def _fork_daemonize(task_dir: str) -> bytes:

@@ -18,7 +18,6 @@ records the last signal request delivered, so a restarted agent never delivers o
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -30,6 +29,7 @@ from typing import Any
 from phalanx.agent import shepherd
 from phalanx.agent.files import read_json as _read_json
 from phalanx.agent.files import write_json as _write_json
+from phalanx.agent.files import write_private_json
 from phalanx.agent.jobenv import node_environment
 
 log = logging.getLogger("phalanx.agent")
@@ -228,20 +228,17 @@ class StepRunner:
                 "cgroup": cgroup,
                 "job_dir": str(job_dir),  # where it says it got --signal (shepherd)
             }
-            (tmp / "spec.json").touch(mode=0o600)
-            (tmp / "spec.json").write_text(json.dumps(spec))
-            (tmp / "meta.json").touch(mode=0o600)
-            (tmp / "meta.json").write_text(
-                json.dumps(
-                    {
-                        "attempt_id": aid,
-                        "step_id": sid,
-                        "task_id": int(task["task_id"]),
-                        "token": item["token"],
-                        "job_id": item["job_id"],
-                        "launched_at": time.time(),
-                    }
-                )
+            write_private_json(tmp / "spec.json", spec)
+            write_private_json(
+                tmp / "meta.json",
+                {
+                    "attempt_id": aid,
+                    "step_id": sid,
+                    "task_id": int(task["task_id"]),
+                    "token": item["token"],
+                    "job_id": item["job_id"],
+                    "launched_at": time.time(),
+                },
             )
             os.replace(tmp, d)
             dirs.append(d)

@@ -332,13 +332,21 @@ class StepIO:
 
 
 def _read_line(conn: socket.socket, limit: int = 512) -> str:
+    """The connection's header line, and not a byte of what follows it (the task's stream):
+    peek at what has arrived, then take up to the newline (two system calls for a header that
+    came in one segment, where reading byte by byte took one per byte)."""
     data = b""
-    while not data.endswith(b"\n"):
-        chunk = conn.recv(1)
-        if not chunk or len(data) > limit:
+    while True:
+        peeked = conn.recv(limit + 1 - len(data), socket.MSG_PEEK)
+        if not peeked:
             raise OSError("short header")
-        data += chunk
-    return data.decode(errors="replace").strip()
+        end = peeked.find(b"\n")
+        take = conn.recv(end + 1 if end >= 0 else len(peeked))
+        data += take
+        if end >= 0 and data.endswith(b"\n"):
+            return data.decode(errors="replace").strip()
+        if len(data) > limit:
+            raise OSError("short header")
 
 
 def advertised_host(urls: list[str], env: Mapping[str, str] | None = None) -> str:
