@@ -224,8 +224,11 @@ class JobSteps(StoreBase):
     def _end_finished_steps(self, conn: Connection, keys: set[tuple[int, int]], now: float) -> None:
         """End each of these steps whose every node has reported its tasks' end."""
         per_step: dict[tuple[int, int], list[Any]] = {k: [] for k in keys}
-        for r in conn.execute(
-            select(s.step_nodes).where(s.step_nodes.c.attempt_id.in_(sorted({a for a, _ in keys})))
+        for r in conn.execute(  # by both ids: an attempt may have run thousands of steps
+            select(s.step_nodes).where(
+                s.step_nodes.c.attempt_id.in_(sorted({a for a, _ in keys})),
+                s.step_nodes.c.step_id.in_(sorted({sid for _, sid in keys})),
+            )
         ).mappings():
             key = (int(r["attempt_id"]), int(r["step_id"]))
             if key in per_step:
@@ -240,6 +243,7 @@ class JobSteps(StoreBase):
             for st in conn.execute(
                 select(s.steps).where(
                     s.steps.c.attempt_id.in_(sorted({a for a, _ in done})),
+                    s.steps.c.step_id.in_(sorted({sid for _, sid in done})),
                     s.steps.c.state == RUNNING,
                 )
             ).mappings()
