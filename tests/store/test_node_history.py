@@ -5,11 +5,14 @@ serves the read, so a heartbeat's cost does not grow with the node's history."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
 from alembic import command
 from alembic.config import Config as AlembicConfig
-from sqlalchemy import inspect, select
+from sqlalchemy import event, inspect, select
 from test_store_contract import add_node, exited, running, start, store, submit1
 
 from phalanx.store import schema as s
@@ -85,3 +88,44 @@ def test_the_migration_clears_the_flag_of_tasks_already_ended(store: Store) -> N
         assert "held" not in [c["name"] for c in inspect(conn).get_columns("tasks")]
         command.upgrade(cfg, "head")
     assert held(store) == {(ended["id"], "n1"): False, (live["id"], "n1"): True}
+
+
+def _plans_of(st: Store, run: Callable[[], Any], table_sql: str) -> list[str]:
+    """SQLite's plan of each statement `run` executes whose FROM starts with `table_sql`,
+    taken with the statement's own parameters."""
+    seen: list[tuple[str, Any]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, params: Any, *_: Any) -> None:
+        if f"FROM {table_sql}" in statement:
+            seen.append((statement, params))
+
+    engines = {st.db.write, st.db.read}
+    for engine in engines:
+        event.listen(engine, "before_cursor_execute", record)
+    try:
+        run()
+    finally:
+        for engine in engines:
+            event.remove(engine, "before_cursor_execute", record)
+    assert seen, f"no statement from {table_sql}"
+    with st.db.begin(write=False) as conn:
+        return [
+            " | ".join(r[3] for r in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", params))
+            for sql, params in seen
+        ]
+
+
+def test_reads_that_must_not_grow_with_history_take_their_index(store: Store) -> None:
+    """SQLite's plans, taken from the statements the store really runs: the capacity re-check
+    of a start reads its nodes' live tasks by (node, held); the accounting purge finds the
+    old-enough jobs by end time. By the node alone, or by state, both read every row the
+    cluster ever kept (a 30-minute placements run: docs/sim.md)."""
+    if store.dialect != "sqlite":
+        pytest.skip("SQLite's query plans (PostgreSQL plans by its statistics)")
+    add_node(store, "n1")
+    job = submit1(store)
+    fitting = _plans_of(store, lambda: start(store, job, ["n1"]), "tasks JOIN attempts")
+    assert any("ix_tasks_node_held (node=? AND held=?)" in p for p in fitting), fitting
+    purge = _plans_of(store, lambda: store.purge_finished(time.time() - 86400), "jobs")
+    assert any("USING INDEX ix_jobs_end_time (end_time<?)" in p for p in purge), purge
+    assert not any("TEMP B-TREE" in p for p in purge), purge

@@ -87,6 +87,7 @@ jobs = Table(
 # chunks (store/pending.py); SQLite's index carries the rowid anyway, PostgreSQL's needs it
 Index("ix_jobs_state", jobs.c.state, jobs.c.id)
 Index("ix_jobs_change_seq", jobs.c.change_seq)
+Index("ix_jobs_end_time", jobs.c.end_time)  # the accounting purge (purge_finished)
 Index("ix_jobs_array", jobs.c.array_job_id)
 Index("ix_jobs_name_user", jobs.c.name, jobs.c.user)
 # /metrics (store/metrics.py): jobs by state, partition and user, counted from the index alone

@@ -70,11 +70,16 @@ def attempt_holds() -> Any:
 
 
 def active_tasks(*cols: Any) -> Select[Any]:
-    """`cols` of the tasks whose attempt still holds its resources (not ENDED)."""
+    """`cols` of the tasks whose attempt still holds its resources (not ENDED).
+
+    `tasks.held` says the same of each task (cleared where the attempt ends, migration 0011):
+    with a node filter the (node, held) index then reads the node's live tasks only, where by
+    the node alone it read every task the node ever ran (the capacity re-check of every start,
+    `Store._fitting`, grew with the cluster's history)."""
     return (
         select(*cols)
         .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
-        .where(attempt_holds())
+        .where(attempt_holds(), s.tasks.c.held.is_(True))
     )
 
 

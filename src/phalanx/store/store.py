@@ -759,12 +759,16 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
             ids = [
                 int(r.id)
                 for r in conn.execute(
+                    # by ix_jobs_end_time: the old-enough range only, oldest end first. By
+                    # the state index it read every finished job's row, to find none mostly;
+                    # SQLite, which keeps no statistics, prefers an equality on an indexed
+                    # column, so the state is tested as an expression (`state || ''`)
                     select(s.jobs.c.id)
                     .where(
-                        s.jobs.c.state.in_([t.value for t in TERMINAL]),
                         s.jobs.c.end_time < older_than,
+                        s.jobs.c.state.concat("").in_([t.value for t in TERMINAL]),
                     )
-                    .order_by(s.jobs.c.id)
+                    .order_by(s.jobs.c.end_time, s.jobs.c.id)
                     .limit(batch)
                 )
             ]
