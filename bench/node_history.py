@@ -13,7 +13,13 @@ many jobs to the end and runs one job now, then times the read both ways on the 
 the read before migration 0011). Prints medians over the runs of the per-read time, the
 ratio, and as the last line
 
-    node_history: history=H held_ms=X by_node_ms=Y (one pair per size)
+    node_history: history=H held_ms=X by_node_ms=Y purge_ms=P purge_by_state_ms=Q (per size)
+
+The same history also counts as that many finished jobs (each a copy of the first one's row)
+for the accounting purge's search (`Store.purge_finished`, every purge interval), which finds
+no job old enough in a cluster younger than its retention: `purge` is the store's call (by
+ix_jobs_end_time, migration 0012), `purge by state` the search before it (the state index,
+every finished job's row read and sorted).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from sqlalchemy import Connection, Select, func, select
 
 from phalanx.config import load_config
 from phalanx.controller.runtime import partition_rows
+from phalanx.domain.states import TERMINAL
 from phalanx.store import schema as s
 from phalanx.store.store import Store, TaskReport, _node_work_query
 
@@ -86,6 +93,42 @@ def copy_history(conn: Connection, attempt_id: int, n: int) -> None:
     )
 
 
+def copy_jobs(conn: Connection, job_id: int, n: int) -> None:
+    """`n` more finished jobs like `job_id` (the purge's search reads jobs rows only)."""
+    cols = [c.name for c in s.jobs.c if c.name != "id"]
+    conn.exec_driver_sql(
+        f"WITH RECURSIVE k(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM k WHERE x < {n}) "
+        f"INSERT INTO jobs ({', '.join(cols)}) SELECT {', '.join(cols)} "
+        f"FROM jobs, k WHERE jobs.id = {job_id}"
+    )
+
+
+def purge_by_state_query(older_than: float) -> Select[Any]:
+    """The purge's search before migration 0012."""
+    return (
+        select(s.jobs.c.id)
+        .where(s.jobs.c.state.in_([t.value for t in TERMINAL]), s.jobs.c.end_time < older_than)
+        .order_by(s.jobs.c.id)
+        .limit(500)
+    )
+
+
+def timed_purges(store: Store, reads: int) -> tuple[float, float]:
+    """Per search: the store's purge call (finds none), and the search before it."""
+    older = time.time() - 30 * 86400
+    assert store.purge_finished(older) == 0  # warm
+    t0 = time.perf_counter()
+    for _ in range(reads):
+        store.purge_finished(older)
+    now_s = (time.perf_counter() - t0) / reads
+    with store.db.begin(write=False) as conn:
+        assert conn.execute(purge_by_state_query(older)).all() == []
+        t0 = time.perf_counter()
+        for _ in range(reads):
+            conn.execute(purge_by_state_query(older)).all()
+        return now_s, (time.perf_counter() - t0) / reads
+
+
 def timed_reads(store: Store, q: Select[Any], node: str, reads: int) -> tuple[float, int]:
     with store.db.begin(write=False) as conn:
         conn.execute(q, {"node": node}).all()  # warm
@@ -95,7 +138,7 @@ def timed_reads(store: Store, q: Select[Any], node: str, reads: int) -> tuple[fl
         return (time.perf_counter() - t0) / reads, len(rows)
 
 
-def one_run(history: int, reads: int) -> tuple[float, float]:
+def one_run(history: int, reads: int) -> tuple[float, float, float, float]:
     with tempfile.TemporaryDirectory(prefix="phalanx-bench-hist-") as d:
         store = Store(f"sqlite:///{d}/h.db")
         try:
@@ -115,11 +158,16 @@ def one_run(history: int, reads: int) -> tuple[float, float]:
             if history > 1:
                 with store.db.begin() as conn:
                     copy_history(conn, first, history - 1)
+                    job = conn.execute(
+                        select(s.attempts.c.job_id).where(s.attempts.c.id == first)
+                    ).scalar_one()
+                    copy_jobs(conn, job, history - 1)
             live = run_job(store, "n1", finish=False)
             held_s, n_held = timed_reads(store, _node_work_query(), "n1", reads)
             node_s, n_node = timed_reads(store, by_node_query(), "n1", reads)
             assert n_held == n_node == 1, (n_held, n_node, live)
-            return held_s, node_s
+            purge_s, by_state_s = timed_purges(store, max(1, reads // 10))
+            return held_s, node_s, purge_s, by_state_s
         finally:
             store.close()
 
@@ -135,12 +183,19 @@ def main() -> None:
         runs = [one_run(h, args.reads) for _ in range(args.runs)]
         held_ms = statistics.median(r[0] for r in runs) * 1000
         node_ms = statistics.median(r[1] for r in runs) * 1000
+        purge_ms = statistics.median(r[2] for r in runs) * 1000
+        by_state_ms = statistics.median(r[3] for r in runs) * 1000
         print(
             f"history {h:>7} ended tasks on the node: held {held_ms:.3f} ms a read, "
-            f"by node {node_ms:.3f} ms ({node_ms / held_ms:.1f}x), medians of {args.runs}",
+            f"by node {node_ms:.3f} ms ({node_ms / held_ms:.1f}x); purge search "
+            f"{purge_ms:.3f} ms, by state {by_state_ms:.3f} ms ({by_state_ms / purge_ms:.1f}x); "
+            f"medians of {args.runs}",
             flush=True,
         )
-        out.append(f"history={h} held_ms={held_ms:.3f} by_node_ms={node_ms:.3f}")
+        out.append(
+            f"history={h} held_ms={held_ms:.3f} by_node_ms={node_ms:.3f} "
+            f"purge_ms={purge_ms:.3f} purge_by_state_ms={by_state_ms:.3f}"
+        )
     print("node_history: " + " ".join(out))
 
 

@@ -539,8 +539,9 @@ def attach_self(p: dict[str, Any]) -> None:
     it moves, whose write side waits for an RCU grace period whenever attaches are sporadic
     (~7 ms per attach on the development machine, whatever the number of hierarchies, and
     longer when several tasks start at once: the largest wait on a step's start, docs/slurm.md
-    "What a step costs"); here 0.3 ms.  A forked child has exactly one thread, so moving it
-    moves the process.  v2's domain cgroups take whole processes only (``cgroup.procs``)."""
+    "What a step costs"); 0.4 ms here (bench/cgroup_attach.py).  A forked child has exactly
+    one thread, so moving it moves the process.  v2's domain cgroups take whole processes only
+    (``cgroup.procs``)."""
     if p.get("backend") == "v2":
         attach(p, os.getpid())
         return
