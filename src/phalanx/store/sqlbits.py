@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, literal_column, select
 
 from phalanx.domain.states import AttemptState
 from phalanx.store import schema as s
@@ -65,8 +65,10 @@ HOLDING = tuple(a.value for a in AttemptState if a.holds_resources)
 
 
 def attempt_holds() -> Any:
-    """WHERE clause: the attempt still holds its resources (not ENDED), by the index."""
-    return s.attempts.c.state.in_(HOLDING)
+    """WHERE clause: the attempt still holds its resources (not ENDED), by the index. The
+    states are written into the statement (constants of the code): as a list parameter the
+    statement's text is rebuilt at every execution, about 20 us of each heartbeat's read."""
+    return s.attempts.c.state.in_([literal_column(f"'{v}'") for v in HOLDING])
 
 
 def active_tasks(*cols: Any) -> Select[Any]:

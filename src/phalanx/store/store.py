@@ -1434,14 +1434,9 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
         with self.db.begin() as conn:
             rows = (
                 conn.execute(
-                    select(s.tasks, s.attempts.c.token, s.attempts.c.state.label("attempt_state"))
-                    .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
-                    .where(
-                        s.tasks.c.node == node,
-                        s.tasks.c.held.is_(True),  # by the (node, held) index
-                        s.attempts.c.state != AttemptState.ENDED.value,
-                        s.tasks.c.spare.is_(False),
-                    )
+                    _active_tasks(
+                        s.tasks, s.attempts.c.token, s.attempts.c.state.label("attempt_state")
+                    ).where(s.tasks.c.node == node, s.tasks.c.spare.is_(False))
                 )
                 .mappings()
                 .all()
@@ -2558,7 +2553,7 @@ def _node_work_query() -> Select[Any]:
     it, and building a statement of this size (and its cache key) costs about as much as
     running it on SQLite."""
     return (
-        select(
+        _active_tasks(
             s.tasks.c.attempt_id,
             s.tasks.c.state.label("task_state"),
             *NODE_WORK_COLUMNS,
@@ -2566,12 +2561,9 @@ def _node_work_query() -> Select[Any]:
             s.attempts.c.progress.label("attempt_progress"),
             s.attempts.c.signals.label("attempt_signals"),
         )
-        .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
         .join(s.jobs, s.jobs.c.id == s.attempts.c.job_id)
         .where(
             s.tasks.c.node == bindparam("node"),
-            s.tasks.c.held.is_(True),  # by the (node, held) index, not the node's whole history
-            s.attempts.c.state != AttemptState.ENDED.value,
             s.tasks.c.spare.is_(False),  # a hot spare runs nothing: the agent never sees it
         )
     )
