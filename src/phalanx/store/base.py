@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, func, insert, select, text, update
+from sqlalchemy import Connection, bindparam, func, insert, select, text, update
 
 from phalanx.domain.policy import FailurePolicy
 from phalanx.domain.states import JobState, check_job_transition
@@ -18,12 +18,18 @@ from phalanx.errors import Fenced
 from phalanx.store import schema as s
 from phalanx.store.engine import DEFAULT_OP_TIMEOUT, Engines
 from phalanx.store.notify import WORK_CHANNEL, encode_nodes
+from phalanx.store.prebuilt import update_where
 from phalanx.store.rowinsert import RowInsert
 from phalanx.store.sqlbits import Fence
 from phalanx.store.sqlbits import now as _now
 
 _INSERT_EVENT = insert(s.events)  # built once: every transition appends an event
 _EVENT_ROW = RowInsert(s.events)  # one event (a submission's): straight to SQLite's driver
+_BUMP_GEN = (  # built once: most transitions give some nodes new work
+    update(s.nodes)
+    .where(s.nodes.c.name.in_(bindparam("names", expanding=True)))
+    .values(work_gen=s.nodes.c.work_gen + 1)
+)
 
 
 class StoreBase:
@@ -89,18 +95,19 @@ class StoreBase:
         data: dict[str, Any] | None = None,
         ts: float | None = None,
     ) -> None:
-        conn.execute(
-            insert(s.events).values(
-                ts=ts or _now(),
-                kind=kind,
-                job_id=job_id,
-                node=node,
-                actor=actor or self.actor,
-                controller=self.actor,
-                term=term,
-                message=message,
-                data=data,
-            )
+        _EVENT_ROW(
+            conn,
+            {
+                "ts": ts or _now(),
+                "kind": kind,
+                "job_id": job_id,
+                "node": node,
+                "actor": actor or self.actor,
+                "controller": self.actor,
+                "term": term,
+                "message": message,
+                "data": data,
+            },
         )
 
     def _events_many(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
@@ -159,11 +166,7 @@ class StoreBase:
         values: dict[str, Any] = {"state": new.value, "reason": reason, **(extra or {})}
         if new.terminal and "end_time" not in values:
             values["end_time"] = _now()
-        res = conn.execute(
-            update(s.jobs)
-            .where(s.jobs.c.id == job["id"], s.jobs.c.state == old.value)
-            .values(**values)
-        )
+        res = update_where(conn, s.jobs, {"id": job["id"], "state": old.value}, values)
         if res.rowcount != 1:
             return False
         self._event(
@@ -182,10 +185,6 @@ class StoreBase:
         transaction, so the wakeup goes out when the change is committed (store/notify.py)."""
         names = sorted(set(nodes))
         if names:
-            conn.execute(
-                update(s.nodes)
-                .where(s.nodes.c.name.in_(names))
-                .values(work_gen=s.nodes.c.work_gen + 1)
-            )
+            conn.execute(_BUMP_GEN, {"names": names})
             if self.dialect == "postgresql":
                 conn.execute(select(func.pg_notify(WORK_CHANNEL, encode_nodes(names))))

@@ -21,6 +21,7 @@ from phalanx.domain.steps import AllocNode, StepRequest, plan_step, step_outcome
 from phalanx.errors import InvalidTransition, NotFound
 from phalanx.store import schema as s
 from phalanx.store.base import StoreBase
+from phalanx.store.prebuilt import select_where
 from phalanx.store.sqlbits import NODE_WORK_COLUMNS
 from phalanx.store.sqlbits import now as _now
 
@@ -296,10 +297,8 @@ class JobSteps(StoreBase):
             if result in (JobState.NODE_FAIL, JobState.TIMEOUT, JobState.OUT_OF_MEMORY)
             else "CANCELLED"
         )
-        running = conn.execute(
-            select(s.steps.c.step_id, s.steps.c.nodes).where(
-                s.steps.c.attempt_id == attempt_id, s.steps.c.state == RUNNING
-            )
+        running = select_where(
+            conn, s.steps, {"attempt_id": attempt_id, "state": RUNNING}, cols=("step_id", "nodes")
         ).all()
         if not running:
             return

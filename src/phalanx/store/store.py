@@ -21,7 +21,8 @@ so a paused old leader can never write after its lease was taken over.
 from __future__ import annotations
 
 import functools
-import uuid
+import secrets
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -70,6 +71,7 @@ from phalanx.store.arrayinsert import insert_array_tasks
 from phalanx.store.base import _EVENT_ROW
 from phalanx.store.metrics import MetricsQueries
 from phalanx.store.pending import Pending, PendingMirror
+from phalanx.store.prebuilt import select_where, update_where
 from phalanx.store.preemption import Preemptions
 from phalanx.store.rowinsert import RowInsert
 from phalanx.store.sqlbits import JOB_SUMMARY as _JOB_SUMMARY
@@ -87,6 +89,16 @@ ACTIVE_ATTEMPT = (AttemptState.STARTING, AttemptState.RUNNING, AttemptState.STOP
 # building one (and its cache key) costs a submission more than the SQLite insert itself.
 _JOB_ROW = RowInsert(s.jobs)
 _INSERT_JOBS_IDS = insert(s.jobs).returning(s.jobs.c.id, sort_by_parameter_order=True)
+# the report path's statements, built once (store/prebuilt.py says why)
+_JOB_SUMMARY_BY_ID = select(*_JOB_SUMMARY).where(s.jobs.c.id == bindparam("id"))
+_REPORTED_TASKS = _active_tasks(
+    s.tasks, s.attempts.c.token, s.attempts.c.state.label("attempt_state")
+).where(s.tasks.c.node == bindparam("node"), s.tasks.c.spare.is_(False))
+_CLEAR_LAUNCH_FAILURES = (
+    update(s.nodes)
+    .where(s.nodes.c.name == bindparam("node"), s.nodes.c.launch_failures > 0)
+    .values(launch_failures=0)
+)
 
 
 def _by_job(table: Table) -> Any:
@@ -1068,7 +1080,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
                     {
                         "job_id": st["job_id"],
                         "seq": current[int(st["job_id"])].restart_count,
-                        "token": uuid.uuid4().hex,
+                        "token": _attempt_token(),
                         "state": AttemptState.STARTING.value,
                         "partition": st["partition"],
                         "nodes": _rank_nodes(st),
@@ -1432,15 +1444,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
         """
         now = _now()
         with self.db.begin() as conn:
-            rows = (
-                conn.execute(
-                    _active_tasks(
-                        s.tasks, s.attempts.c.token, s.attempts.c.state.label("attempt_state")
-                    ).where(s.tasks.c.node == node, s.tasks.c.spare.is_(False))
-                )
-                .mappings()
-                .all()
-            )
+            rows = conn.execute(_REPORTED_TASKS, {"node": node}).mappings().all()
             mine = {r["attempt_id"]: dict(r) for r in rows}
             touched: set[int] = set()
             reported = {r.attempt_id for r in reports}
@@ -1451,10 +1455,11 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
                 self._record_job_reports(conn, node, rep, task)
                 if rep.state in ("starting", "running"):
                     if task["state"] == TaskState.STARTING.value and rep.state == "running":
-                        conn.execute(
-                            update(s.tasks)
-                            .where(s.tasks.c.attempt_id == rep.attempt_id, s.tasks.c.node == node)
-                            .values(state=TaskState.RUNNING.value, started_at=rep.started_at or now)
+                        update_where(
+                            conn,
+                            s.tasks,
+                            {"attempt_id": rep.attempt_id, "node": node},
+                            {"state": TaskState.RUNNING.value, "started_at": rep.started_at or now},
                         )
                         touched.add(rep.attempt_id)
                 elif rep.state in ("exited", "lost") and task["state"] not in (
@@ -1462,20 +1467,21 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
                     TaskState.LOST.value,
                 ):
                     ex = rep.exit or {}
-                    conn.execute(
-                        update(s.tasks)
-                        .where(s.tasks.c.attempt_id == rep.attempt_id, s.tasks.c.node == node)
-                        .values(
-                            state=(
+                    update_where(
+                        conn,
+                        s.tasks,
+                        {"attempt_id": rep.attempt_id, "node": node},
+                        {
+                            "state": (
                                 TaskState.EXITED if rep.state == "exited" else TaskState.LOST
                             ).value,
-                            started_at=task["started_at"] or ex.get("started_at"),
-                            ended_at=ex.get("ended_at") or now,
-                            exit_code=ex.get("exit_code"),
-                            exit_signal=ex.get("signal"),
-                            detail=ex,
+                            "started_at": task["started_at"] or ex.get("started_at"),
+                            "ended_at": ex.get("ended_at") or now,
+                            "exit_code": ex.get("exit_code"),
+                            "exit_signal": ex.get("signal"),
+                            "detail": ex,
                             **efficiency.task_usage(ex),
-                        )
+                        },
                     )
                     touched.add(rep.attempt_id)
             if taken_at is not None:
@@ -1516,11 +1522,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
                 for r in reports
             ):
                 # a job started here: the node's failed launches are no longer "in a row"
-                conn.execute(
-                    update(s.nodes)
-                    .where(s.nodes.c.name == node, s.nodes.c.launch_failures > 0)
-                    .values(launch_failures=0)
-                )
+                conn.execute(_CLEAR_LAUNCH_FAILURES, {"node": node})
             for aid in sorted(touched):
                 self._advance_attempt(conn, aid)
 
@@ -1574,36 +1576,33 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
 
     def _advance_attempt(self, conn: Connection, attempt_id: int) -> None:
         """Move an attempt (and its job) forward after its tasks changed."""
-        att = dict(
-            conn.execute(select(s.attempts).where(s.attempts.c.id == attempt_id)).mappings().one()
-        )
+        att = dict(select_where(conn, s.attempts, {"id": attempt_id}).mappings().one())
         if att["state"] == AttemptState.ENDED.value:
             return
         tasks = [
             dict(t)
-            for t in conn.execute(
-                select(s.tasks).where(s.tasks.c.attempt_id == attempt_id).order_by(s.tasks.c.rank)
+            for t in select_where(
+                conn, s.tasks, {"attempt_id": attempt_id}, order_by="rank"
             ).mappings()
         ]
         # hot spares run nothing: they never decide an attempt's progress or outcome
         spare_tasks = [t for t in tasks if t["spare"]]
         tasks = [t for t in tasks if not t["spare"]]
-        job = dict(
-            conn.execute(select(*_JOB_SUMMARY).where(s.jobs.c.id == att["job_id"])).mappings().one()
-        )
+        job = dict(conn.execute(_JOB_SUMMARY_BY_ID, {"id": att["job_id"]}).mappings().one())
         now = _now()
         started = [t for t in tasks if t["started_at"] is not None]
         if att["state"] == AttemptState.STARTING.value and started:
             start = min(t["started_at"] for t in started)
             tl = job["time_limit_s"]
-            conn.execute(
-                update(s.attempts)
-                .where(s.attempts.c.id == attempt_id)
-                .values(
-                    state=AttemptState.RUNNING.value,
-                    start_time=start,
-                    expected_end=(start + tl) if tl else None,
-                )
+            update_where(
+                conn,
+                s.attempts,
+                {"id": attempt_id},
+                {
+                    "state": AttemptState.RUNNING.value,
+                    "start_time": start,
+                    "expected_end": (start + tl) if tl else None,
+                },
             )
             att["state"] = AttemptState.RUNNING.value
             att["start_time"] = start  # a task that also exited in this report ends the job below
@@ -1672,21 +1671,22 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
         if batch:
             tasks = [t for t in tasks if t["rank"] == 0 or not _stopped_holder(t)]
         result, reason, code, sig = _outcome(att, tasks)
-        conn.execute(
-            update(s.attempts)
-            .where(s.attempts.c.id == attempt_id)
-            .values(
-                state=AttemptState.ENDED.value,
-                end_time=now,
-                result=result.value,
-                exit_code=code,
-                exit_signal=sig,
-                start_time=att["start_time"]
+        update_where(
+            conn,
+            s.attempts,
+            {"id": attempt_id},
+            {
+                "state": AttemptState.ENDED.value,
+                "end_time": now,
+                "result": result.value,
+                "exit_code": code,
+                "exit_signal": sig,
+                "start_time": att["start_time"]
                 or (min((t["started_at"] for t in started), default=None)),
-            )
+            },
         )
         # its tasks leave the heartbeat's reads (tasks.held, migration 0011)
-        conn.execute(update(s.tasks).where(s.tasks.c.attempt_id == attempt_id).values(held=False))
+        update_where(conn, s.tasks, {"attempt_id": attempt_id}, {"held": False})
         self._bump_gen(conn, att["nodes"])
         self._end_steps_of_attempt(conn, attempt_id, result, now)
         if spare_tasks:
@@ -1750,7 +1750,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
 
     def _runs_on_all_nodes(self, conn: Connection, job_id: int) -> bool:
         """The job asked for its script on every node (--all-nodes), not Slurm's batch step."""
-        spec = conn.execute(select(s.jobs.c.spec).where(s.jobs.c.id == job_id)).scalar_one()
+        spec = select_where(conn, s.jobs, {"id": job_id}, cols=["spec"]).scalar_one()
         return bool((spec or {}).get("all_nodes"))
 
     def _release_spares(self, conn: Connection, attempt_id: int, now: float) -> None:
@@ -1869,7 +1869,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
     def _retry_rules(self, conn: Connection, job_id: int) -> RetryRules:
         """The job's retry rules: its own --retries/--retry-on/--retry-backoff (kept in its
         spec, checked at submit) over the cluster's defaults."""
-        spec = conn.execute(select(s.jobs.c.spec).where(s.jobs.c.id == job_id)).scalar_one()
+        spec = select_where(conn, s.jobs, {"id": job_id}, cols=["spec"]).scalar_one()
         return self.policy.job_rules(spec)
 
     def _avoidable(
@@ -2062,9 +2062,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
         ).all()
         requeued = []
         for r in rows:
-            job = dict(
-                conn.execute(select(*_JOB_SUMMARY).where(s.jobs.c.id == r.job_id)).mappings().one()
-            )
+            job = dict(conn.execute(_JOB_SUMMARY_BY_ID, {"id": r.job_id}).mappings().one())
             if not job["requeue"] or job["attempt_id"] != r.id:
                 continue
             conn.execute(
@@ -2424,6 +2422,18 @@ def _pending_mirror(dialect: str) -> PendingMirror:
     return PendingMirror(
         [*_JOB_SUMMARY, *(record.c[c.name] for c in keys)], s.jobs.join(record, true())
     )
+
+
+def _attempt_token() -> str:
+    """A new attempt's token: 128 random bits behind the time of its making.
+
+    The token is the attempt's secret (a report with a wrong one is ignored) and is unique in
+    the store. Random bits alone would put every start's entry in that unique index at a random
+    leaf of a B-tree as large as the history kept, a page read from disk per start once the
+    index outgrows the cache; the millisecond prefix makes new tokens sort after old ones, so
+    their entries append at the end, where the pages are already in memory.
+    """
+    return f"{time.time_ns() // 1_000_000:012x}{secrets.token_hex(16)}"
 
 
 def _rank_nodes(st: Mapping[str, Any]) -> list[str]:
