@@ -14,6 +14,7 @@ import pytest
 from api_auth import ADMIN, ANONYMOUS, as_agent, as_user
 from fastapi.testclient import TestClient
 
+from phalanx.controller.api import HeartbeatIn
 from phalanx.controller.runtime import Controller
 from phalanx.domain import placement
 
@@ -156,3 +157,50 @@ def test_group_commit_answers_each_request_after_one_commit(
         assert (job["user"], job["state"]) == (user, "HELD")
         events = client.get(f"/v1/jobs/{jid}/events", headers=ADMIN).json()["events"]
         assert [(e["kind"], e["actor"]) for e in events] == [("job.submit", user)]
+
+
+def raw_heartbeat(
+    client: TestClient, node: str, body: bytes, content_type: str, headers: dict[str, str]
+) -> Any:
+    return client.post(
+        f"/v1/agents/{node}/heartbeat",
+        content=body,
+        headers={**headers, "Content-Type": content_type},
+    )
+
+
+def test_heartbeat_fast_path_answers_as_the_route(
+    client: TestClient, ctl: Controller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A heartbeat takes the fast path too (controller/fastpath.py): its answer, and every
+    refusal it hands back to the route, are the route's."""
+    register(client, "n1", cpus=4)
+    jid = client.post("/v1/jobs", json={"argv": ["/bin/true"]}, headers=ALICE).json()["job_id"]
+    ctl.schedule_tick()  # placed on n1: the reply carries its launch
+    good = b'{"tasks": [], "wait": 0}'
+    # the fast path validates the body itself (FastAPI's route validates it another way)
+    validated: list[Any] = []
+    real = HeartbeatIn.model_validate.__func__  # type: ignore[attr-defined]
+    monkeypatch.setattr(
+        HeartbeatIn, "model_validate", classmethod(lambda c, d: validated.append(d) or real(c, d))
+    )
+    fast, route = (raw_heartbeat(client, "n1", good, ct, as_agent("n1")) for ct in FAST_AND_ROUTE)
+    assert validated == [{"tasks": [], "wait": 0}]  # the first only
+    assert (fast.status_code, route.status_code) == (200, 200)
+    a, b = fast.json(), route.json()
+    assert [s["job_id"] for s in a["start"]] == [jid]
+    assert a.keys() == b.keys() and a["start"] == b["start"] and a["controller"] == ctl.cid
+    cases = [
+        (b'{"tasks": [', as_agent("n1"), 422),  # not JSON
+        (b"[]", as_agent("n1"), 422),  # JSON, not an object
+        (b'{"wait": 100}', as_agent("n1"), 422),  # not a valid heartbeat
+        (b'{"steps_at": "h\\u0000:1"}', as_agent("n1"), 422),  # NUL
+        (good, as_agent("n2"), 403),  # another node's agent
+        (good, ALICE, 403),  # a user is not an agent
+        (good, {"Authorization": "Bearer forged"}, 401),
+        (good, ANONYMOUS, 401),
+    ]
+    for body, headers, status in cases:
+        fast, route = (raw_heartbeat(client, "n1", body, ct, headers) for ct in FAST_AND_ROUTE)
+        assert (fast.status_code, fast.json()) == (route.status_code, route.json()), body
+        assert fast.status_code == status, (body, fast.text)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Query, Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.requests import HTTPConnection
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -35,7 +36,7 @@ from phalanx.controller import (
     metrics,
     share_api,
 )
-from phalanx.controller.fastpath import SubmitFastPath
+from phalanx.controller.fastpath import FastPaths, FastRoute
 from phalanx.controller.launch import default_output, expand_pattern, job_layout
 from phalanx.controller.runtime import Controller
 from phalanx.domain import checkpointing, efficiency
@@ -52,6 +53,7 @@ from phalanx.store.store import TaskReport
 MAX_BATCH = 10_000
 MAX_ID = 2**63 - 1  # ids and counters go into 64-bit INTEGER columns
 MAX_EVENTS = 10_000  # events in one reply of /v1/events (page on with since=)
+HEARTBEAT_PATH = "/v1/agents/{node}/heartbeat"
 
 
 class BatchIn(BaseModel):
@@ -582,7 +584,9 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
 
     submit_rule = access.RULES[("POST", "/v1/jobs")]
 
-    async def fast_submit(body: bytes, authorization: str | None) -> Response | None:
+    async def fast_submit(
+        body: bytes, authorization: str | None, _params: dict[str, str]
+    ) -> Response | None:
         """POST /v1/jobs without FastAPI (controller/fastpath.py): the route's steps, in its
         order, for the common case; None, before anything has changed, for any other case
         (the route then handles the request from the start and answers as it always has)."""
@@ -611,7 +615,41 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         reply = {"job_id": ids[0], "job_ids": ids, "array": bool(spec.array)}
         return JSONResponse(reply, status_code=201)
 
-    app.add_middleware(SubmitFastPath, handler=fast_submit)
+    heartbeat_rule = access.RULES[("POST", HEARTBEAT_PATH)]
+
+    async def fast_heartbeat(
+        body: bytes, authorization: str | None, params: dict[str, str]
+    ) -> Response | None:
+        """POST /v1/agents/{node}/heartbeat without FastAPI, as `fast_submit`: the route's
+        checks (credential, the node's own agent, a valid body), then its answer; None,
+        before anything has changed, for any other case."""
+        node = params["node"]
+        try:
+            data = json.loads(body)
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or not authorization:
+            return None
+        if b"\\u0000" in body or "\x00" in node:  # the route refuses these
+            return None
+        try:
+            ident = access.authenticate(verifier, authorization)
+            access.decide(heartbeat_rule, ident, {"node": node})
+            hb = HeartbeatIn.model_validate(data)
+        except (PhalanxError, ValidationError):
+            return None
+        assert ident is not None
+        try:  # from here on the route's own steps, side effects included
+            access.throttle(api_buckets, ident, limits.exempt_roles, 1, "API call")
+            answer = await answer_heartbeat(node, hb)
+        except PhalanxError as e:
+            return _error(e)
+        return answer if isinstance(answer, Response) else JSONResponse(jsonable_encoder(answer))
+
+    app.add_middleware(
+        FastPaths,
+        routes=[FastRoute("/v1/jobs", fast_submit), FastRoute(HEARTBEAT_PATH, fast_heartbeat)],
+    )
     # outermost, so that it times the fast path's submissions too (it names their route)
     app.add_middleware(metrics.RequestMetrics)  # API requests by route template and status
 
@@ -1078,8 +1116,12 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
             "controller": ctl.cid,
         }
 
-    @app.post("/v1/agents/{node}/heartbeat")
-    async def heartbeat(node: str, body: HeartbeatIn) -> dict[str, Any]:
+    @app.post(HEARTBEAT_PATH)
+    async def heartbeat(node: str, body: HeartbeatIn) -> Any:
+        return await answer_heartbeat(node, body)
+
+    async def answer_heartbeat(node: str, body: HeartbeatIn) -> Any:
+        """The route's work (also the fast path's): record, wait for work, reply."""
         ctl.seen(node)
         if body.steps_at:
             ctl.step_addrs[node] = body.steps_at

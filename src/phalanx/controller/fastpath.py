@@ -1,20 +1,23 @@
-"""A short way through the ASGI stack for the one request sent most: POST /v1/jobs.
+"""A short way through the ASGI stack for the requests sent most: submissions and heartbeats.
 
 FastAPI's routing, request object, dependency solving and body handling cost a one-job
-submission about as much CPU as storing it. `SubmitFastPath` is an ASGI middleware that
-takes a plain `POST /v1/jobs` (no query string, `Content-Type: application/json`) off that
-path: it reads the body and hands it to a handler (api.py's `fast_submit`), which does what
+submission about as much CPU as storing it, and an agent's heartbeat (200 a second at the
+default heartbeat budget, whatever else the cluster does) about a fifth of the controller's
+busy time in the placement runs of bench/sim.py. `FastPaths` is an ASGI middleware that takes
+a plain POST to one of its routes (`POST /v1/jobs`, `POST /v1/agents/{node}/heartbeat`; no
+query string, `Content-Type: application/json`) off that path: it reads the body and hands
+it to the route's fast handler (api.py's `fast_submit`, `fast_heartbeat`), which does what
 the route does, in the same order, when the request is the common case: valid JSON, a
-credential allowed to submit, a body that validates as a `JobSpec`. For anything else the
-handler returns None before it has changed anything (no rate-limit token taken, nothing
-stored), and the request goes down the ordinary FastAPI route with its body replayed: every
-refusal, error message and status is the route's own, and the OpenAPI document is the
-route's, untouched.
+credential allowed to make it, a body that validates. For anything else the handler returns
+None before it has changed anything (no rate-limit token taken, nothing stored), and the
+request goes down the ordinary FastAPI route with its body replayed: every refusal, error
+message and status is the route's own, and the OpenAPI document is the route's, untouched.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -26,26 +29,56 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-#: (body, Authorization header or None) -> the response, or None: take the ordinary route
-Handler = Callable[[bytes, str | None], Awaitable[Response | None]]
-
-PATH = "/v1/jobs"
-_ROUTE = SimpleNamespace(path=PATH)  # what a matched route leaves in the scope: its template
+#: (body, Authorization header or None, path parameters) -> the response, or None: take the
+#: ordinary route
+Handler = Callable[[bytes, str | None, dict[str, str]], Awaitable[Response | None]]
 
 
-class SubmitFastPath:
-    def __init__(self, app: ASGIApp, handler: Handler) -> None:
+@dataclass(frozen=True)
+class FastRoute:
+    """A route template such as `/v1/agents/{node}/heartbeat` (POST) and its fast handler.
+
+    A `{name}` part matches one non-empty path segment, as Starlette's default converter."""
+
+    template: str
+    handler: Handler
+
+    def match(self, path: str) -> dict[str, str] | None:
+        want = self.template.split("/")
+        got = path.split("/")
+        if len(got) != len(want):
+            return None
+        params: dict[str, str] = {}
+        for w, g in zip(want, got, strict=True):
+            if w.startswith("{") and w.endswith("}"):
+                if not g:
+                    return None
+                params[w[1:-1]] = g
+            elif w != g:
+                return None
+        return params
+
+
+class FastPaths:
+    def __init__(self, app: ASGIApp, routes: list[FastRoute]) -> None:
         self.app = app
-        self.handler = handler
+        self.routes = routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
             scope["type"] != "http"
-            or scope["path"] != PATH
             or scope["method"] != "POST"
             or scope.get("query_string")
             or scope.get("root_path")
+            or b"%00" in (scope.get("raw_path") or b"")  # the route's NUL refusal
         ):
+            await self.app(scope, receive, send)
+            return
+        for route in self.routes:
+            params = route.match(scope["path"])
+            if params is not None:
+                break
+        else:
             await self.app(scope, receive, send)
             return
         content_type = authorization = None
@@ -66,13 +99,14 @@ class SubmitFastPath:
                 break
             chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
-                response = await self.handler(
+                response = await route.handler(
                     b"".join(chunks),
                     None if authorization is None else authorization.decode("latin-1"),
+                    params,
                 )
                 if response is not None:
                     # the route it stands in for, for the request metrics outside (metrics.py)
-                    scope.setdefault("route", _ROUTE)
+                    scope.setdefault("route", SimpleNamespace(path=route.template))
                     await response(scope, receive, send)
                     return
                 break
