@@ -111,6 +111,10 @@ def test_config_written_for_the_cluster_loads(tmp_path: Path) -> None:
     assert cfg.timing.heartbeat_interval == pytest.approx(10.0)
     assert cfg.timing.node_down_timeout == pytest.approx(100.0)
     assert {u.name: u.account for u in cfg.fairshare.users} == w.accounts
+    # the load generator is not throttled: at the default 200 jobs/s a user's submissions,
+    # not the controller, bounded the placements measured once the burst was spent
+    assert cfg.limits.submit_rate == 1e6 and cfg.limits.submit_burst == 1e8
+    assert cfg.limits.api_rate == 1e6
 
 
 def test_histogram_quantiles_from_metrics_text() -> None:

@@ -43,6 +43,8 @@ from phalanx.sim.workload import Workload
 NODES_PER_PROCESS = 2500  # virtual nodes one node-server process serves by default
 REGISTER_RATE = 200.0  # registrations a second the virtual nodes are spread over (a boot storm)
 BATCH = 500  # jobs per submission request
+#: [limits] of a simulated cluster: the most each setting allows (config.LimitsConfig)
+SIM_LIMITS = {"api_rate": 1e6, "api_burst": 1e7, "submit_rate": 1e6, "submit_burst": 1e8}
 CLUSTER = "phalanx"
 _TERMINAL = sorted(s.value for s in TERMINAL)
 
@@ -158,6 +160,10 @@ def config_toml(timing: Timing, workload: Workload) -> str:
     lines = ["[timing]"]
     lines += [f"{k} = {_toml_value(v)}" for k, v in timing.model_dump().items()]
     lines += ["", "[auth]", "allow_root_jobs = true", "", "[metrics]", "agent_port = 0"]
+    # The simulated users are a load generator: the per-user rate limits (200 jobs/s
+    # sustained by default) protect the API from a runaway client and would otherwise cap
+    # the placements measured once their burst is spent.
+    lines += ["", "[limits]", *(f"{k} = {v!r}" for k, v in SIM_LIMITS.items())]
     fs = workload.fairshare_config()
     lines += ["", "[fairshare]", f"open = {_toml_value(fs['open'])}"]
     for a in fs["accounts"]:
