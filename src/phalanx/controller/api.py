@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.encoders import jsonable_encoder
@@ -1117,8 +1117,9 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         }
 
     @app.post(HEARTBEAT_PATH)
-    async def heartbeat(node: str, body: HeartbeatIn) -> Any:
-        return await answer_heartbeat(node, body)
+    async def heartbeat(node: str, body: HeartbeatIn) -> dict[str, Any]:
+        # the annotation is the OpenAPI document's (a JSON object); the reply is made ready
+        return cast(dict[str, Any], await answer_heartbeat(node, body))
 
     async def answer_heartbeat(node: str, body: HeartbeatIn) -> Any:
         """The route's work (also the fast path's): record, wait for work, reply."""
