@@ -1,11 +1,12 @@
 """A short way through the ASGI stack for the requests sent most: submissions and heartbeats.
 
 FastAPI's routing, request object, dependency solving and body handling cost a one-job
-submission about as much CPU as storing it, and an agent's heartbeat (200 a second at the
-default heartbeat budget, whatever else the cluster does) about a fifth of the controller's
-busy time in the placement runs of bench/sim.py. `FastPaths` is an ASGI middleware that takes
-a plain POST to one of its routes (`POST /v1/jobs`, `POST /v1/agents/{node}/heartbeat`; no
-query string, `Content-Type: application/json`) off that path: it reads the body and hands
+submission about as much CPU as storing it, and agents' heartbeats (up to 300 a second at
+the default heartbeat budget, whatever else the cluster does) about a sixth of the
+controller's busy time in the placement runs of bench/sim.py. `FastPaths` is an ASGI
+middleware that takes a plain POST to one of its routes (`POST /v1/jobs`,
+`POST /v1/agents/{node}/heartbeat`; no query string, `Content-Type: application/json`) off
+that path: it reads the body and hands
 it to the route's fast handler (api.py's `fast_submit`, `fast_heartbeat`), which does what
 the route does, in the same order, when the request is the common case: valid JSON, a
 credential allowed to make it, a body that validates. For anything else the handler returns
