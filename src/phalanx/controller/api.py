@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, Literal, TypeVar, cast
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.encoders import jsonable_encoder
@@ -54,6 +54,7 @@ MAX_BATCH = 10_000
 MAX_ID = 2**63 - 1  # ids and counters go into 64-bit INTEGER columns
 MAX_EVENTS = 10_000  # events in one reply of /v1/events (page on with since=)
 HEARTBEAT_PATH = "/v1/agents/{node}/heartbeat"
+_M = TypeVar("_M", bound=BaseModel)  # a fast path's body model
 
 
 class BatchIn(BaseModel):
@@ -584,12 +585,15 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
 
     submit_rule = access.RULES[("POST", "/v1/jobs")]
 
-    async def fast_submit(
-        body: bytes, authorization: str | None, _params: dict[str, str]
-    ) -> Response | None:
-        """POST /v1/jobs without FastAPI (controller/fastpath.py): the route's steps, in its
-        order, for the common case; None, before anything has changed, for any other case
-        (the route then handles the request from the start and answers as it always has)."""
+    def admitted(
+        body: bytes,
+        authorization: str | None,
+        rule: access.Rule,
+        params: dict[str, str],
+        model: type[_M],
+    ) -> tuple[Identity, _M] | None:
+        """The fast paths' common checks: a JSON object, a credential the route's rule
+        admits, a body that validates as `model`; None (nothing changed) otherwise."""
         try:
             data = json.loads(body)
         except ValueError:
@@ -598,11 +602,23 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
             return None
         try:
             ident = access.authenticate(verifier, authorization)
-            access.decide(submit_rule, ident, {})
-            spec = JobSpec.model_validate(data)
+            access.decide(rule, ident, params)
+            valid = model.model_validate(data)
         except (PhalanxError, ValidationError):
             return None
         assert ident is not None
+        return ident, valid
+
+    async def fast_submit(
+        body: bytes, authorization: str | None, _params: dict[str, str]
+    ) -> Response | None:
+        """POST /v1/jobs without FastAPI (controller/fastpath.py): the route's steps, in its
+        order, for the common case; None, before anything has changed, for any other case
+        (the route then handles the request from the start and answers as it always has)."""
+        ok = admitted(body, authorization, submit_rule, {}, JobSpec)
+        if ok is None:
+            return None
+        ident, spec = ok
         try:  # from here on the route's own steps, side effects included
             access.throttle(api_buckets, ident, limits.exempt_roles, 1, "API call")
             if b"\\u0000" in body:
@@ -624,21 +640,12 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         checks (credential, the node's own agent, a valid body), then its answer; None,
         before anything has changed, for any other case."""
         node = params["node"]
-        try:
-            data = json.loads(body)
-        except ValueError:
-            return None
-        if not isinstance(data, dict) or not authorization:
-            return None
         if b"\\u0000" in body or "\x00" in node:  # the route refuses these
             return None
-        try:
-            ident = access.authenticate(verifier, authorization)
-            access.decide(heartbeat_rule, ident, {"node": node})
-            hb = HeartbeatIn.model_validate(data)
-        except (PhalanxError, ValidationError):
+        ok = admitted(body, authorization, heartbeat_rule, {"node": node}, HeartbeatIn)
+        if ok is None:
             return None
-        assert ident is not None
+        ident, hb = ok
         try:  # from here on the route's own steps, side effects included
             access.throttle(api_buckets, ident, limits.exempt_roles, 1, "API call")
             answer = await answer_heartbeat(node, hb)
