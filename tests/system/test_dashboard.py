@@ -112,8 +112,11 @@ JS_RULES = """async () => {
 
 
 def notice(page: Page, contains: str) -> str:
+    """The notice an action left, once it is shown and says `contains`."""
     page.wait_for_function(
-        "t => document.getElementById('notice').textContent.includes(t)", arg=contains
+        "t => { const n = document.getElementById('notice');"
+        " return !n.hidden && n.textContent.includes(t); }",
+        arg=contains,
     )
     return str(page.text_content("#notice"))
 

@@ -88,7 +88,10 @@ function stop() {
 
 async function route() {
   stop();
+  // A new page starts without the last page's notice: hidden *and* emptied, so nothing (a
+  // reader, a test waiting on its words) can take the old outcome for the next action's.
   notice.hidden = true;
+  notice.textContent = "";
   const { page, arg, params } = parseHash();
   for (const a of document.querySelectorAll("[data-nav]")) {
     a.classList.toggle("current", a.dataset.nav === page);
