@@ -91,8 +91,16 @@ _JOB_ROW = RowInsert(s.jobs)
 _INSERT_JOBS_IDS = insert(s.jobs).returning(s.jobs.c.id, sort_by_parameter_order=True)
 # the report path's statements, built once (store/prebuilt.py says why)
 _JOB_SUMMARY_BY_ID = select(*_JOB_SUMMARY).where(s.jobs.c.id == bindparam("id"))
+# What `apply_reports` compares a heartbeat's reports with: only the columns it reads. Every
+# held task of the node is read on every heartbeat, and whole rows decoded their JSON columns
+# (gpu_ids, detail, usage) each time, which cost more than the rest of an "exited" report.
 _REPORTED_TASKS = _active_tasks(
-    s.tasks, s.attempts.c.token, s.attempts.c.state.label("attempt_state")
+    s.tasks.c.attempt_id,
+    s.tasks.c.rank,
+    s.tasks.c.state,
+    s.tasks.c.started_at,
+    s.attempts.c.token,
+    s.attempts.c.state.label("attempt_state"),
 ).where(s.tasks.c.node == bindparam("node"), s.tasks.c.spare.is_(False))
 _CLEAR_LAUNCH_FAILURES = (
     update(s.nodes)
@@ -1444,8 +1452,10 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
         """
         now = _now()
         with self.db.begin() as conn:
-            rows = conn.execute(_REPORTED_TASKS, {"node": node}).mappings().all()
-            mine = {r["attempt_id"]: dict(r) for r in rows}
+            mine = {
+                r["attempt_id"]: r
+                for r in conn.execute(_REPORTED_TASKS, {"node": node}).mappings()
+            }
             touched: set[int] = set()
             reported = {r.attempt_id for r in reports}
             for rep in reports:
@@ -1527,7 +1537,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
                 self._advance_attempt(conn, aid)
 
     def _record_job_reports(
-        self, conn: Connection, node: str, rep: TaskReport, task: Mapping[str, Any]
+        self, conn: Connection, node: str, rep: TaskReport, task: Mapping[Any, Any]
     ) -> None:
         """Record a task's new checkpoint (event + jobs.checkpoint) and progress (throttled)."""
         if rep.checkpoint is None and rep.progress is None:
