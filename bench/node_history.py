@@ -38,15 +38,22 @@ from phalanx.config import load_config
 from phalanx.controller.runtime import partition_rows
 from phalanx.domain.states import TERMINAL
 from phalanx.store import schema as s
-from phalanx.store.store import Store, TaskReport, _node_work_query
+from phalanx.store.store import _NODE_WORK, Store, TaskReport
 
 sys.path.insert(0, str(Path(__file__).parent))
 from snapshot import item
 
 
+def node_work_query() -> Select[Any]:
+    """The heartbeat's read of a node's work (Store.node_work), as a SQLAlchemy statement."""
+    q = _NODE_WORK.statement
+    assert isinstance(q, Select)
+    return q
+
+
 def by_node_query() -> Select[Any]:
     """The read before migration 0011: the same query without its held term."""
-    q = _node_work_query()
+    q = node_work_query()
     where = q.whereclause
     assert where is not None
     kept: list[Any] = [c for c in where.get_children() if s.tasks.c.held not in c.get_children()]
@@ -163,7 +170,7 @@ def one_run(history: int, reads: int) -> tuple[float, float, float, float]:
                     ).scalar_one()
                     copy_jobs(conn, job, history - 1)
             live = run_job(store, "n1", finish=False)
-            held_s, n_held = timed_reads(store, _node_work_query(), "n1", reads)
+            held_s, n_held = timed_reads(store, node_work_query(), "n1", reads)
             node_s, n_node = timed_reads(store, by_node_query(), "n1", reads)
             assert n_held == n_node == 1, (n_held, n_node, live)
             purge_s, by_state_s = timed_purges(store, max(1, reads // 10))

@@ -1,16 +1,21 @@
-"""Statements built once per shape (store/prebuilt.py) do what the statements they replaced
-did, on both backends; and attempt tokens are unique and sort by their making."""
+"""Statements built once (store/prebuilt.py) do what the statements they replaced did, on both
+backends; on SQLite the driver path returns exactly what SQLAlchemy would; and attempt tokens
+are unique and sort by their making."""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
-from sqlalchemy import select
+import pytest
+from sqlalchemy import Column, Integer, MetaData, Table, bindparam, select
+from sqlalchemy import exc as sa_exc
 from test_store_contract import add_node, start, store, submit1
 
 from phalanx.store import prebuilt
 from phalanx.store import schema as s
-from phalanx.store.store import Store
+from phalanx.store import store as store_module
+from phalanx.store.store import Store, TaskReport
 
 __all__ = ["store"]
 
@@ -19,15 +24,15 @@ def test_update_where_changes_the_matching_rows_only(store: Store) -> None:
     for n in ("n1", "n2", "n3"):
         add_node(store, n)
     with store.db.begin() as conn:
-        res = prebuilt.update_where(
+        matched = prebuilt.update_where(
             conn, s.nodes, {"name": "n2"}, {"launch_failures": 3, "topology": {"rack": "r1"}}
         )
-        assert res.rowcount == 1
+        assert matched == 1
         # every equality must hold: no row is both n1 and at 5 failures
-        res = prebuilt.update_where(
+        matched = prebuilt.update_where(
             conn, s.nodes, {"name": "n1", "launch_failures": 5}, {"launch_failures": 9}
         )
-        assert res.rowcount == 0
+        assert matched == 0
     with store.db.begin(write=False) as conn:
         rows = {
             r.name: (r.launch_failures, r.topology)
@@ -53,10 +58,99 @@ def test_select_where_orders_and_picks_columns(store: Store) -> None:
     with store.db.begin(write=False) as conn:
         by_rank = prebuilt.select_where(
             conn, s.tasks, {"attempt_id": att["id"]}, cols=["node", "rank"], order_by="rank"
-        ).all()
-        whole = prebuilt.select_where(conn, s.attempts, {"id": att["id"]}).mappings().one()
-    assert [(r.node, r.rank) for r in by_rank] == [("n2", 0), ("n1", 1)]
+        )
+        whole = prebuilt.only(prebuilt.select_where(conn, s.attempts, {"id": att["id"]}))
+        nothing = prebuilt.select_where(conn, s.attempts, {"id": -1})
+    assert by_rank == [{"node": "n2", "rank": 0}, {"node": "n1", "rank": 1}]
     assert whole["token"] == att["token"] and whole["job_id"] == job
+    assert nothing == []
+    with pytest.raises(sa_exc.NoResultFound):
+        prebuilt.only(nothing)
+    with pytest.raises(sa_exc.MultipleResultsFound):
+        prebuilt.only([whole, whole])
+
+
+def _store_prebuilts() -> dict[str, prebuilt.Prebuilt]:
+    return {name: v for name, v in vars(store_module).items() if isinstance(v, prebuilt.Prebuilt)}
+
+
+def test_the_driver_path_returns_what_sqlalchemy_returns(store: Store) -> None:
+    """Every statement the store builds once, on a node with a running 2-node job and a
+    starting one (JSON lists and objects, booleans, floats and NULLs among the columns): the
+    same rows, keys and values as `conn.execute(...).mappings()`."""
+    add_node(store, "n1", cpus=8, gpus=2)
+    add_node(store, "n2", cpus=8)
+    running = start(store, submit1(store, nodes=2), ["n1", "n2"])
+    starting = start(store, submit1(store), ["n1"])
+    store.apply_reports(
+        "n1", [TaskReport(running["id"], running["token"], "running", started_at=time.time())], None
+    )
+    params: dict[str, dict[str, Any]] = {
+        "_JOB_SUMMARY_BY_ID": {"id": running["job_id"]},
+        "_REPORTED_TASKS": {"node": "n1"},
+        "_NODE_WORK": {"node": "n1"},
+    }
+    found = _store_prebuilts()
+    assert set(params) | {"_CLEAR_LAUNCH_FAILURES"} == set(found)
+    per_shape = [
+        prebuilt._select(s.attempts, None, ("id",), None),
+        prebuilt._select(s.tasks, None, ("attempt_id",), "rank"),
+        prebuilt._select(s.jobs, ("spec",), ("id",), None),
+    ]
+    with store.db.begin(write=False) as conn:
+        for name, p in found.items():
+            if name in params:
+                mine = p.rows(conn, params[name])
+                theirs = [dict(r) for r in conn.execute(p.statement, params[name]).mappings()]
+                assert mine == theirs, name
+                assert mine, name  # (a test of nothing would pass)
+                if store.dialect == "sqlite":  # the hot statements do take the driver path
+                    assert p._plan(conn.dialect) is not None, name
+        for p, ps in zip(
+            per_shape,
+            [
+                {"w_id": starting["id"]},
+                {"w_attempt_id": running["id"]},
+                {"w_id": running["job_id"]},
+            ],
+            strict=True,
+        ):
+            theirs = [dict(r) for r in conn.execute(p.statement, ps).mappings()]
+            assert p.rows(conn, ps) == theirs and theirs
+
+
+def test_the_driver_path_counts_what_it_updates(store: Store) -> None:
+    for n in ("n1", "n2"):
+        add_node(store, n)
+    clear = _store_prebuilts()["_CLEAR_LAUNCH_FAILURES"]
+    for n in ("n1", "n2"):
+        with store.db.begin() as conn:
+            prebuilt.update_where(conn, s.nodes, {"name": n}, {"launch_failures": 2})
+    with store.db.begin() as conn:
+        assert clear.run(conn, {"node": "n1"}) == 1
+        assert clear.run(conn, {"node": "n1"}) == 0  # already cleared: `launch_failures > 0`
+    with store.db.begin(write=False) as conn:
+        failures = dict(conn.execute(select(s.nodes.c.name, s.nodes.c.launch_failures)).all())
+    assert failures == {"n1": 0, "n2": 2}
+
+
+def test_a_driver_error_is_raised_as_sqlalchemy_raises_it(store: Store) -> None:
+    """The store maps SQLAlchemy's errors (on SQLite its OperationalError, e.g. a locked
+    database, is "unavailable"): a statement on the driver path must fail as the same
+    statement through SQLAlchemy does, not with sqlite3's own exception."""
+    ghost = Table("no_such_table", MetaData(), Column("id", Integer))
+    p = prebuilt.Prebuilt(select(ghost.c.id).where(ghost.c.id == bindparam("n")))
+    failures: list[BaseException] = []
+    for run in (
+        lambda conn: p.rows(conn, {"n": 1}),
+        lambda conn: conn.execute(p.statement, {"n": 1}).all(),
+    ):
+        with pytest.raises(Exception) as caught, store.db.begin() as conn:
+            run(conn)
+        failures.append(caught.value)
+    mine, theirs = failures
+    assert type(mine) is type(theirs)
+    assert "no_such_table" in str(mine) and "no_such_table" in str(theirs)
 
 
 def test_attempt_tokens_are_unique_and_sort_by_their_making(store: Store) -> None:

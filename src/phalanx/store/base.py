@@ -166,8 +166,7 @@ class StoreBase:
         values: dict[str, Any] = {"state": new.value, "reason": reason, **(extra or {})}
         if new.terminal and "end_time" not in values:
             values["end_time"] = _now()
-        res = update_where(conn, s.jobs, {"id": job["id"], "state": old.value}, values)
-        if res.rowcount != 1:
+        if update_where(conn, s.jobs, {"id": job["id"], "state": old.value}, values) != 1:
             return False
         self._event(
             conn,

@@ -1,33 +1,175 @@
-"""Statements of the job path built once per shape and run with new parameters.
+"""Statements of the job path built once, and run on SQLite straight through its driver.
 
-Building a SQLAlchemy statement is Python work on every call: each `==` and `.values()`
-coerces its operands into bind parameters, and executing a new statement object computes its
-cache key by walking it. On the controller's job path (a start, a "running" and an "exited"
-report per job, `bench/job_path.py`) that was about 40% of the store's CPU, more than SQLite's
-own execution. A statement built once and executed with a parameter dict skips both: its cache
-key is memoized on the object, and the compiled form comes from the engine's cache.
+Two costs of SQLAlchemy Core fall on every statement the controller runs, and on its job path
+(a start, a "running" and an "exited" report per job, a heartbeat's read of its node's work;
+`bench/job_path.py`) they were most of the store's CPU, more than SQLite's own execution:
+
+- *building* a statement: each `==` and `.values()` coerces its operands into bind
+  parameters, and executing a new statement object computes its cache key by walking it;
+- *executing* one: the execution context, event dispatch, parameter and result set-up, about
+  15 microseconds a statement on this machine against SQLite's 2-5.
+
+`Prebuilt(statement)` is built once (at module level, or per shape by `update_where` and
+`select_where`) and run with a parameter dict. On SQLite it renders the statement once per
+dialect and runs it on the transaction's own driver connection (part of the same transaction;
+`rowinsert.py` does the same for submission's inserts), converting parameters and results
+with the processors SQLAlchemy itself would use (JSON, Boolean). On PostgreSQL every round
+trip must pass through SQLAlchemy's cursor events, which arm the statement deadline
+(`engine.Watchdog`): there the statement runs as usual, and the rows are returned in the same
+form. A statement whose rendering depends on its parameters (an expanding `IN`) runs as usual
+on both. A driver error is raised as SQLAlchemy would raise it, so the store's handling of
+"database unavailable" is unchanged.
 
 `update_where(conn, table, where, values)` runs `UPDATE table SET ... WHERE a = :a AND ...`;
-`select_where(conn, table, where, ...)` runs the matching SELECT. Both key their statement by
-the table and the column names, so a call site whose values vary in *which* columns it sets
-(e.g. a job's transition with or without `end_time`) gets one statement per combination. Only
-equality tests and plain values: anything else (`IN`, `col + 1`, joins) is written out and,
-where hot, built once at module level beside its caller.
+`select_where(conn, table, where, ...)` the matching SELECT. Both key their statement by the
+table and the column names, so a call site whose values vary in *which* columns it sets (a
+job's transition with or without `end_time`) gets one statement per combination. Only
+equality tests and plain values: anything else (`IN`, `col + 1`, joins) is a `Prebuilt` of its
+own, built once at module level beside its caller.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+import sqlite3
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, CursorResult, Select, Table, Update, bindparam, select, update
+from sqlalchemy import Connection, Delete, Select, Table, Update, bindparam, select, update
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Dialect
+
+_Proc = Callable[[Any], Any] | None
+_Statement = Select[Any] | Update | Delete
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A statement rendered for SQLite's driver: its SQL, where each positional parameter
+    comes from (a parameter name, or a constant of the statement) and how it is converted,
+    and the result's keys with their converters."""
+
+    sql: str
+    names: tuple[str, ...]
+    constants: Mapping[str, Any]
+    binds: tuple[_Proc, ...]
+    keys: tuple[str, ...]
+    results: tuple[tuple[str, Callable[[Any], Any]], ...]  # (key, converter) where one applies
+
+
+class Prebuilt:
+    """A statement built once and run with new parameters (see the module docstring)."""
+
+    def __init__(self, statement: _Statement) -> None:
+        self.statement = statement
+        self._plans: dict[str, _Plan | None] = {}
+
+    def rows(self, conn: Connection, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Every row of a SELECT, as dicts keyed as `.mappings()` would key them."""
+        plan = self._plan(conn.dialect)
+        if plan is None:
+            return [dict(r) for r in conn.execute(self.statement, params).mappings()]
+        cursor = self._execute(conn, plan, params)
+        try:
+            raw = cursor.fetchall()
+        finally:
+            cursor.close()
+        keys = plan.keys
+        out = [dict(zip(keys, r, strict=True)) for r in raw]
+        if plan.results:
+            for row in out:
+                for key, convert in plan.results:
+                    v = row[key]
+                    if v is not None:
+                        row[key] = convert(v)
+        return out
+
+    def one(self, conn: Connection, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The one row of a SELECT; NoResultFound or MultipleResultsFound as SQLAlchemy's
+        `.one()` raises them."""
+        return only(self.rows(conn, params))
+
+    def run(self, conn: Connection, params: Mapping[str, Any]) -> int:
+        """Run an UPDATE or DELETE; the number of rows it matched."""
+        plan = self._plan(conn.dialect)
+        if plan is None:
+            return int(conn.execute(self.statement, params).rowcount)
+        cursor = self._execute(conn, plan, params)
+        try:
+            return int(cursor.rowcount)
+        finally:
+            cursor.close()
+
+    @staticmethod
+    def _execute(conn: Connection, plan: _Plan, params: Mapping[str, Any]) -> sqlite3.Cursor:
+        given = {**plan.constants, **params} if plan.constants else params
+        values = [
+            given[n] if proc is None else proc(given[n])
+            for n, proc in zip(plan.names, plan.binds, strict=True)
+        ]
+        driver = conn.connection.driver_connection
+        assert isinstance(driver, sqlite3.Connection)
+        cursor = driver.cursor()
+        try:
+            cursor.execute(plan.sql, values)
+        except sqlite3.Error as e:
+            cursor.close()
+            raise sa_exc.DBAPIError.instance(plan.sql, values, e, sqlite3.Error) from e
+        return cursor
+
+    def _plan(self, dialect: Dialect) -> _Plan | None:
+        try:
+            return self._plans[dialect.name]
+        except KeyError:
+            plan = self._plans[dialect.name] = (
+                _render(self.statement, dialect) if dialect.name == "sqlite" else None
+            )
+            return plan
+
+
+def _render(statement: _Statement, dialect: Dialect) -> _Plan | None:
+    """The driver plan of a statement, or None where it must run through SQLAlchemy."""
+    compiled = statement.compile(dialect=dialect)
+    order = compiled.positiontup
+    if order is None or "POSTCOMPILE" in compiled.string:
+        return None
+    constants: dict[str, Any] = {}
+    for name, bind in compiled.binds.items():
+        if bind.expanding or bind.callable is not None:
+            return None
+        if not bind.required:
+            constants[name] = bind.value
+    binds = tuple(
+        compiled.binds[n].type.dialect_impl(dialect).bind_processor(dialect) for n in order
+    )
+    keys: tuple[str, ...] = ()
+    results: list[tuple[str, Callable[[Any], Any]]] = []
+    if isinstance(statement, Select):
+        columns = statement.selected_columns
+        keys = tuple(columns.keys())
+        if len(set(keys)) != len(keys):
+            return None  # (SQLAlchemy would disambiguate them)
+        for key, col in zip(keys, columns, strict=True):
+            proc = col.type.dialect_impl(dialect).result_processor(dialect, None)
+            if proc is not None:
+                results.append((key, proc))
+    return _Plan(compiled.string, tuple(order), constants, binds, keys, tuple(results))
+
+
+def only(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The one row, as SQLAlchemy's `.one()`."""
+    if not rows:
+        raise sa_exc.NoResultFound("No row was found when one was required")
+    if len(rows) > 1:
+        raise sa_exc.MultipleResultsFound("Multiple rows were found when exactly one was required")
+    return rows[0]
 
 
 @functools.cache
-def _update(table: Table, where: tuple[str, ...], values: tuple[str, ...]) -> Update:
+def _update(table: Table, where: tuple[str, ...], values: tuple[str, ...]) -> Prebuilt:
     # parameter names must differ from the columns' own (SQLAlchemy reserves those for SET)
-    return (
+    return Prebuilt(
         update(table)
         .where(*(table.c[w] == bindparam(f"w_{w}") for w in where))
         .values({table.c[v]: bindparam(f"v_{v}", type_=table.c[v].type) for v in values})
@@ -36,21 +178,21 @@ def _update(table: Table, where: tuple[str, ...], values: tuple[str, ...]) -> Up
 
 def update_where(
     conn: Connection, table: Table, where: Mapping[str, Any], values: Mapping[str, Any]
-) -> CursorResult[Any]:
-    """`UPDATE table SET <values> WHERE <each where column = its value>`."""
+) -> int:
+    """`UPDATE table SET <values> WHERE <each where column = its value>`; the rows matched."""
     stmt = _update(table, tuple(where), tuple(values))
     params = {f"w_{k}": v for k, v in where.items()}
     params.update({f"v_{k}": v for k, v in values.items()})
-    return conn.execute(stmt, params)
+    return stmt.run(conn, params)
 
 
 @functools.cache
 def _select(
     table: Table, cols: tuple[str, ...] | None, where: tuple[str, ...], order_by: str | None
-) -> Select[Any]:
+) -> Prebuilt:
     q = select(*(table.c[c] for c in cols)) if cols is not None else select(table)
     q = q.where(*(table.c[w] == bindparam(f"w_{w}") for w in where))
-    return q.order_by(table.c[order_by]) if order_by is not None else q
+    return Prebuilt(q.order_by(table.c[order_by]) if order_by is not None else q)
 
 
 def select_where(
@@ -60,7 +202,7 @@ def select_where(
     *,
     cols: Sequence[str] | None = None,
     order_by: str | None = None,
-) -> CursorResult[Any]:
+) -> list[dict[str, Any]]:
     """`SELECT <cols, or every column> FROM table WHERE <each column = its value> [ORDER BY]`."""
     stmt = _select(table, tuple(cols) if cols is not None else None, tuple(where), order_by)
-    return conn.execute(stmt, {f"w_{k}": v for k, v in where.items()})
+    return stmt.rows(conn, {f"w_{k}": v for k, v in where.items()})

@@ -21,7 +21,7 @@ from phalanx.domain.steps import AllocNode, StepRequest, plan_step, step_outcome
 from phalanx.errors import InvalidTransition, NotFound
 from phalanx.store import schema as s
 from phalanx.store.base import StoreBase
-from phalanx.store.prebuilt import select_where
+from phalanx.store.prebuilt import Prebuilt, select_where
 from phalanx.store.sqlbits import NODE_WORK_COLUMNS
 from phalanx.store.sqlbits import now as _now
 
@@ -168,11 +168,9 @@ class JobSteps(StoreBase):
         """Every step of a live attempt with tasks on this node not yet recorded as ended
         (in `conn`'s transaction when given: an exchange reads it with the node's task work)."""
         if conn is not None:
-            return [
-                dict(r) for r in conn.execute(_node_step_work_query(), {"node": node}).mappings()
-            ]
+            return _node_step_work_query().rows(conn, {"node": node})
         with self.db.begin(write=False) as c:
-            return [dict(r) for r in c.execute(_node_step_work_query(), {"node": node}).mappings()]
+            return _node_step_work_query().rows(c, {"node": node})
 
     def apply_step_reports(self, node: str, reports: Sequence[StepReport]) -> bool:
         """Record what an agent says about its step tasks; end steps whose every node is done.
@@ -299,7 +297,7 @@ class JobSteps(StoreBase):
         )
         running = select_where(
             conn, s.steps, {"attempt_id": attempt_id, "state": RUNNING}, cols=("step_id", "nodes")
-        ).all()
+        )
         if not running:
             return
         conn.execute(
@@ -312,7 +310,7 @@ class JobSteps(StoreBase):
             .where(s.step_nodes.c.attempt_id == attempt_id, s.step_nodes.c.state.in_(_LIVE_NODE))
             .values(state="LOST", ended_at=now)
         )
-        self._bump_gen(conn, sorted({n for r in running for n in r.nodes}))
+        self._bump_gen(conn, sorted({n for r in running for n in r["nodes"]}))
 
     def signal_steps(self, job_id: int, signum: int, step_id: int | None, actor: str) -> list[int]:
         """Ask the running steps of the job (or one of them) for a signal; returns their ids.
@@ -464,11 +462,13 @@ def step_view(row: dict[str, Any]) -> dict[str, Any]:
 
 
 @functools.cache
-def _node_step_work_query() -> Select[Any]:
+def _node_step_work_query() -> Prebuilt:
     """JobSteps.node_step_work's query, built once with the node as a parameter (every
-    heartbeat runs it: see store._node_work_query)."""
-    return _step_work_select().where(
-        s.step_nodes.c.node == bindparam("node"), s.step_nodes.c.state.in_(_LIVE_NODE)
+    heartbeat runs it: see store._NODE_WORK)."""
+    return Prebuilt(
+        _step_work_select().where(
+            s.step_nodes.c.node == bindparam("node"), s.step_nodes.c.state.in_(_LIVE_NODE)
+        )
     )
 
 

@@ -30,7 +30,6 @@ from typing import Any
 
 from sqlalchemy import (
     Connection,
-    Select,
     Table,
     and_,
     bindparam,
@@ -71,7 +70,7 @@ from phalanx.store.arrayinsert import insert_array_tasks
 from phalanx.store.base import _EVENT_ROW
 from phalanx.store.metrics import MetricsQueries
 from phalanx.store.pending import Pending, PendingMirror
-from phalanx.store.prebuilt import select_where, update_where
+from phalanx.store.prebuilt import Prebuilt, only, select_where, update_where
 from phalanx.store.preemption import Preemptions
 from phalanx.store.rowinsert import RowInsert
 from phalanx.store.sqlbits import JOB_SUMMARY as _JOB_SUMMARY
@@ -90,19 +89,39 @@ ACTIVE_ATTEMPT = (AttemptState.STARTING, AttemptState.RUNNING, AttemptState.STOP
 _JOB_ROW = RowInsert(s.jobs)
 _INSERT_JOBS_IDS = insert(s.jobs).returning(s.jobs.c.id, sort_by_parameter_order=True)
 # the report path's statements, built once (store/prebuilt.py says why)
-_JOB_SUMMARY_BY_ID = select(*_JOB_SUMMARY).where(s.jobs.c.id == bindparam("id"))
+_JOB_SUMMARY_BY_ID = Prebuilt(select(*_JOB_SUMMARY).where(s.jobs.c.id == bindparam("id")))
 # What `apply_reports` compares a heartbeat's reports with: only the columns it reads. Every
 # held task of the node is read on every heartbeat, and whole rows decoded their JSON columns
 # (gpu_ids, detail, usage) each time, which cost more than the rest of an "exited" report.
-_REPORTED_TASKS = _active_tasks(
-    s.tasks.c.attempt_id,
-    s.tasks.c.rank,
-    s.tasks.c.state,
-    s.tasks.c.started_at,
-    s.attempts.c.token,
-    s.attempts.c.state.label("attempt_state"),
-).where(s.tasks.c.node == bindparam("node"), s.tasks.c.spare.is_(False))
-_CLEAR_LAUNCH_FAILURES = (
+_REPORTED_TASKS = Prebuilt(
+    _active_tasks(
+        s.tasks.c.attempt_id,
+        s.tasks.c.rank,
+        s.tasks.c.state,
+        s.tasks.c.started_at,
+        s.attempts.c.token,
+        s.attempts.c.state.label("attempt_state"),
+    ).where(s.tasks.c.node == bindparam("node"), s.tasks.c.spare.is_(False))
+)
+# Store.node_work's query, built once with the node as a parameter: every heartbeat runs it,
+# and building a statement of this size (and its cache key) costs about as much as running it
+# on SQLite.
+_NODE_WORK = Prebuilt(
+    _active_tasks(
+        s.tasks.c.attempt_id,
+        s.tasks.c.state.label("task_state"),
+        *NODE_WORK_COLUMNS,
+        s.jobs.c.checkpoint.label("job_checkpoint"),
+        s.attempts.c.progress.label("attempt_progress"),
+        s.attempts.c.signals.label("attempt_signals"),
+    )
+    .join(s.jobs, s.jobs.c.id == s.attempts.c.job_id)
+    .where(
+        s.tasks.c.node == bindparam("node"),
+        s.tasks.c.spare.is_(False),  # a hot spare runs nothing: the agent never sees it
+    )
+)
+_CLEAR_LAUNCH_FAILURES = Prebuilt(
     update(s.nodes)
     .where(s.nodes.c.name == bindparam("node"), s.nodes.c.launch_failures > 0)
     .values(launch_failures=0)
@@ -1407,11 +1426,10 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
 
     def node_work(self, node: str, conn: Connection | None = None) -> list[dict[str, Any]]:
         """Every task of a not-yet-ended attempt on this node, with its job, for the agent."""
-        q, params = _node_work_query(), {"node": node}
         if conn is not None:
-            return [dict(r) for r in conn.execute(q, params).mappings()]
+            return _NODE_WORK.rows(conn, {"node": node})
         with self.db.begin(write=False) as c:
-            return [dict(r) for r in c.execute(q, params).mappings()]
+            return _NODE_WORK.rows(c, {"node": node})
 
     def node_all_work(
         self, node: str, needs_steps: Callable[[list[dict[str, Any]]], bool]
@@ -1452,10 +1470,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
         """
         now = _now()
         with self.db.begin() as conn:
-            mine = {
-                r["attempt_id"]: r
-                for r in conn.execute(_REPORTED_TASKS, {"node": node}).mappings()
-            }
+            mine = {r["attempt_id"]: r for r in _REPORTED_TASKS.rows(conn, {"node": node})}
             touched: set[int] = set()
             reported = {r.attempt_id for r in reports}
             for rep in reports:
@@ -1532,7 +1547,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
                 for r in reports
             ):
                 # a job started here: the node's failed launches are no longer "in a row"
-                conn.execute(_CLEAR_LAUNCH_FAILURES, {"node": node})
+                _CLEAR_LAUNCH_FAILURES.run(conn, {"node": node})
             for aid in sorted(touched):
                 self._advance_attempt(conn, aid)
 
@@ -1586,19 +1601,14 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
 
     def _advance_attempt(self, conn: Connection, attempt_id: int) -> None:
         """Move an attempt (and its job) forward after its tasks changed."""
-        att = dict(select_where(conn, s.attempts, {"id": attempt_id}).mappings().one())
+        att = only(select_where(conn, s.attempts, {"id": attempt_id}))
         if att["state"] == AttemptState.ENDED.value:
             return
-        tasks = [
-            dict(t)
-            for t in select_where(
-                conn, s.tasks, {"attempt_id": attempt_id}, order_by="rank"
-            ).mappings()
-        ]
+        tasks = select_where(conn, s.tasks, {"attempt_id": attempt_id}, order_by="rank")
         # hot spares run nothing: they never decide an attempt's progress or outcome
         spare_tasks = [t for t in tasks if t["spare"]]
         tasks = [t for t in tasks if not t["spare"]]
-        job = dict(conn.execute(_JOB_SUMMARY_BY_ID, {"id": att["job_id"]}).mappings().one())
+        job = _JOB_SUMMARY_BY_ID.one(conn, {"id": att["job_id"]})
         now = _now()
         started = [t for t in tasks if t["started_at"] is not None]
         if att["state"] == AttemptState.STARTING.value and started:
@@ -1760,7 +1770,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
 
     def _runs_on_all_nodes(self, conn: Connection, job_id: int) -> bool:
         """The job asked for its script on every node (--all-nodes), not Slurm's batch step."""
-        spec = select_where(conn, s.jobs, {"id": job_id}, cols=["spec"]).scalar_one()
+        spec = only(select_where(conn, s.jobs, {"id": job_id}, cols=["spec"]))["spec"]
         return bool((spec or {}).get("all_nodes"))
 
     def _release_spares(self, conn: Connection, attempt_id: int, now: float) -> None:
@@ -1879,7 +1889,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
     def _retry_rules(self, conn: Connection, job_id: int) -> RetryRules:
         """The job's retry rules: its own --retries/--retry-on/--retry-backoff (kept in its
         spec, checked at submit) over the cluster's defaults."""
-        spec = select_where(conn, s.jobs, {"id": job_id}, cols=["spec"]).scalar_one()
+        spec = only(select_where(conn, s.jobs, {"id": job_id}, cols=["spec"]))["spec"]
         return self.policy.job_rules(spec)
 
     def _avoidable(
@@ -2072,7 +2082,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
         ).all()
         requeued = []
         for r in rows:
-            job = dict(conn.execute(_JOB_SUMMARY_BY_ID, {"id": r.job_id}).mappings().one())
+            job = _JOB_SUMMARY_BY_ID.one(conn, {"id": r.job_id})
             if not job["requeue"] or job["attempt_id"] != r.id:
                 continue
             conn.execute(
@@ -2565,25 +2575,3 @@ def _outcome(
     if bad:
         return JobState.FAILED, f"task on {bad[0]['node']} {_describe_exit(bad[0])}", code, sig
     return JobState.COMPLETED, None, 0, None
-
-
-@functools.cache
-def _node_work_query() -> Select[Any]:
-    """Store.node_work's query, built once with the node as a parameter: every heartbeat runs
-    it, and building a statement of this size (and its cache key) costs about as much as
-    running it on SQLite."""
-    return (
-        _active_tasks(
-            s.tasks.c.attempt_id,
-            s.tasks.c.state.label("task_state"),
-            *NODE_WORK_COLUMNS,
-            s.jobs.c.checkpoint.label("job_checkpoint"),
-            s.attempts.c.progress.label("attempt_progress"),
-            s.attempts.c.signals.label("attempt_signals"),
-        )
-        .join(s.jobs, s.jobs.c.id == s.attempts.c.job_id)
-        .where(
-            s.tasks.c.node == bindparam("node"),
-            s.tasks.c.spare.is_(False),  # a hot spare runs nothing: the agent never sees it
-        )
-    )
