@@ -28,6 +28,7 @@ remains to try.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -42,6 +43,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+import orjson
 from prometheus_client import Counter, Histogram
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy import exc as sa_exc
@@ -636,6 +638,7 @@ class Engines:
         """
         engine = create_engine(
             self.url,
+            json_deserializer=json_loads,
             pool_size=pool_size,
             max_overflow=pool_size,
             pool_timeout=connect_timeout,
@@ -737,6 +740,7 @@ class Engines:
     def _sqlite_engine(self, *, immediate: bool, timeout: float) -> Engine:
         engine = create_engine(
             self.url,
+            json_deserializer=json_loads,
             connect_args={"timeout": timeout, "check_same_thread": False},
             pool_size=8,
             max_overflow=8,
@@ -916,6 +920,20 @@ class Engines:
         if self.checkpointer is not None:
             self.checkpointer.stop()
 
+
+
+def json_loads(text: str | bytes) -> Any:
+    """Decode a JSON column (the engines' `json_deserializer`): orjson, about 2.5x faster than
+    the standard library on a job's spec, and the heartbeat's read of a node's work decodes
+    every live task's spec each time (a tenth of a busy controller's time went to `json`).
+
+    Values orjson refuses fall back to the standard decoder, which wrote them: `json.dumps`
+    (the columns' serializer) writes NaN and Infinity, and integers beyond 64 bits, which are
+    not strict JSON."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
 
 def _readable(fd: int) -> bool:
     """Whether the socket has something to read right now (poll, not select: any fd number)."""
