@@ -921,7 +921,6 @@ class Engines:
             self.checkpointer.stop()
 
 
-
 def json_loads(text: str | bytes) -> Any:
     """Decode a JSON column (the engines' `json_deserializer`): orjson, about 2.5x faster than
     the standard library on a job's spec, and the heartbeat's read of a node's work decodes
@@ -934,6 +933,7 @@ def json_loads(text: str | bytes) -> Any:
         return orjson.loads(text)
     except orjson.JSONDecodeError:
         return json.loads(text)
+
 
 def _readable(fd: int) -> bool:
     """Whether the socket has something to read right now (poll, not select: any fd number)."""
