@@ -225,6 +225,9 @@ def test_v2_plan_and_setup(tmp_path: Path, kernel: set[str]) -> None:
     assert (leaf / "cpuset.cpus").read_text() == "0-1"
     cgroups.attach(p, 4242)
     assert (leaf / "cgroup.procs").read_text() == "4242"
+    # cgroupfs takes each write on its own (no truncation, as `_write` opens it); this plain
+    # file would keep 4242's tail after a shorter pid, so it is emptied first
+    (leaf / "cgroup.procs").write_text("")
     cgroups.attach_self(p)  # v2 takes whole processes only: cgroup.procs, by pid
     assert (leaf / "cgroup.procs").read_text() == str(os.getpid())
     assert (leaf / "tasks").read_text() == ""
