@@ -40,6 +40,8 @@ from sqlalchemy import Connection, Delete, Select, Table, Update, bindparam, sel
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Dialect
 
+from phalanx.store.rowinsert import driver_execute, driver_of
+
 _Proc = Callable[[Any], Any] | None
 _Statement = Select[Any] | Update | Delete
 
@@ -108,15 +110,7 @@ class Prebuilt:
             given[n] if proc is None else proc(given[n])
             for n, proc in zip(plan.names, plan.binds, strict=True)
         ]
-        driver = conn.connection.driver_connection
-        assert isinstance(driver, sqlite3.Connection)
-        cursor = driver.cursor()
-        try:
-            cursor.execute(plan.sql, values)
-        except sqlite3.Error as e:
-            cursor.close()
-            raise sa_exc.DBAPIError.instance(plan.sql, values, e, sqlite3.Error) from e
-        return cursor
+        return driver_execute(driver_of(conn), plan.sql, values)
 
     def _plan(self, dialect: Dialect) -> _Plan | None:
         try:

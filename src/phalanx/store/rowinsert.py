@@ -55,9 +55,7 @@ class RowInsert:
             pk = conn.execute(self.statement, values).inserted_primary_key
             assert pk is not None
             return int(pk[0])
-        driver = conn.connection.driver_connection
-        assert isinstance(driver, sqlite3.Connection)
-        return self._insert(driver, plan, values)
+        return self._insert(driver_of(conn), plan, values)
 
     def on_driver(
         self, driver: sqlite3.Connection, dialect: Dialect, row: Mapping[str, Any]
@@ -78,12 +76,9 @@ class RowInsert:
             v if proc is None else proc(v)
             for v, proc in zip(values.values(), processors, strict=True)
         ]
-        cursor = driver.cursor()
+        cursor = driver_execute(driver, sql, params)
         try:
-            cursor.execute(sql, params)
             rowid = cursor.lastrowid
-        except sqlite3.Error as e:
-            raise sa_exc.DBAPIError.instance(sql, params, e, sqlite3.Error) from e
         finally:
             cursor.close()
         assert rowid is not None
@@ -102,3 +97,23 @@ class RowInsert:
         )
         processors = [c.type.dialect_impl(dialect).bind_processor(dialect) for c in cols]
         return sql, processors
+
+
+def driver_of(conn: Connection) -> sqlite3.Connection:
+    """The sqlite3 connection under a SQLAlchemy Connection, in its transaction."""
+    driver = conn.connection.driver_connection
+    assert isinstance(driver, sqlite3.Connection)
+    return driver
+
+
+def driver_execute(driver: sqlite3.Connection, sql: str, params: list[Any]) -> sqlite3.Cursor:
+    """Run one statement on the driver; its open cursor (the caller closes it). A driver
+    error is raised as SQLAlchemy would raise it, so the store's mapping of database errors
+    (engine.Engines.begin) holds for statements that skip SQLAlchemy too."""
+    cursor = driver.cursor()
+    try:
+        cursor.execute(sql, params)
+    except sqlite3.Error as e:
+        cursor.close()
+        raise sa_exc.DBAPIError.instance(sql, params, e, sqlite3.Error) from e
+    return cursor
