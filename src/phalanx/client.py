@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 import ssl
+import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -43,6 +44,15 @@ def urls_from(value: str | Sequence[str] | None) -> list[str]:
     if not out:
         raise PhalanxError(f"no controller address: use --url or set {ENV_URL}")
     return out
+
+
+class Timed(NamedTuple):
+    """A reply and when the request that got it was sent (time.monotonic(), on the attempt
+    that was answered, after any failover). An agent's fence counts from there: a reply only
+    vouches for the moment its request left, whatever delayed its reading (DESIGN.md §4)."""
+
+    body: Any
+    sent_at: float
 
 
 class Client:
@@ -82,6 +92,11 @@ class Client:
 
     # ------------------------------------------------------------------ transport
     def request(self, method: str, path: str, *, idempotent: bool | None = None, **kw: Any) -> Any:
+        return self.request_timed(method, path, idempotent=idempotent, **kw).body
+
+    def request_timed(
+        self, method: str, path: str, *, idempotent: bool | None = None, **kw: Any
+    ) -> Timed:
         """Send with this client's credential; a local credential the controller found expired
         (clocks apart) is replaced once and the call repeated (a 401 changed nothing)."""
         try:
@@ -97,7 +112,7 @@ class Client:
                     f"{again.message}; {self.credentials.renew_hint}", **again.details
                 ) from None
 
-    def _send(self, method: str, path: str, *, idempotent: bool | None = None, **kw: Any) -> Any:
+    def _send(self, method: str, path: str, *, idempotent: bool | None = None, **kw: Any) -> Timed:
         """Send to the current controller, failing over on connection errors and 503s.
 
         `idempotent` (default: GET only) also allows failing over after a request was sent
@@ -115,6 +130,7 @@ class Client:
         for i in range(n):
             idx = (self._current + i) % n
             base = self.urls[idx]
+            sent_at = time.monotonic()
             try:
                 resp = self._http.request(method, base + path, **kw)
             except (httpx.ConnectError, httpx.ConnectTimeout) as e:
@@ -149,7 +165,7 @@ class Client:
                 if isinstance(err, RateLimited):
                     err.details.setdefault("retry_after", resp.headers.get("Retry-After"))
                 raise err
-            return resp.json()
+            return Timed(resp.json(), sent_at)
         raise ControllerUnavailable(
             "no controller answered: " + "; ".join(errors),
             all_refused=refused == n,
@@ -163,10 +179,16 @@ class Client:
     def post(
         self, path: str, body: Any = None, *, idempotent: bool = False, timeout: float | None = None
     ) -> Any:
+        return self.post_timed(path, body, idempotent=idempotent, timeout=timeout).body
+
+    def post_timed(
+        self, path: str, body: Any = None, *, idempotent: bool = False, timeout: float | None = None
+    ) -> Timed:
+        """POST, and say when the answered request was sent (see `Timed`)."""
         kw: dict[str, Any] = {"json": body if body is not None else {}}
         if timeout is not None:
             kw["timeout"] = httpx.Timeout(timeout, connect=min(3.0, timeout))
-        return self.request("POST", path, idempotent=idempotent, **kw)
+        return self.request_timed("POST", path, idempotent=idempotent, **kw)
 
     # ------------------------------------------------------------------ API
     def submit(self, spec: dict[str, Any], *, test_only: bool = False) -> dict[str, Any]:

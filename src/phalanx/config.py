@@ -206,6 +206,18 @@ class Timing(BaseModel):
                 "fence_timeout + fence_kill_grace + fence_margin < node_down_timeout",
             ),
             (
+                # a reply may freshen the fence up to one long-poll plus its grace after the
+                # controller last heard from the node (agent.fence_mark): the node's jobs must
+                # still be dead before the node is declared DOWN
+                self.fence_timeout
+                + self.fence_kill_grace
+                + self.heartbeat_interval
+                + max(0.5, self.heartbeat_interval)
+                < self.node_down_timeout,
+                "fence_timeout + fence_kill_grace + heartbeat_interval + "
+                "max(0.5, heartbeat_interval) < node_down_timeout",
+            ),
+            (
                 # a heartbeat stuck on a frozen controller times out after one interval plus
                 # its grace, and the next one (to another controller) takes one more interval
                 self.heartbeat_interval * 2 + max(0.5, self.heartbeat_interval)

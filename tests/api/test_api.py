@@ -528,7 +528,7 @@ def test_long_poll_wakes_on_new_work(store: Any, monkeypatch: pytest.MonkeyPatch
             "timing": {
                 "heartbeat_interval": 20.0,
                 "fence_timeout": 70.0,
-                "node_down_timeout": 100.0,
+                "node_down_timeout": 120.0,
             }
         }
     )

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from phalanx.agent.agent import FAULT_HOLD_REPLY_FILE
 from system.harness import Cluster, alive, read_json, wait_for
 
 pytestmark = pytest.mark.system
@@ -254,6 +255,60 @@ def test_frozen_agent_job_fenced_before_requeue(cluster: Cluster, tmp_path: Path
     assert [x["nodes"] for x in job["attempts"]] == [["node01"], ["node02"]]
     cluster.client().cancel([jid])
     assert cluster.wait_terminal([jid])[jid]["state"] == "CANCELLED"
+
+
+@pytest.mark.timeout(180)
+def test_a_start_read_late_by_a_stopped_agent_never_runs(cluster: Cluster, tmp_path: Path) -> None:
+    """Found by the chaos test: an agent stopped while the reply that started a job sat in
+    its socket read that reply on waking, after its node had been declared DOWN and the job
+    requeued elsewhere, and ran the job a second time beside its new attempt. A reply read
+    past its request's timeout is now dropped, and the fence is never dated by a late reading.
+
+    SIGSTOP cannot be timed to land between a reply's sending and its reading, so the agent's
+    test-only fault hook holds the reply that starts work instead, as long as a file exists."""
+    cluster.timing.update(FAST)
+    cluster.start_controller()
+    hold = tmp_path / "hold-replies"
+    hold.touch()
+    cluster.start_agent("node01", env={FAULT_HOLD_REPLY_FILE: str(hold)})
+    runs = tmp_path / "runs"
+    jid = cluster.submit_script(
+        tmp_path,
+        "once",
+        f'#!/bin/bash\necho "start $PHX_ATTEMPT_ID $SLURMD_NODENAME" >> {runs}\nsleep 2\n',
+        requeue=True,
+    )
+    log = cluster.logs / "agent-node01.log"
+    wait_for(
+        lambda: "holding a reply that starts work" in log.read_text(),
+        what="node01's agent to hold the reply that starts the job",
+    )
+    a1 = int(_job(cluster, jid)["attempts"][0]["id"])
+    wait_for(lambda: _node(cluster, "node01")["down"], what="node01 to be DOWN", timeout=60)
+    wait_for(
+        lambda: _job(cluster, jid)["restart_count"] == 1,
+        what="the job to be requeued",
+        timeout=60,
+    )
+    cluster.start_agent("node02")
+    a2 = int(_running_on(cluster, jid, "node02")["attempts"][-1]["id"])
+    assert a2 != a1
+    wait_for(lambda: runs.exists() and f"start {a2} node02" in runs.read_text(), what="run 2")
+
+    hold.unlink()  # node01's agent reads the held reply now, long past its timeout
+    wait_for(
+        lambda: (n := _node(cluster, "node01"))["state"] == "IDLE" and not n["down"],
+        what="node01 to return to service",
+        timeout=60,
+    )
+    done = cluster.wait_terminal([jid])[jid]
+    assert done["state"] == "COMPLETED", _job(cluster, jid)
+    # before the fix: ["start 2 node02", "start 1 node01"], the job ran twice at once
+    assert runs.read_text().splitlines() == [f"start {a2} node02"]
+    dropped = [ln for ln in log.read_text().splitlines() if "dropped a heartbeat reply" in ln]
+    assert dropped and f"[{a1}]" in dropped[0], dropped
+    attempts = _job(cluster, jid)["attempts"]
+    assert [x["nodes"] for x in attempts] == [["node01"], ["node02"]], attempts
 
 
 @pytest.mark.timeout(180)

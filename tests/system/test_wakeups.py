@@ -39,7 +39,8 @@ TIMING: dict[str, float] = {
     # long-polls last 5 s: only a wakeup can start a job sooner than the poll fallback
     "heartbeat_interval": 5.0,
     "fence_timeout": 16.0,  # > heartbeat_interval * 2 + max(0.5, heartbeat_interval)
-    "node_down_timeout": 20.0,  # > fence_timeout + fence_kill_grace + fence_margin
+    # > fence_timeout + fence_kill_grace + heartbeat_interval + max(0.5, heartbeat_interval)
+    "node_down_timeout": 30.0,
 }
 Timing(**TIMING)  # the set must satisfy phalanx.config's timing rules
 

@@ -45,8 +45,8 @@ def test_toml_breaking_the_fence_rule_is_refused(tmp_path: Path) -> None:
 
 
 def test_fence_rule_holds_when_satisfied(tmp_path: Path) -> None:
-    p = write(tmp_path, "[timing]\nnode_down_timeout = 8.5\nfence_timeout = 5.0\n")
-    assert load_config(p).timing.node_down_timeout == 8.5
+    p = write(tmp_path, "[timing]\nnode_down_timeout = 9.5\nfence_timeout = 5.0\n")
+    assert load_config(p).timing.node_down_timeout == 9.5
 
 
 @pytest.mark.parametrize(
@@ -58,6 +58,13 @@ def test_fence_rule_holds_when_satisfied(tmp_path: Path) -> None:
             "heartbeat_interval * 2 + max(0.5, heartbeat_interval) < fence_timeout",
         ),
         ("heartbeat_flush_interval = 5.0", "heartbeat_flush_interval < node_down_timeout / 2"),
+        (
+            # passes fence_timeout + fence_kill_grace + fence_margin (8 < 8.5), but a reply
+            # read a long-poll after the controller heard the node leaves the fence ahead
+            "node_down_timeout = 8.5",
+            "fence_timeout + fence_kill_grace + heartbeat_interval + "
+            "max(0.5, heartbeat_interval) < node_down_timeout",
+        ),
     ],
 )
 def test_other_timing_rules(tmp_path: Path, timing: str, rule: str) -> None:

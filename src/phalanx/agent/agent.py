@@ -41,7 +41,7 @@ from phalanx.auth.keys import KeySet
 from phalanx.backoff import REGISTER_TIMEOUT_S, Backoff
 from phalanx.client import Client
 from phalanx.domain import job_reports
-from phalanx.errors import PhalanxError
+from phalanx.errors import ControllerUnavailable, PhalanxError
 from phalanx.watchdog import Beats, maybe_wedge
 
 log = logging.getLogger("phalanx.agent")
@@ -65,6 +65,47 @@ def heartbeat_grace(interval: float) -> float:
     next controller. Config checks 2 * interval + this < fence_timeout, so a frozen controller
     is left in time for a healthy one to refresh the fence."""
     return max(HEARTBEAT_GRACE_MIN, interval)
+
+
+# A test-only fault hook (tests/system/test_node_failure.py): while the file this names exists,
+# a heartbeat reply that starts work is held before the agent looks at it, as by an agent
+# stopped (SIGSTOP, a hung VM) with the reply in its socket: SIGSTOP itself cannot be timed to
+# land between a reply's sending and its reading. Never set it in production.
+FAULT_HOLD_REPLY_FILE = "PHALANX_TEST_ONLY_HOLD_REPLY_FILE"
+
+
+def _maybe_hold_reply(reply: dict[str, Any], stop: threading.Event) -> None:
+    hold = os.environ.get(FAULT_HOLD_REPLY_FILE)
+    if not hold or not reply.get("start") or not os.path.exists(hold):
+        return
+    log.error("test-only fault hook: holding a reply that starts work (%s)", FAULT_HOLD_REPLY_FILE)
+    while os.path.exists(hold) and not stop.wait(0.05):
+        pass
+
+
+def reply_is_late(elapsed: float, timeout: float) -> bool:
+    """Whether a reply was read later than its request's own timeout allows.
+
+    A live agent never reads one (the HTTP timeout fires first), so a late reply means this
+    process was stopped or starved while the reply waited in its socket: the controller may
+    have declared the node DOWN and requeued the work the reply starts. It is dropped, as a
+    timed-out heartbeat would be; the protocol is level-triggered, so the next heartbeat gets
+    whatever still holds."""
+    return elapsed > timeout
+
+
+def fence_mark(wall_now: float, mono_now: float, sent_at: float, timeout: float) -> float:
+    """The time a controller's reply may write into the fence file (wall clock).
+
+    The controller counts a node's silence from when a heartbeat reached it, so a reply
+    vouches for the node only from its request's sending (`sent_at`, monotonic) plus the
+    longest a live exchange takes (`timeout`): never later, however late the reply is read.
+    A job that a stopped agent launches on waking is then fenced by the same deadline as
+    every other job of the node, ahead of the node being declared DOWN (config rule
+    fence_timeout + fence_kill_grace + heartbeat_interval + grace < node_down_timeout).
+    Read the wall clock before the monotonic one: a stop between the two then errs early."""
+    sent_wall = wall_now - (mono_now - sent_at)
+    return min(wall_now, sent_wall + timeout)
 
 
 class Agent:
@@ -106,6 +147,7 @@ class Agent:
             "fence_kill_grace": 2.0,
         }
         self._lock = threading.Lock()
+        self._fence_lock = threading.Lock()
         self._stop = threading.Event()
         # direct step launches (agent/step_listener.py): this node's keys verify the
         # controller's signature; None: the agent takes steps from its heartbeats only
@@ -339,6 +381,7 @@ class Agent:
             while not self._stop.is_set():
                 maybe_wedge("poller", self._stop)  # a test-only fault hook; nothing unless asked
                 self._beat("poller")
+                began = time.time()
                 try:
                     if not self._registered:
                         self.register()
@@ -349,7 +392,7 @@ class Agent:
                     self.last_error = e.message
                     log.warning("controllers unreachable: %s", e.message)
                     if e.details.get("all_refused") or e.details.get("control_plane_down"):
-                        self._control_plane_down()
+                        self._control_plane_down(began)
                     # never past the interval: a retry must not make a live node look silent
                     self._stop.wait(retry.next_delay(float(self.timing["heartbeat_interval"])))
                 except Exception:
@@ -445,7 +488,7 @@ class Agent:
 
     def register(self) -> None:
         r = self.resources
-        reply = self.client.post(
+        reply, sent_at = self.client.post_timed(
             f"/v1/agents/{self.name}/register",
             {
                 "cpus": r.cpus,
@@ -465,7 +508,8 @@ class Agent:
         self._learn_isolation(reply.get("isolation"))
         self._registered = True
         self.last_reply_at = time.monotonic()
-        self._freshen_fence_file()
+        # not a long-poll: the request's sending is the whole of what the reply vouches for
+        self._freshen_fence_file(fence_mark(time.time(), time.monotonic(), sent_at, 0.0))
         if not self.ready:  # the first registration: the agent serves its node from now on
             self.ready = True
             if self.on_ready is not None:
@@ -540,7 +584,8 @@ class Agent:
             health["gpu_events"] = gpu_events
         # Heartbeats are level-triggered, so retrying one on another controller is safe; the
         # timeout is short so a hung controller does not hold the agent past its fence timeout.
-        reply = self.client.post(
+        timeout = wait + heartbeat_grace(float(self.timing["heartbeat_interval"]))
+        reply, sent_at = self.client.post_timed(
             f"/v1/agents/{self.name}/heartbeat",
             {
                 "tasks": tasks,
@@ -551,12 +596,28 @@ class Agent:
                 **({"steps_at": self.steps_at} if self.steps_at else {}),
             },
             idempotent=True,
-            timeout=wait + heartbeat_grace(float(self.timing["heartbeat_interval"])),
+            timeout=timeout,
         )
+        _maybe_hold_reply(reply, self._stop)
         if gpu_events:
             self._confirm_gpu_events({str(e["key"]) for e in gpu_events})
+        elapsed = time.monotonic() - sent_at
+        if reply_is_late(elapsed, timeout):
+            started = [int(item["attempt_id"]) for item in reply.get("start") or ()]
+            log.warning(
+                "dropped a heartbeat reply read %.1fs after its request, past its %.1fs "
+                "timeout (was this agent stopped?); it would have started attempts %s",
+                elapsed,
+                timeout,
+                started,
+            )
+            raise ControllerUnavailable(
+                f"the heartbeat reply came {elapsed:.1f}s after its request (timeout "
+                f"{timeout:.1f}s): dropped",
+                late_reply=True,
+            )
         self.last_reply_at = time.monotonic()
-        self._freshen_fence_file()
+        self._freshen_fence_file(fence_mark(time.time(), time.monotonic(), sent_at, timeout))
         with self._lock:
             self.apply(reply)
         return reply
@@ -594,7 +655,7 @@ class Agent:
             fenced_total=self._fenced_before + len(self._fenced),
         )
 
-    def _control_plane_down(self) -> None:
+    def _control_plane_down(self, began: float) -> None:
         """Every controller's host refused the connection (no controller process is running),
         or answered that it cannot reach the database (503 store_unavailable), or a mix.
 
@@ -606,15 +667,26 @@ class Agent:
         or database outage must never look like a dead cluster. A controller that does not
         answer at all (a timeout) may be partitioned from us while it reaches the database, so
         that case still fences. This assumes --url lists every controller.
-        """
-        self._freshen_fence_file()
 
-    def _freshen_fence_file(self) -> None:
-        """Shepherds stop their jobs when this file goes stale (self-fencing, DESIGN.md §4)."""
-        try:
-            self.fence_file.touch()
-        except OSError as e:
-            log.warning("cannot touch %s: %s", self.fence_file, e)
+        `began` (wall clock) is when the failed call started: the refusals say nothing about
+        later, should this process have been stopped since.
+        """
+        self._freshen_fence_file(min(began, time.time()))
+
+    def _freshen_fence_file(self, at: float) -> None:
+        """Shepherds stop their jobs when this file goes stale (self-fencing, DESIGN.md §4).
+
+        `at` (wall clock) is the moment the controllers vouched for; the file's time never goes
+        back (the poller and the watcher both heartbeat)."""
+        with self._fence_lock:
+            try:
+                try:
+                    at = max(at, self.fence_file.stat().st_mtime)
+                except FileNotFoundError:
+                    self.fence_file.touch()
+                os.utime(self.fence_file, (at, at))
+            except OSError as e:
+                log.warning("cannot freshen %s: %s", self.fence_file, e)
 
     def snapshot(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
