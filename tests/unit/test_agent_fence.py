@@ -9,6 +9,7 @@ node is declared DOWN. The end-to-end case is in tests/system/test_node_failure.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from hypothesis import given
@@ -18,7 +19,7 @@ from phalanx.agent.agent import Agent, fence_mark, reply_is_late
 from phalanx.agent.resources import NodeResources
 from phalanx.client import Client
 
-WALL = 1_800_000_000.0  # a wall-clock instant
+WALL = 1_700_000_000.0  # a wall-clock instant, in the past
 MONO = 5_000.0  # the monotonic clock at that instant
 
 
@@ -69,5 +70,10 @@ def test_the_fence_file_never_goes_back(tmp_path: Path) -> None:
         assert os.stat(agent.fence_file).st_mtime == WALL
         agent._freshen_fence_file(WALL + 2.5)
         assert os.stat(agent.fence_file).st_mtime == WALL + 2.5
+        # a time ahead of the clock (the clock was stepped back) does not hold the file there
+        ahead = time.time() + 3600
+        agent._freshen_fence_file(ahead)
+        agent._freshen_fence_file(WALL)
+        assert os.stat(agent.fence_file).st_mtime == WALL
     finally:
         client.close()

@@ -676,12 +676,15 @@ class Agent:
     def _freshen_fence_file(self, at: float) -> None:
         """Shepherds stop their jobs when this file goes stale (self-fencing, DESIGN.md §4).
 
-        `at` (wall clock) is the moment the controllers vouched for; the file's time never goes
-        back (the poller and the watcher both heartbeat)."""
+        `at` (wall clock) is the moment the controllers vouched for. The poller and the watcher
+        both heartbeat, so the file's time does not go back, unless it lies in the future (the
+        wall clock was stepped back): jobs would then outlive their fence by the step."""
         with self._fence_lock:
             try:
                 try:
-                    at = max(at, self.fence_file.stat().st_mtime)
+                    was = self.fence_file.stat().st_mtime
+                    if was <= time.time():
+                        at = max(at, was)
                 except FileNotFoundError:
                     self.fence_file.touch()
                 os.utime(self.fence_file, (at, at))
