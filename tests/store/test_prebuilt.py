@@ -166,3 +166,25 @@ def test_attempt_tokens_are_unique_and_sort_by_their_making(store: Store) -> Non
     assert all(len(t) == 44 and int(t, 16) >= 0 for t in tokens)
     # 128 random bits after the time: two tokens of the same millisecond still differ
     assert len({t[12:] for t in tokens}) == 5
+
+
+def test_work_generations_go_up_once_a_named_node_by_either_statement(store: Store) -> None:
+    """`_bump_gen` runs one prebuilt UPDATE a node for a few nodes and one `IN` for many:
+    each named node's work_gen goes up by exactly one per call, no other node's moves."""
+    names = [f"n{i:02d}" for i in range(12)]
+    for n in names:
+        add_node(store, n)
+
+    def gens() -> dict[str, int]:
+        with store.db.begin(write=False) as conn:
+            return dict(conn.execute(select(s.nodes.c.name, s.nodes.c.work_gen)).all())
+
+    before = gens()
+    for chosen in (names[:1], names[:3] + names[:1], names[:10]):  # a repeat counts once
+        was = gens()
+        with store.db.begin() as conn:
+            store._bump_gen(conn, chosen)
+        now = gens()
+        assert {n: now[n] - was[n] for n in names} == {n: int(n in chosen) for n in names}
+    after = gens()
+    assert after["n00"] - before["n00"] == 3 and after["n11"] == before["n11"]

@@ -18,7 +18,7 @@ from phalanx.errors import Fenced
 from phalanx.store import schema as s
 from phalanx.store.engine import DEFAULT_OP_TIMEOUT, Engines
 from phalanx.store.notify import WORK_CHANNEL, encode_nodes
-from phalanx.store.prebuilt import update_where
+from phalanx.store.prebuilt import Prebuilt, update_where
 from phalanx.store.rowinsert import RowInsert
 from phalanx.store.sqlbits import Fence
 from phalanx.store.sqlbits import now as _now
@@ -30,6 +30,14 @@ _BUMP_GEN = (  # built once: most transitions give some nodes new work
     .where(s.nodes.c.name.in_(bindparam("names", expanding=True)))
     .values(work_gen=s.nodes.c.work_gen + 1)
 )
+# most transitions concern a node or a few: one rendered statement a node takes SQLite's
+# driver path (prebuilt.py), where the expanding IN above is rendered again on every call
+_BUMP_GEN_ONE = Prebuilt(
+    update(s.nodes)
+    .where(s.nodes.c.name == bindparam("node"))
+    .values(work_gen=s.nodes.c.work_gen + 1)
+)
+_BUMP_ONE_BY_ONE = 8  # nodes up to which _BUMP_GEN_ONE runs once a node
 
 
 class StoreBase:
@@ -183,7 +191,10 @@ class StoreBase:
         """These nodes have new work. On PostgreSQL also NOTIFY the other controllers, in this
         transaction, so the wakeup goes out when the change is committed (store/notify.py)."""
         names = sorted(set(nodes))
-        if names:
+        if len(names) > _BUMP_ONE_BY_ONE:
             conn.execute(_BUMP_GEN, {"names": names})
-            if self.dialect == "postgresql":
-                conn.execute(select(func.pg_notify(WORK_CHANNEL, encode_nodes(names))))
+        else:
+            for name in names:
+                _BUMP_GEN_ONE.run(conn, {"node": name})
+        if names and self.dialect == "postgresql":
+            conn.execute(select(func.pg_notify(WORK_CHANNEL, encode_nodes(names))))
