@@ -10,7 +10,7 @@ from typing import Any
 from test_store_contract import add_node, running, start, store, submit1
 
 from phalanx.domain.steps import StepRequest
-from phalanx.store.steps import StepReport
+from phalanx.store.steps import StepReport, _node_step_work_query
 from phalanx.store.store import Store
 
 __all__ = ["store"]
@@ -70,3 +70,24 @@ def test_a_running_report_starts_the_step_and_a_stale_token_is_ignored(store: St
     assert store.apply_step_reports("n2", [lost])
     done = store.get_step(job, sid)
     assert done["state"] != "RUNNING" and done["end_time"] is not None
+
+
+def test_the_node_step_work_read_takes_the_driver_path_and_keeps_live_steps_only(
+    store: Store,
+) -> None:
+    """Every heartbeat of a node with a live job reads its step work (steps._node_step_work_
+    query): on SQLite straight through the driver (store/prebuilt.py), with the rows SQLAlchemy
+    returns; a step ended on a node is no longer that node's work."""
+    job, att = two_node_job(store)
+    done, live = step(store, job), step(store, job)
+    started = StepReport(att["id"], live, att["token"], "running", started_at=5.0)
+    assert store.apply_step_reports("n1", [ended(att, done, 0, 0), started])
+    query = _node_step_work_query()
+    with store.db.begin(write=False) as conn:
+        if store.dialect == "sqlite":
+            assert query._plan(conn.dialect) is not None
+        for node, want in (("n1", [live]), ("n2", [done, live])):
+            mine = query.rows(conn, {"node": node})
+            theirs = [dict(r) for r in conn.execute(query.statement, {"node": node}).mappings()]
+            assert mine == theirs
+            assert sorted(r["step_id"] for r in mine) == want, node

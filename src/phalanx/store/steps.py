@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Select, bindparam, func, insert, select, update
+from sqlalchemy import Connection, Select, bindparam, func, insert, or_, select, update
 
 from phalanx.domain.states import AttemptState, JobState
 from phalanx.domain.steps import AllocNode, StepRequest, plan_step, step_outcome
@@ -464,10 +464,13 @@ def step_view(row: dict[str, Any]) -> dict[str, Any]:
 @functools.cache
 def _node_step_work_query() -> Prebuilt:
     """JobSteps.node_step_work's query, built once with the node as a parameter (every
-    heartbeat runs it: see store._NODE_WORK)."""
+    heartbeat runs it: see store._NODE_WORK). The live states are tested as `=`s, not an
+    `IN`: an `IN` list renders anew on every call, which keeps a statement off SQLite's
+    driver path; SQLite's planner makes the same `IN` of them again."""
     return Prebuilt(
         _step_work_select().where(
-            s.step_nodes.c.node == bindparam("node"), s.step_nodes.c.state.in_(_LIVE_NODE)
+            s.step_nodes.c.node == bindparam("node"),
+            or_(*(s.step_nodes.c.state == state for state in _LIVE_NODE)),
         )
     )
 
