@@ -131,7 +131,11 @@ def checkpoint_items(
     for w in work:
         if w["attempt_state"] != AttemptState.RUNNING.value:
             continue
-        if not ((w.get("spec") or {}).get("checkpoint_parsed") or {}).get("interval_s"):
+        if "checkpoint_interval_s" in w:  # a node-work row: selected apart from the spec
+            setting = w["checkpoint_interval_s"]
+        else:
+            setting = ((w.get("spec") or {}).get("checkpoint_parsed") or {}).get("interval_s")
+        if not setting:
             continue
         seconds = interval_of(w)
         if seconds is None:

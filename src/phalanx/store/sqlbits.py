@@ -7,10 +7,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, literal_column, select
+from sqlalchemy import Select, literal_column, select, type_coerce
 
 from phalanx.domain.states import AttemptState
 from phalanx.store import schema as s
+from phalanx.store.lazyspec import LazySpecColumn
 
 # Every job column but the spec (script and environment can be kilobytes): lists, scheduling
 # snapshots and state transitions never need it, only `get_job` does. Nor the change
@@ -39,7 +40,9 @@ NODE_WORK_COLUMNS = (
     s.jobs.c.array_task_id,
     s.jobs.c.time_limit_s,
     s.jobs.c.cpus_per_node,
-    s.jobs.c.spec,
+    # decoded on first use (store/lazyspec.py); the one field every heartbeat tests, apart
+    type_coerce(s.jobs.c.spec, LazySpecColumn()).label("spec"),
+    s.jobs.c.spec[("checkpoint_parsed", "interval_s")].label("checkpoint_interval_s"),
 )
 
 
