@@ -6,7 +6,6 @@ meaning; SQLite's WAL is checkpointed by the store's own thread, off the commits
 from __future__ import annotations
 
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -183,7 +182,10 @@ def test_wal_checkpointed_off_the_commit_path(tmp_path: Path) -> None:
         wait_for(wal_clean)
     finally:
         st.close()
-    assert not any(t.name == "phx-wal-checkpoint" for t in threading.enumerate())
+    # this store's thread is gone (not any thread of that name: another test's store may
+    # still be open in this process)
+    thread = ckpt._thread
+    assert thread is not None and not thread.is_alive()
 
 
 def sqlite_store(tmp_path: Path) -> Store:

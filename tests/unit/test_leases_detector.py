@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,10 +14,11 @@ from phalanx.store.store import Store
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
+def store(tmp_path: Path) -> Iterator[Store]:
     st = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     st.migrate()
-    return st
+    yield st
+    st.close()  # its WAL checkpoint thread, which tests/store counts
 
 
 def keeper(store: Store, clock: FakeClock, changes: list[tuple[str, int | None]]) -> LeaseKeeper:

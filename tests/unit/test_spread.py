@@ -37,36 +37,39 @@ def test_handoff_gives_up_one_lease_that_another_should_hold() -> None:
 def test_two_keepers_share_the_leases_and_a_survivor_takes_all(tmp_path: Path) -> None:
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     store.migrate()
-    clock = FakeClock()
-    live = {"a", "b"}
+    try:
+        clock = FakeClock()
+        live = {"a", "b"}
 
-    def keeper(cid: str) -> LeaseKeeper:
-        return LeaseKeeper(
-            store,
-            cid,
-            LEASES,
-            ttl=0.5,
-            renew_interval=0.1,
-            clock=clock,
-            peers=lambda: sorted(live),
-        )
+        def keeper(cid: str) -> LeaseKeeper:
+            return LeaseKeeper(
+                store,
+                cid,
+                LEASES,
+                ttl=0.5,
+                renew_interval=0.1,
+                clock=clock,
+                peers=lambda: sorted(live),
+            )
 
-    a, b = keeper("a"), keeper("b")
-    for _ in range(3):
-        a.tick()
-        b.tick()
-    held_a, held_b = set(a.terms()), set(b.terms())
-    assert not held_a & held_b
-    assert held_a | held_b == set(LEASES)
-    assert held_a == {n for n in LEASES if preferred(n, ["a", "b"]) == "a"}
+        a, b = keeper("a"), keeper("b")
+        for _ in range(3):
+            a.tick()
+            b.tick()
+        held_a, held_b = set(a.terms()), set(b.terms())
+        assert not held_a & held_b
+        assert held_a | held_b == set(LEASES)
+        assert held_a == {n for n in LEASES if preferred(n, ["a", "b"]) == "a"}
 
-    live.discard("b")  # b dies: after its leases expire, a takes them over
-    import time
+        live.discard("b")  # b dies: after its leases expire, a takes them over
+        import time
 
-    deadline = time.monotonic() + 10
-    while set(a.terms()) != set(LEASES):
-        assert time.monotonic() < deadline, a.terms()
-        clock.advance(0.1)
-        a.tick()
-        time.sleep(0.05)  # the store's clock (database time) must pass the 0.5 s TTL
-    assert all(a.terms()[n] == 2 for n in held_b)  # taken over: the term was bumped
+        deadline = time.monotonic() + 10
+        while set(a.terms()) != set(LEASES):
+            assert time.monotonic() < deadline, a.terms()
+            clock.advance(0.1)
+            a.tick()
+            time.sleep(0.05)  # the store's clock (database time) must pass the 0.5 s TTL
+        assert all(a.terms()[n] == 2 for n in held_b)  # taken over: the term was bumped
+    finally:
+        store.close()  # its WAL checkpoint thread, which tests/store counts
