@@ -888,11 +888,7 @@ class Agent:
             # --signal without B: goes to the job's running steps when it has any (shepherd)
             "steps_dir": str(self.steps.steps_dir),
             "checkpoint": launch.get("checkpoint"),
-            "fence": {
-                "heartbeat_file": str(self.fence_file),
-                "timeout_s": float(self.timing["fence_timeout"]),
-                "kill_grace_s": float(self.timing["fence_kill_grace"]),
-            },
+            "fence": self._fence_settings(),
             "user": launch.get("user"),
             "cpus": cpus,
             "cgroup": self._cgroup_plan(launch, cpus),
