@@ -14,6 +14,7 @@ it immediately). Both apply replies under one lock, and launching is idempotent 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import socket
@@ -92,6 +93,34 @@ def reply_is_late(elapsed: float, timeout: float) -> bool:
     timed-out heartbeat would be; the protocol is level-triggered, so the next heartbeat gets
     whatever still holds."""
     return elapsed > timeout
+
+
+# what an agent takes from a controller's timings, and whether zero is allowed
+AGENT_TIMINGS = {"heartbeat_interval": False, "fence_timeout": False, "fence_kill_grace": True}
+
+
+def learned_timing(current: dict[str, Any], offered: Any) -> tuple[dict[str, Any], list[str]]:
+    """The agent's timings after a controller's reply offered `offered` (a register reply's
+    whole [timing], or a heartbeat reply's scaled fields: the heartbeat rule lengthens them as
+    the cluster grows), and the offered fields refused.
+
+    A field the agent acts on must be a finite number, positive (the kill grace may be 0); a
+    reply with any such field wrong changes none of them, since the interval and the fence
+    timeout are only safe together (2 * interval + grace < fence_timeout). Other fields are
+    kept as given (shown, never acted on)."""
+    if not isinstance(offered, dict):
+        return current, ([] if offered is None else ["timing"])
+    bad = []
+    for name, zero_ok in AGENT_TIMINGS.items():
+        if name not in offered:
+            continue
+        v = offered[name]
+        number = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        if not number or v < 0 or (v == 0 and not zero_ok):
+            bad.append(name)
+    if bad:
+        return current, bad
+    return {**current, **offered}, []
 
 
 def fence_mark(wall_now: float, mono_now: float, sent_at: float, timeout: float) -> float:
@@ -504,7 +533,7 @@ class Agent:
             idempotent=True,
             timeout=REGISTER_TIMEOUT_S,
         )
-        self.timing.update(reply.get("timing") or {})
+        self._learn_timing(reply.get("timing"))
         self._learn_isolation(reply.get("isolation"))
         self._registered = True
         self.last_reply_at = time.monotonic()
@@ -618,9 +647,25 @@ class Agent:
             )
         self.last_reply_at = time.monotonic()
         self._freshen_fence_file(fence_mark(time.time(), time.monotonic(), sent_at, timeout))
+        # after the lateness check: a controller scales only from counts read before it
+        # replied, and the detector's count is read after the silence (rescale_timing)
+        self._learn_timing(reply.get("timing"))
         with self._lock:
             self.apply(reply)
         return reply
+
+    def _learn_timing(self, offered: Any) -> None:
+        """Take the timings a controller's reply gives (learned_timing)."""
+        was = self.timing.get("heartbeat_interval")
+        self.timing, bad = learned_timing(self.timing, offered)
+        if bad:
+            log.warning("ignored a controller's timing: invalid %s", ", ".join(bad))
+        elif self.timing.get("heartbeat_interval") != was:
+            log.info(
+                "heartbeat every %.3gs, fence_timeout %.3gs (from the controller)",
+                float(self.timing["heartbeat_interval"]),
+                float(self.timing["fence_timeout"]),
+            )
 
     # ------------------------------------------------------------------ metrics
     def _gpu_checks(self) -> list[GpuCheck]:

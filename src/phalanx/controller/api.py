@@ -1162,6 +1162,8 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
                 **({"signal": reply.signals} if reply.signals else {}),
                 "controller": ctl.cid,
                 "terms": ctl.leases.terms(),
+                # the heartbeat rule's timings, as they grow with the cluster (rescale_timing)
+                "timing": ctl.agent_timing,
             }
         )
 

@@ -19,7 +19,7 @@ from prometheus_client import Counter
 
 from phalanx.auth import launchcred
 from phalanx.auth.keys import Key, derive
-from phalanx.config import Config
+from phalanx.config import Config, Timing
 from phalanx.controller.exchange import (
     Reply,
     StepReply,
@@ -135,7 +135,13 @@ class Controller:
     def __init__(self, store: Store, config: Config, *, cid: str, url: str | None = None) -> None:
         self.store = store
         self.config = config
+        # the timings in force: config's, scaled by the heartbeat rule to the cluster's size
+        # (rescale_timing); `agent_timing`, the scaled ones, goes with every heartbeat reply
+        self.base_timing = config.timing
         self.timing = config.timing
+        self.agent_timing = scaled_fields(self.timing)
+        self.timing_nodes = 0  # the node count `timing` was scaled for
+        self._timing_lock = threading.Lock()
         self.cid = cid
         self.url = url
         self.partition_names = [p.name for p in config.cluster.partitions]
@@ -197,6 +203,7 @@ class Controller:
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         self.store.register_controller(self.cid, self.url)
+        self.rescale_timing()  # before the first agent is answered: a restart knows the size
         self.start_listener()
         loops: list[tuple[str, Callable[[], str], Callable[[], float]]] = [
             ("leases", self.leases.tick, lambda: self.timing.renew_interval),
@@ -233,10 +240,46 @@ class Controller:
 
     def presence_tick(self) -> str:
         """Keep this controller's `last_seen` fresh: peers spread leases over the live ones,
-        and `phalanx cluster` shows who is alive. Also the store probe of the watchdog."""
+        and `phalanx cluster` shows who is alive. Also the store probe of the watchdog, and
+        the heartbeat rule's look at the cluster's size."""
         self.store.touch_controller(self.cid)
         self._store_answered()
+        self.rescale_timing()
         return "idle"
+
+    def rescale_timing(self, nodes: int | None = None) -> str:
+        """Apply the heartbeat rule (docs/sim.md) to the cluster's size: `nodes` node rows
+        (read from the store when None). Logs and returns what changed, or "".
+
+        The timings follow the node count up and never down, and the count never falls
+        (node rows are never deleted), so an agent is never told a longer fence than the
+        failure detector allows for: every controller scales from the same count, a reply
+        carries timings from a count read before it was sent, and the detector reads the
+        count afresh (in its tick, before the silent nodes) long after the reply a silent
+        node last applied (a reply read later than its own timeout is dropped by the agent).
+        Shorter timings (a config change) reach agents the same way; jobs already running
+        keep the fence they were launched with, so lower them only on a quiet cluster
+        (docs/configuration.md)."""
+        if nodes is None:
+            nodes = self.store.node_count()
+        with self._timing_lock:
+            if nodes <= self.timing_nodes:
+                return ""
+            self.timing_nodes = nodes
+            new = self.base_timing.for_cluster(nodes)
+            old = self.timing
+            if scaled_fields(new) == scaled_fields(old):
+                return ""
+            self.timing = new
+            self.agent_timing = scaled_fields(new)
+        said = (
+            f"heartbeat rule: {nodes} nodes at {self.base_timing.heartbeat_budget:g} "
+            f"heartbeats/s: heartbeat every {new.heartbeat_interval:.3g}s (was "
+            f"{old.heartbeat_interval:.3g}s), fence_timeout {new.fence_timeout:.3g}s, "
+            f"node_down_timeout {new.node_down_timeout:.3g}s"
+        )
+        log.info("%s", said)
+        return said
 
     def _store_answered(self) -> None:
         self.store_ok_at = time.monotonic()
@@ -661,6 +704,9 @@ class Controller:
         if self._judging_fence() is None:
             return "idle"
         said = []
+        # the count afresh, before the silent nodes: at least what any reply they applied
+        # was scaled for (rescale_timing)
+        self.rescale_timing()
         db_now = self.store.db_time()
         with self._beats_lock:
             unflushed = list(self._beats)
@@ -1009,12 +1055,23 @@ class Controller:
             "url": self.url,
             "leases": self.leases.terms(),
             "timing": self.timing.model_dump(),
+            "timing_nodes": self.timing_nodes,
             "ticks_ago": {k: round(time.monotonic() - v, 3) for k, v in self.last_tick.items()},
             # how work placed by other controllers reaches agents long-polling this one
             "wakeups": "listen"
             if self._listener is not None and self._listener.healthy
             else "poll",
         }
+
+
+def scaled_fields(timing: Timing) -> dict[str, float]:
+    """The timings the heartbeat rule scales (Timing.for_cluster), as agents are told them
+    in every heartbeat reply."""
+    return {
+        "heartbeat_interval": timing.heartbeat_interval,
+        "fence_timeout": timing.fence_timeout,
+        "node_down_timeout": timing.node_down_timeout,
+    }
 
 
 def health_key(summary: dict[str, Any]) -> tuple[Any, ...]:

@@ -236,9 +236,16 @@ class NodeServer:
                 # a retry's backoff, not a wait for a condition
                 await asyncio.sleep(retry.next_delay(SIM_REGISTER_CAP_S))
                 continue
-            self.interval = float((reply.get("timing") or {}).get("heartbeat_interval", 1.0))
+            self._learn_interval(reply)
             self.counters.registered += 1
             return
+
+    def _learn_interval(self, reply: dict[str, Any]) -> None:
+        """The interval a register or heartbeat reply gives (the controllers lengthen it as
+        the cluster grows: the heartbeat rule), as the agent's learned_timing."""
+        value = (reply.get("timing") or {}).get("heartbeat_interval")
+        if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < 1e6:
+            self.interval = float(value)
 
     async def _heartbeat(self, node: Node, wait: float, conn: int = 0) -> None:
         body = {
@@ -250,6 +257,7 @@ class NodeServer:
             node, "heartbeat", body, timeout=wait + max(GRACE_MIN, self.interval) + 10.0, conn=conn
         )
         self.counters.heartbeats += 1
+        self._learn_interval(reply)
         if not node.stopped:
             self._apply(node, reply)
 

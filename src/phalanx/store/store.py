@@ -1985,6 +1985,13 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
             return aids
 
     # ------------------------------------------------------------------ nodes
+    def node_count(self) -> int:
+        """Node rows, registered or only configured: the size the heartbeat rule scales the
+        timings for (Controller.rescale_timing). Rows are never deleted, so it never falls,
+        which is what makes the rule safe to apply while the cluster runs."""
+        with self.db.begin(write=False) as conn:
+            return int(conn.execute(select(func.count()).select_from(s.nodes)).scalar_one())
+
     def silent_node_rows(self, heard_before: float) -> list[dict[str, Any]]:
         """Registered, not-DOWN nodes whose last heartbeat in the store is older than
         `heard_before` (database clock): the failure detector's candidates (name, registered,
