@@ -87,6 +87,18 @@ def add_node(store: Store, name: str) -> None:
     )
 
 
+def test_a_cluster_past_the_timings_limits_keeps_its_timings(
+    ctl: Controller, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At 2 heartbeats/s, a million nodes would need a heartbeat every 500,000 s, past the
+    interval's limit (300 s): the controller keeps what it has (more load, never unsafe) and
+    says what to change, instead of failing every tick."""
+    ctl.rescale_timing(6)
+    assert ctl.rescale_timing(1_000_000) == ""
+    assert ctl.timing.heartbeat_interval == 3
+    assert "raise [timing] heartbeat_budget" in caplog.text
+
+
 def silence(store: Store, node: str, seconds: float) -> None:
     with store.db.begin() as conn:
         conn.execute(

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import Counter
+from pydantic import ValidationError
 
 from phalanx.auth import launchcred
 from phalanx.auth.keys import Key, derive
@@ -266,8 +267,19 @@ class Controller:
             if nodes <= self.timing_nodes:
                 return ""
             self.timing_nodes = nodes
-            new = self.base_timing.for_cluster(nodes)
             old = self.timing
+            try:
+                new = self.base_timing.for_cluster(nodes)
+            except ValidationError as e:  # past a timing's upper limit: more load, still safe
+                log.warning(
+                    "heartbeat rule: %d nodes at %g heartbeats/s would take a timing past its "
+                    "limit (%s); heartbeats stay every %.3gs: raise [timing] heartbeat_budget",
+                    nodes,
+                    self.base_timing.heartbeat_budget,
+                    "; ".join(str(x["msg"]) for x in e.errors()),
+                    old.heartbeat_interval,
+                )
+                return ""
             if scaled_fields(new) == scaled_fields(old):
                 return ""
             self.timing = new
