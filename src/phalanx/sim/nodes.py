@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx import __version__
+from phalanx.agent.agent import learned_timing
 from phalanx.auth import keys as keyfiles
 from phalanx.auth.tokens import mint_agent
 from phalanx.backoff import Backoff
@@ -242,10 +243,9 @@ class NodeServer:
 
     def _learn_interval(self, reply: dict[str, Any]) -> None:
         """The interval a register or heartbeat reply gives (the controllers lengthen it as
-        the cluster grows: the heartbeat rule), as the agent's learned_timing."""
-        value = (reply.get("timing") or {}).get("heartbeat_interval")
-        if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < 1e6:
-            self.interval = float(value)
+        the cluster grows: the heartbeat rule), taken as the agent takes it."""
+        timing, _bad = learned_timing({"heartbeat_interval": self.interval}, reply.get("timing"))
+        self.interval = float(timing["heartbeat_interval"])
 
     async def _heartbeat(self, node: Node, wait: float, conn: int = 0) -> None:
         body = {
