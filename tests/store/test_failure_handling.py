@@ -246,3 +246,32 @@ def test_a_job_error_fails_the_job_and_leaves_the_node_alone(store: Store) -> No
         assert job["restart_count"] == 0
     node = store.get_node("n1")
     assert not node["drain"] and node["launch_failures"] == 0, node
+
+
+def test_the_failure_detector_fails_live_tasks_left_on_a_down_node(
+    store: Store, monkeypatch: Any
+) -> None:
+    """A DOWN node still holding a RUNNING task (what an older controller left when it died
+    between marking the node and failing its tasks) is repaired by the next detector tick:
+    the ghost attempt ends and its resources are free again."""
+    from sqlalchemy import update
+
+    from phalanx.config import load_config
+    from phalanx.controller.runtime import Controller
+
+    monkeypatch.delenv("PHALANX_CONFIG", raising=False)
+    add_node(store, "n1")
+    ghost = submit1(store, requeue=True)
+    att = start(store, ghost, ["n1"])
+    store.apply_reports("n1", [running(att)], None)
+    with store.db.begin() as conn:
+        conn.execute(update(schema.nodes).where(schema.nodes.c.name == "n1").values(down=True))
+    ctl = Controller(store, load_config(), cid="t")
+    assert "took term" in ctl.leases.tick()
+    assert ctl._cluster_since is not None
+    ctl._cluster_since -= 10 * ctl.timing.node_down_timeout  # past a new holder's grace
+    assert "live tasks failed on DOWN node n1" in ctl._cluster_duty()
+    job = store.get_job(ghost)
+    assert job["state"] == "PENDING" and job["restart_count"] == 1
+    assert store.down_nodes_with_tasks() == []
+    assert "live tasks failed" not in ctl._cluster_duty()  # once

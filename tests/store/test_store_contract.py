@@ -739,9 +739,7 @@ def test_fail_node_tasks(store: Store) -> None:
     for att, nodes in ((a_single, ["n1"]), (a_multi, ["n1", "n2"]), (a_other, ["n2"])):
         for n in nodes:
             store.apply_reports(n, [running(att)], None)
-    assert store.mark_down("n1", "silent", None) is True
-    aids = store.fail_node_tasks("n1", "node n1 is DOWN", None)
-    assert sorted(aids) == sorted([a_single["id"], a_multi["id"]])
+    assert store.mark_down("n1", "silent", None) is True  # and, in the same write, its tasks
     s1 = store.get_job(single)
     assert s1["state"] == "PENDING" and s1["restart_count"] == 1
     # the multi-node job waits for its surviving task to be killed
@@ -754,6 +752,56 @@ def test_fail_node_tasks(store: Store) -> None:
     assert m["state"] == "PENDING" and m["restart_count"] == 1
     assert store.attempts_of(multi)[0]["result"] == "NODE_FAIL"
     assert state(store, other) == "RUNNING"
+
+
+def test_node_death_is_one_transaction(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store error while a dead node's tasks are failed undoes the DOWN mark too: never a
+    DOWN node whose tasks still RUN (the detector only looks at nodes not yet DOWN)."""
+    add_node(store, "n1")
+    jid = submit1(store, requeue=True)
+    att = start(store, jid, ["n1"])
+    store.apply_reports("n1", [running(att)], None)
+
+    def store_error(*_: Any) -> None:
+        raise StoreUnavailable("the database went away mid-transaction")
+
+    with monkeypatch.context() as m:
+        m.setattr(store, "_advance_attempt", store_error)
+        with pytest.raises(StoreUnavailable):
+            store.mark_down("n1", "silent", None)
+    assert store.get_node("n1")["down"] is False
+    assert store.attempts_of(jid)[0]["tasks"][0]["state"] == "RUNNING"
+    assert [e["kind"] for e in store.events(node="n1")].count("node.down") == 0
+    # retried by the next detector tick: both happen, together
+    assert store.mark_down("n1", "silent", None) is True
+    assert store.attempts_of(jid)[0]["tasks"][0]["state"] == "LOST"
+    assert store.get_job(jid)["state"] == "PENDING"
+    assert store.down_nodes_with_tasks() == []
+
+
+def test_a_down_node_left_with_live_tasks_is_found_and_repaired(store: Store) -> None:
+    """Rows an older version could leave (DOWN marked, its tasks never failed) are listed for
+    the failure detector, and failing them ends the ghost attempt."""
+    from sqlalchemy import update
+
+    from phalanx.store import schema as s
+
+    for n in ("n1", "n2"):
+        add_node(store, n)
+    ghost = submit1(store, requeue=False)
+    fine = submit1(store, requeue=False)
+    a_ghost = start(store, ghost, ["n1"])
+    a_fine = start(store, fine, ["n2"])
+    store.apply_reports("n1", [running(a_ghost)], None)
+    store.apply_reports("n2", [running(a_fine)], None)
+    assert store.down_nodes_with_tasks() == []
+    with store.db.begin() as conn:  # the split an older controller's death left behind
+        conn.execute(update(s.nodes).where(s.nodes.c.name == "n1").values(down=True))
+    assert store.down_nodes_with_tasks() == ["n1"]
+    assert store.fail_node_tasks("n1", "node n1 is DOWN", None) == [a_ghost["id"]]
+    assert state(store, ghost) == "NODE_FAIL"
+    assert state(store, fine) == "RUNNING"
+    assert store.down_nodes_with_tasks() == []
 
 
 def test_requeue_lost_launch(store: Store) -> None:

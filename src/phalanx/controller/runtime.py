@@ -732,9 +732,15 @@ class Controller:
             fence = self._judging_fence()
             if fence is None:
                 return "lost the right to judge nodes mid-cycle; nothing more applied"
-            if self.store.mark_down(name, reason, fence):
+            if self.store.mark_down(name, reason, fence):  # its tasks fail in the same write
                 said.append(f"{name} DOWN")
-                self.store.fail_node_tasks(name, f"node {name} is DOWN: {reason}", fence)
+                self.kick()
+        for name in self.store.down_nodes_with_tasks():
+            fence = self._judging_fence()
+            if fence is None:
+                return "lost the right to judge nodes mid-cycle; nothing more applied"
+            if self.store.fail_node_tasks(name, f"node {name} is DOWN", fence):
+                said.append(f"live tasks failed on DOWN node {name}")
                 self.kick()
         fence = self._judging_fence()
         if fence is None:

@@ -1951,38 +1951,73 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
             return True
 
     def fail_node_tasks(self, node: str, reason: str, fence: Fence | None) -> list[int]:
-        """Every unfinished task on a dead node is LOST; its attempts end (requeue or NODE_FAIL)."""
+        """Every unfinished task on a node that is DOWN is LOST; its attempts end (requeue or
+        NODE_FAIL). `mark_down` already does this in the transaction that marks the node; this
+        is the repair for a DOWN node found still holding live tasks (`down_nodes_with_tasks`:
+        rows written by an older version that split the two, or by a hand edit)."""
         with self.db.begin() as conn:
             self._check_fence(conn, fence)
-            rows = conn.execute(
-                select(s.tasks.c.attempt_id, s.tasks.c.spare, s.attempts.c.job_id)
-                .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
+            return self._fail_node_tasks(conn, node, reason, fence)
+
+    def _fail_node_tasks(
+        self, conn: Connection, node: str, reason: str, fence: Fence | None
+    ) -> list[int]:
+        rows = conn.execute(
+            select(s.tasks.c.attempt_id, s.tasks.c.spare, s.attempts.c.job_id)
+            .join(s.attempts, s.attempts.c.id == s.tasks.c.attempt_id)
+            .where(
+                s.tasks.c.node == node,
+                s.tasks.c.state.in_([TaskState.STARTING.value, TaskState.RUNNING.value]),
+                s.attempts.c.state != AttemptState.ENDED.value,
+            )
+        ).all()
+        aids = sorted({int(r.attempt_id) for r in rows})
+        for r in rows:
+            if r.spare:  # the job runs on; a later failure has one spare less
+                self._event(
+                    conn,
+                    "job.spare_lost",
+                    f"spare node {node} lost: {reason}",
+                    job_id=int(r.job_id),
+                    node=node,
+                    term=fence.term if fence else None,
+                )
+        if aids:
+            conn.execute(
+                update(s.tasks)
                 .where(
                     s.tasks.c.node == node,
+                    s.tasks.c.attempt_id.in_(aids),
                     s.tasks.c.state.in_([TaskState.STARTING.value, TaskState.RUNNING.value]),
-                    s.attempts.c.state != AttemptState.ENDED.value,
                 )
-            ).all()
-            aids = [int(r.attempt_id) for r in rows]
-            for r in rows:
-                if r.spare:  # the job runs on; a later failure has one spare less
-                    self._event(
-                        conn,
-                        "job.spare_lost",
-                        f"spare node {node} lost: {reason}",
-                        job_id=int(r.job_id),
-                        node=node,
-                        term=fence.term if fence else None,
+                .values(state=TaskState.LOST.value, ended_at=_now(), detail={"error": reason})
+            )
+        for aid in aids:
+            self._advance_attempt(conn, aid)
+        return aids
+
+    def down_nodes_with_tasks(self) -> list[str]:
+        """DOWN nodes that still hold a live task of a live attempt: none, unless rows were
+        written apart from `mark_down` (an older version marked a node DOWN and failed its
+        tasks in two transactions, and a controller dying between them left a ghost job
+        holding its resources forever). The failure detector repairs them every tick."""
+        t, a, n = s.tasks.c, s.attempts.c, s.nodes.c
+        with self.db.begin(write=False) as conn:
+            return [
+                str(r.node)
+                for r in conn.execute(
+                    select(t.node)
+                    .distinct()
+                    .join(s.attempts, a.id == t.attempt_id)
+                    .join(s.nodes, n.name == t.node)
+                    .where(
+                        n.down.is_(True),
+                        t.state.in_([TaskState.STARTING.value, TaskState.RUNNING.value]),
+                        a.state != AttemptState.ENDED.value,
                     )
-            if aids:
-                conn.execute(
-                    update(s.tasks)
-                    .where(s.tasks.c.node == node, s.tasks.c.attempt_id.in_(aids))
-                    .values(state=TaskState.LOST.value, ended_at=_now(), detail={"error": reason})
+                    .order_by(t.node)
                 )
-            for aid in aids:
-                self._advance_attempt(conn, aid)
-            return aids
+            ]
 
     # ------------------------------------------------------------------ nodes
     def node_count(self) -> int:
@@ -2192,6 +2227,10 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
             self._event(conn, "node.resume", f"resumed by {actor}", node=name, actor=actor)
 
     def mark_down(self, name: str, reason: str, fence: Fence | None) -> bool:
+        """Declare a node DOWN and, in the same transaction, fail every task it runs (LOST;
+        each attempt requeued or ended by its policy). One transaction, so no controller
+        death, lost lease or store error between the two can leave a DOWN node with RUNNING
+        tasks that nothing would ever fail. False (nothing written) when it already was DOWN."""
         with self.db.begin() as conn:
             self._check_fence(conn, fence)
             res = conn.execute(
@@ -2204,6 +2243,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
             self._event(
                 conn, "node.down", f"DOWN: {reason}", node=name, term=fence.term if fence else None
             )
+            self._fail_node_tasks(conn, name, f"node {name} is DOWN: {reason}", fence)
             return True
 
     # ------------------------------------------------------------------ events & status
