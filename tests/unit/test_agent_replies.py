@@ -61,3 +61,52 @@ def test_a_stale_start_after_forget_does_not_run_the_job_again(tmp_path: Path) -
         assert marker.read_text() == "run\n"
     finally:
         client.close()
+
+
+def test_a_reply_that_only_repeats_a_stop_is_not_news(tmp_path: Path) -> None:
+    """In a planned stop's grace the controller repeats the stop in every reply (level-
+    triggered) and answers the long-poll at once; the agent marks such a reply
+    `repeats_only` so its poller waits out the interval instead of spinning."""
+    import signal as _signal
+
+    from phalanx.agent import shepherd
+
+    client = Client("http://127.0.0.1:9")  # never called: apply() is local
+    agent = Agent(
+        name="n1",
+        state_dir=tmp_path / "state",
+        client=client,
+        resources=NodeResources(cpus=1, mem_mb=1024),
+    )
+    agent.tasks_dir.mkdir(parents=True)
+    start = launch_item(tmp_path, 8, tmp_path / "runs")
+    start["command"] = {"argv": ["/bin/sh", "-c", "trap 'exit 0' USR1; sleep 60 & wait"]}
+    stop = {
+        "attempt_id": 8,
+        "token": "ab" * 8,
+        "reason": "requeue: drained",
+        "checkpoint_signal": int(_signal.SIGUSR1),
+        "checkpoint_grace": 30.0,
+    }
+    d = agent.tasks_dir / "8"
+    try:
+        agent.apply({"start": [start]})
+        assert agent.repeats_only is False
+        deadline = time.monotonic() + 30
+        while shepherd.read_status(d)["state"] != "running":
+            assert time.monotonic() < deadline, "the job did not start"
+            time.sleep(0.02)
+        agent.apply({"stop": [stop]})
+        assert agent.repeats_only is False  # a new stop: acted on
+        agent.apply({"stop": [stop]})
+        assert agent.repeats_only is True  # the same stop again: nothing new
+        agent.apply({"stop": [stop], "start": [launch_item(tmp_path, 9, tmp_path / "r9")]})
+        assert agent.repeats_only is False
+        deadline = time.monotonic() + 30
+        while shepherd.read_status(d)["state"] != "exited":
+            assert time.monotonic() < deadline, "the job did not stop"
+            time.sleep(0.02)
+    finally:
+        for aid in ("8", "9"):
+            shepherd.request_stop(agent.tasks_dir / aid)
+        client.close()

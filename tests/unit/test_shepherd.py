@@ -1232,3 +1232,84 @@ def test_request_kind_names_a_preemption() -> None:
     assert request_kind("time limit", True) == "time limit"
     assert request_kind("interval", False) == "interval"
     assert request_kind("drain", True) == "stop"
+
+
+# -- planned stops that reach steps (a holder, --signal=B:) -----------------------------------
+
+
+def test_a_wait_stop_gives_the_grace_without_a_signal(tasks: Tasks) -> None:
+    """`--signal=B:`: a step task gets the planned stop's grace but not its signal (the batch
+    shell forwards it); it runs on, and exits by itself, before any SIGTERM."""
+    marker = tasks.root / "marker"
+    done = tasks.root / "done"
+    job = tasks.script(
+        f"trap 'echo usr1 >> {marker}' USR1\n"
+        f"trap 'echo term >> {marker}; exit 143' TERM\n"
+        f"echo ready >> {marker}\n"
+        f"while [ ! -e {done} ]; do sleep 0.05; done\n"
+    )
+    td = tasks.launch(job)
+    wait_for(lambda: "ready" in read_text(marker), "job ready")
+    assert request_stop(td, checkpoint_grace=30.0, reason="requeue: drained", wait=True)
+    wait_for(lambda: "waiting up to 30s" in read_text(td / "shepherd.log"), "the grace to begin")
+    assert read_status(td)["state"] == "running"
+    done.touch()  # the job saves and ends by itself
+    result = tasks.wait_exited(td)
+    assert result["exit_code"] == 0 and result["stop_reason"] == "requeue: drained"
+    assert result["cancelled"] is True
+    assert read_text(marker).split() == ["ready"]  # neither USR1 nor TERM
+
+
+def test_a_wait_stop_ends_in_term_when_the_grace_runs_out(tasks: Tasks) -> None:
+    marker = tasks.root / "marker"
+    td = tasks.launch(_checkpointing_job(tasks, marker, exits=False))
+    wait_for(lambda: "ready" in read_text(marker), "job ready")
+    assert request_stop(td, checkpoint_grace=1.0, wait=True)
+    result = tasks.wait_exited(td)
+    assert result["exit_code"] == 143
+    stamps = _stamps(marker)
+    assert "usr1" not in stamps and len(stamps["term"]) == 1
+
+
+def _step_dir(steps_dir: Path, attempt: int, task: int) -> Path:
+    """A step task directory as agent/steps.py makes them, with a live 'shepherd' (this
+    test process: alive, and never the job)."""
+    d = steps_dir / f"{attempt}.0.{task}"
+    d.mkdir(parents=True)
+    st = shepherd._proc_stat("self")
+    assert st is not None
+    (d / shepherd.PID_FILE).write_text(json.dumps({"pid": os.getpid(), "starttime": st[2]}))
+    return d
+
+
+def test_a_holder_stops_once_the_steps_on_its_node_have_ended(tasks: Tasks) -> None:
+    """A holder keeps the job's cgroup on its node while step tasks (ranks still writing a
+    checkpoint) run in it: it stops when they have ended, not when the stop arrives."""
+    steps_dir = tasks.root / "steps"
+    holder = ["/bin/sh", "-c", "trap '' HUP USR1 USR2 ALRM URG; exec sleep infinity"]
+    td = tasks.task(holder, holder=True, steps_dir=str(steps_dir))
+    rank = _step_dir(steps_dir, int(json.loads((td / "spec.json").read_text())["attempt_id"]), 1)
+    launch(td)
+    tasks.wait_state(td, "running")
+    assert request_stop(td, checkpoint_grace=60.0, reason="requeue: drained", wait=True)
+    wait_for(
+        lambda: "for the job's steps here" in read_text(td / "shepherd.log"), "the holder to wait"
+    )
+    # the holder's checkpoint request tells ranks on its node that poll rather than trap
+    request = shepherd.read_checkpoint_request(td)
+    assert request is not None and request["stop"] is True
+    assert read_status(td)["state"] == "running"
+    (rank / shepherd.EXIT_FILE).write_text("{}")  # the rank saved and exited
+    result = tasks.wait_exited(td)
+    assert result["cancelled"] is True and result["ended_at"] - result["started_at"] < 60.0
+    assert "steps on this node have ended" in read_text(td / "shepherd.log")
+
+
+def test_a_holder_with_no_steps_stops_at_once(tasks: Tasks) -> None:
+    holder = ["/bin/sh", "-c", "trap '' HUP USR1 USR2 ALRM URG; exec sleep infinity"]
+    td = tasks.launch(holder, holder=True, steps_dir=str(tasks.root / "steps"))
+    tasks.wait_state(td, "running")
+    asked = time.time()
+    assert request_stop(td, checkpoint_grace=60.0, wait=True)
+    result = tasks.wait_exited(td)
+    assert result["ended_at"] - asked < 15.0  # not the 60 s grace

@@ -195,6 +195,16 @@ def test_step_protocol_start_signal_stop_forget() -> None:
     w = row(attempt_state="STOPPING", stop_reason="requeue: drain node01")
     r = decide_steps([w], [report("running")], set())
     assert r.stop[0]["checkpoint_signal"] and r.stop[0]["reason"].startswith("requeue")
+    # (--signal=B:USR1@60: the signal is the batch shell's; the steps get the grace only)
+    assert r.stop[0]["batch_only"] is True and r.stop[0]["checkpoint_grace"] == 60
+    assert not r.signal
+    # without B:, the steps' tasks get it too; signals the batch shell forwards through
+    # srun during the grace still reach the tasks
+    spec = {**w["spec"], "signal_parsed": {"signum": 10, "before_s": 30, "batch_only": False}}
+    w = row(attempt_state="STOPPING", stop_reason="requeue: drain node01", signals=sigs, spec=spec)
+    r = decide_steps([w], [report("running")], set())
+    assert r.stop[0]["batch_only"] is False and r.stop[0]["checkpoint_grace"] == 30
+    assert r.signal == [{"attempt_id": 5, "step_id": 0, "signals": sigs}]
     # unknown to the store (ended with its job): stop; exited and recorded: forget
     r = decide_steps([], [report("running")], set())
     assert r.stop[0]["reason"] == "step is no longer current"

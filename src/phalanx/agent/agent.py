@@ -196,6 +196,7 @@ class Agent:
         # heartbeat, so a reply computed before the forget (still saying "start") can arrive
         # after it, when the task dir is gone: it must not run the job a second time.
         self._forgotten: dict[str, None] = {}
+        self.repeats_only = False  # the last reply only repeated stops already requested
         # periodic checkpoints in force, attempt id -> {"interval_s", "signal", "batch_only"}
         self._intervals: dict[int, dict[str, Any]] = {}
         self._registered = False
@@ -415,8 +416,15 @@ class Agent:
                     if not self._registered:
                         self.register()
                     self._hold_step_exits()
-                    self.heartbeat(wait=float(self.timing["heartbeat_interval"]))
+                    interval = float(self.timing["heartbeat_interval"])
+                    asked = time.monotonic()
+                    self.heartbeat(wait=interval)
                     retry.reset()
+                    if self.repeats_only:
+                        # the controller answers at once while it has stops for this node;
+                        # asking again at once would spin for a whole checkpoint grace (the
+                        # watcher still reports exits the moment they happen)
+                        self._stop.wait(max(0.0, interval - (time.monotonic() - asked)))
                 except PhalanxError as e:
                     self.last_error = e.message
                     log.warning("controllers unreachable: %s", e.message)
@@ -775,6 +783,10 @@ class Agent:
         return out
 
     def apply(self, reply: dict[str, Any]) -> None:
+        """Act on a heartbeat reply. Sets `repeats_only` when the reply asked for nothing
+        but stops already requested (a planned stop's grace: the controller repeats them
+        in every reply, level-triggered), so the poller need not ask again at once."""
+        news = bool(reply.get("start") or reply.get("signal") or reply.get("forget"))
         if "checkpoint" in reply:  # level-triggered: the whole list of intervals in force
             self._intervals = {
                 int(item["attempt_id"]): item for item in reply.get("checkpoint") or []
@@ -784,20 +796,26 @@ class Agent:
         self._deliver_signals(reply.get("signal") or [])
         for stop in reply.get("stop", []):
             d = self.tasks_dir / str(stop["attempt_id"])
-            if d.is_dir():
+            if d.is_dir() and not (d / shepherd.STOP_FILE).exists():
+                news = True
                 log.info("stopping attempt %s: %s", stop["attempt_id"], stop.get("reason"))
+            if d.is_dir():
                 holder = bool((_read_json(d / "spec.json") or {}).get("holder"))
+                planned = stop.get("checkpoint_signal") is not None
                 shepherd.request_stop(
                     d,
-                    # a holder has nothing to checkpoint: it stops at once
+                    # a holder gets no signal, but keeps the job's cgroup here until the
+                    # steps in it have checkpointed and ended, or the grace is over
                     checkpoint_signal=None if holder else stop.get("checkpoint_signal"),
-                    checkpoint_grace=0.0 if holder else float(stop.get("checkpoint_grace") or 0.0),
+                    checkpoint_grace=float(stop.get("checkpoint_grace") or 0.0),
                     reason=stop.get("reason"),
+                    wait=holder and planned,
                 )
             # the job's steps here stop with it (a planned stop checkpoints them first)
-            self.steps.stop(int(stop["attempt_id"]), None, stop)
+            news = self.steps.stop(int(stop["attempt_id"]), None, stop) > 0 or news
         if reply.get("steps"):
-            self.steps.apply(reply["steps"])
+            news = self.steps.apply(reply["steps"]) or news
+        self.repeats_only = not news
         for aid in reply.get("forget", []):
             d = self.tasks_dir / str(aid)
             if d.is_dir():

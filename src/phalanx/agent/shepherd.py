@@ -652,6 +652,7 @@ def request_stop(
     checkpoint_signal: int | None = None,
     checkpoint_grace: float = 0.0,
     reason: str | None = None,
+    wait: bool = False,
 ) -> bool:
     """Ask the shepherd to stop the job; ``cancelled=true`` (and ``stop_requested=true``).
 
@@ -659,7 +660,10 @@ def request_stop(
     one ("checkpoint, then stop", for drains, failing health checks, preemption): the shepherd
     first delivers ``checkpoint_signal`` (to the main process only if the spec's
     ``signal.batch_only`` is true) and gives the job up to ``checkpoint_grace`` seconds to exit
-    by itself, then stops it as above.  ``reason`` ends up in ``exit.json`` as ``stop_reason``.
+    by itself, then stops it as above.  ``wait`` gives the grace without a signal: a planned
+    stop of a job whose signal goes elsewhere (``--signal=B:``: the batch shell forwards it to
+    the steps), and of a holder, which stops as soon as the job's steps on its node have
+    ended (they live in its cgroup).  ``reason`` ends up in ``exit.json`` as ``stop_reason``.
 
     The request is written to ``stop.json`` (created exclusively, so the first request wins),
     then the shepherd gets SIGTERM.  Repeating a request, with or without a checkpoint signal,
@@ -685,6 +689,7 @@ def request_stop(
     request = {
         "checkpoint_signal": None if checkpoint_signal is None else int(checkpoint_signal),
         "checkpoint_grace": grace,
+        "wait": bool(wait),
         "reason": None if reason is None else str(reason),
         "requested_at": time.time(),
     }
@@ -896,6 +901,7 @@ class _Shepherd:
         self.stop_reason: str | None = None
         self.checkpoint_sent_at: float | None = None  # wall clock, for exit.json
         self.checkpoint_until: float | None = None  # monotonic end of a running grace
+        self.grace_ends_at: float | None = None  # a planned stop's grace end, kept after it
         self.stop_request_seq: int | None = None  # the planned stop's checkpoint request
         self.marker_before: tuple[int, int, int] | None = None  # the marker at the request
         self.hung: dict[str, Any] | None = None  # set when hang detection stopped the job
@@ -1005,6 +1011,7 @@ class _Shepherd:
         self._process_requests()
         status = self._wait_job()
         self._cleanup_stragglers()
+        self._await_steps()
         oom = self._killed_by_oom(status)
         usage = self._usage()
         self._remove_cgroup()
@@ -1384,13 +1391,8 @@ class _Shepherd:
                     self.checkpoint_until = None
                     _log("checkpoint grace over: the job is still running")
                     self._stop("cancelled")
-                if (
-                    self.checkpoint_until is not None
-                    and now >= marker_at
-                    and self._checkpoint_reported()
-                ):
+                if self.checkpoint_until is not None and now >= marker_at and self._grace_done():
                     self.checkpoint_until = None
-                    _log("checkpoint reported: the grace ends early, stopping the job")
                     self._stop("cancelled")
                 if self.checkpoint_until is not None and now >= marker_at:
                     marker_at = now + _MARKER_CHECK_INTERVAL_S
@@ -1521,7 +1523,22 @@ class _Shepherd:
         """
         if not self.stop_requested and not self.reaped:
             self.stop_requested = True
-            signum, grace, self.stop_reason = self._read_stop_request()
+            signum, grace, self.stop_reason, wait = self._read_stop_request()
+            if signum is None and wait and grace > 0 and self.reason is None and self.pid:
+                # a planned stop whose signal goes elsewhere: the grace, without a signal
+                what = "the job's steps here" if self.spec.get("holder") else "the task"
+                _log(
+                    f"stop requested ({self.stop_reason or 'no reason given'}): waiting up to"
+                    f" {grace:g}s for {what} to end before stopping"
+                )
+                self.marker_before = self._marker_stamp()
+                if self.spec.get("holder"):  # ranks here poll the request file it writes
+                    self.stop_request_seq = self._write_request(
+                        self.stop_reason or "stop", time.time() + grace
+                    )
+                self.checkpoint_until = time.monotonic() + grace
+                self.grace_ends_at = self.checkpoint_until
+                return
             if signum is not None and self.reason is None and self.pid:
                 sig = self.spec.get("signal")
                 batch_only = isinstance(sig, dict) and bool(sig.get("batch_only"))
@@ -1538,6 +1555,7 @@ class _Shepherd:
                 self._deliver(signum, batch_only)
                 self._killpg(_signal.SIGCONT)  # a suspended job must run to checkpoint
                 self.checkpoint_until = time.monotonic() + grace
+                self.grace_ends_at = self.checkpoint_until
                 return
         if self.checkpoint_until is None:
             self._stop("cancelled")
@@ -1565,6 +1583,41 @@ class _Shepherd:
         except (OSError, ValueError) as exc:
             _log(f"cannot write the checkpoint request: {exc!r}")
             return None
+
+    def _grace_done(self) -> bool:
+        """Whether a planned stop's grace may end before its deadline: for a holder, once
+        the job's steps on this node have ended (they live in its cgroup, so it must not go
+        before them, and has nothing else to wait for); for a task, once the job reported
+        the checkpoint the stop asked for."""
+        if self.spec.get("holder"):
+            if _live_step_tasks(self.spec):
+                return False
+            _log("the job's steps on this node have ended: stopping the holder")
+            return True
+        if self._checkpoint_reported():
+            _log("checkpoint reported: the grace ends early, stopping the job")
+            return True
+        return False
+
+    def _await_steps(self) -> None:
+        """After a planned stop ended this task's main process, keep the job's cgroup (which
+        this shepherd removes) while the job's steps on this node still run, until the
+        stop's grace and then their own kill grace are over: a batch shell that exits on the
+        checkpoint signal, or a holder whose grace ran out, must not kill a rank that is
+        still writing its checkpoint. Steps' own shepherds stop them at the grace's end."""
+        if self.grace_ends_at is None or self.reason == "fenced" or "step_id" in self.spec:
+            return
+        plan = self.cgroup
+        if plan is None or plan.get("join_only"):
+            return
+        deadline = self.grace_ends_at + self.grace
+        if _live_step_tasks(self.spec) and time.monotonic() < deadline:
+            _log("the job's steps on this node still run: keeping its cgroup until they end")
+        while _live_step_tasks(self.spec) and time.monotonic() < deadline:
+            if self._fence_stale():
+                _log("fenced while waiting for the job's steps: removing the cgroup now")
+                return
+            time.sleep(0.1)
 
     def _checkpoint_reported(self) -> bool:
         """Whether the job reported a checkpoint that answers the planned stop's request
@@ -1639,27 +1692,30 @@ class _Shepherd:
         self._deliver(ck.get("signum"), bool(ck.get("batch_only")))
         self.checkpoint_sent_at = time.time()
 
-    def _read_stop_request(self) -> tuple[int | None, float, str | None]:
-        """(checkpoint signal, grace, reason) from ``stop.json``; a plain stop if absent/bad."""
+    def _read_stop_request(self) -> tuple[int | None, float, str | None, bool]:
+        """(checkpoint signal, grace, reason, wait) from ``stop.json``; a plain stop if
+        absent or bad. ``wait``: give the grace even without a signal (`request_stop`)."""
         try:
             req = _read_json(self._path(STOP_FILE))
         except (OSError, ValueError) as exc:
             _log(f"unreadable {STOP_FILE} ({exc}): stopping without a checkpoint")
-            return None, 0.0, None
+            return None, 0.0, None, False
         if not isinstance(req, dict):
-            return None, 0.0, None
+            return None, 0.0, None, False
         reason = req.get("reason")
         reason = reason if isinstance(reason, str) else None
-        signum = req.get("checkpoint_signal")
-        if signum is None:
-            return None, 0.0, reason
-        if isinstance(signum, bool) or not isinstance(signum, int) or not 0 < signum < _signal.NSIG:
-            _log(f"invalid checkpoint signal {signum!r}: stopping without a checkpoint")
-            return None, 0.0, reason
+        wait = req.get("wait") is True
         grace = req.get("checkpoint_grace")
         if isinstance(grace, bool) or not isinstance(grace, int | float) or not grace >= 0:
             grace = 0.0
-        return signum, min(float(grace), 1e9), reason
+        grace = min(float(grace), 1e9)
+        signum = req.get("checkpoint_signal")
+        if signum is None:
+            return None, grace if wait else 0.0, reason, wait
+        if isinstance(signum, bool) or not isinstance(signum, int) or not 0 < signum < _signal.NSIG:
+            _log(f"invalid checkpoint signal {signum!r}: stopping without a checkpoint")
+            return None, 0.0, reason, False
+        return signum, grace, reason, wait
 
     def _stop(self, reason: str) -> None:
         """Begin graceful termination; the first reason wins (a timed-out job stays timed out)."""
@@ -1861,6 +1917,26 @@ def _steps_running(spec: dict[str, Any], task_dir: str) -> bool:
     except OSError:
         return False
     return any(not os.path.exists(os.path.join(steps_dir, n, EXIT_FILE)) for n in names)
+
+
+def _live_step_tasks(spec: dict[str, Any]) -> int:
+    """How many step tasks of this attempt on this node have not ended: a task directory
+    ``<attempt>.<step>.<task>`` in ``steps_dir`` without ``exit.json`` whose shepherd is alive
+    (one that vanished without a word ends nothing more by being waited for)."""
+    steps_dir, attempt = spec.get("steps_dir"), spec.get("attempt_id")
+    if not isinstance(steps_dir, str) or "step_id" in spec or attempt is None:
+        return 0
+    prefix = f"{attempt}."
+    try:
+        names = [n for n in os.listdir(steps_dir) if n.startswith(prefix)]
+    except OSError:
+        return 0
+    live = 0
+    for name in names:
+        d = os.path.join(steps_dir, name)
+        if not os.path.exists(os.path.join(d, EXIT_FILE)) and _live_shepherd(d) is not None:
+            live += 1
+    return live
 
 
 def _mark_steps_signalled(spec: dict[str, Any]) -> None:

@@ -117,11 +117,14 @@ class StepRunner:
         return out
 
     # ------------------------------------------------------------------ acting
-    def apply(self, reply: dict[str, Any]) -> None:
+    def apply(self, reply: dict[str, Any]) -> bool:
+        """Act on the step half of a reply; whether it asked for anything new (not only the
+        stops already requested, which replies repeat while a stop's grace runs)."""
+        news = bool(reply.get("start") or reply.get("signal") or reply.get("forget"))
         for item in reply.get("start") or []:
             self.launch(item)
         for stop in reply.get("stop") or []:
-            self.stop(int(stop["attempt_id"]), int(stop["step_id"]), stop)
+            news = self.stop(int(stop["attempt_id"]), int(stop["step_id"]), stop) > 0 or news
         for item in reply.get("signal") or []:
             self.deliver(int(item["attempt_id"]), int(item["step_id"]), item.get("signals") or [])
         for aid, sid in reply.get("forget") or []:
@@ -130,18 +133,29 @@ class StepRunner:
             self._forgotten[(int(aid), int(sid))] = None
         while len(self._forgotten) > FORGOTTEN_MAX:
             del self._forgotten[next(iter(self._forgotten))]
+        return news
 
-    def stop(self, attempt_id: int, step_id: int | None, item: dict[str, Any]) -> None:
-        """Stop a step's tasks here (all steps of the attempt when `step_id` is None)."""
+    def stop(self, attempt_id: int, step_id: int | None, item: dict[str, Any]) -> int:
+        """Stop a step's tasks here (all steps of the attempt when `step_id` is None).
+
+        A planned stop gives them its checkpoint signal and grace; with ``--signal=B:``
+        (``batch_only``) the signal is the batch shell's alone, as in Slurm: the steps get
+        the grace without it, so the shell can forward the signal and they can save."""
+        signum = item.get("checkpoint_signal")
+        batch_only = bool(item.get("batch_only"))
+        new = 0
         for d in self._dirs(attempt_id, step_id):
             if (d / "exit.json").exists():
                 continue
+            new += not (d / shepherd.STOP_FILE).exists()
             shepherd.request_stop(
                 d,
-                checkpoint_signal=item.get("checkpoint_signal"),
+                checkpoint_signal=None if batch_only else signum,
                 checkpoint_grace=float(item.get("checkpoint_grace") or 0.0),
                 reason=item.get("reason"),
+                wait=batch_only and signum is not None,
             )
+        return new
 
     def signal_attempt(self, attempt_id: int, signum: int) -> int:
         """Deliver a signal to every step task of the attempt running here (scancel --signal)."""

@@ -115,6 +115,8 @@ def stop_item(w: dict[str, Any], checkpoint_grace: float) -> dict[str, Any]:
         settings = checkpoint_settings(w, checkpoint_grace=checkpoint_grace)
         item["checkpoint_signal"] = settings["signum"]
         item["checkpoint_grace"] = settings["grace_s"]
+        # --signal=B:: the batch shell's alone; the steps get the grace, not the signal
+        item["batch_only"] = settings["batch_only"]
     return item
 
 
@@ -286,6 +288,12 @@ def decide_steps(
         elif alive:
             if not attempt_live and w["attempt_state"] == AttemptState.STOPPING.value:
                 item = stop_item(w, checkpoint_grace)  # the attempt's own stop, for its steps
+                if w["signals"]:
+                    # signals still reach tasks in a planned stop's grace: the batch shell
+                    # forwards the checkpoint signal (--signal=B:) through srun this way
+                    reply.signal.append(
+                        {"attempt_id": key[0], "step_id": key[1], "signals": list(w["signals"])}
+                    )
             else:
                 item = {"reason": w["step_stop_reason"] or "step ended"}
             reply.stop.append({**item, "attempt_id": key[0], "step_id": key[1]})
