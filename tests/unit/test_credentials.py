@@ -14,6 +14,7 @@ import json
 import os
 import pwd
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -515,21 +516,54 @@ def test_a_long_socket_path_works(tmp_path: Path, served: Any) -> None:
 
 
 def test_a_dead_socket_gives_a_clear_problem(tmp_path: Path) -> None:
-    missing = LocalService(tmp_path / "nobody.sock")
+    missing = LocalService(tmp_path / "nobody.sock", wait=0)
     assert missing.token() is None
     assert missing.problem is not None
     assert "nobody.sock" in missing.problem and "did not answer" in missing.problem
     assert "PHALANX_TOKEN" in missing.problem
-    # a socket file left behind by a service that died: refused, not hung
+    # a socket file left behind by a service that died: refused after the wait, not hung
     stale = tmp_path / "stale.sock"
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.bind(str(stale))
     s.close()
-    source = LocalService(stale)
+    source = LocalService(stale, wait=0.5)
     started = time.monotonic()
     assert source.token() is None
-    assert time.monotonic() - started < 5
+    assert 0.5 <= time.monotonic() - started < 5
     assert source.problem is not None and "stale.sock" in source.problem
+    assert "waited 0.5s for it" in source.problem
+    # a host without the service at all (no such directory): no wait
+    nowhere = LocalService(tmp_path / "no-such-dir" / "auth.sock", wait=30)
+    started = time.monotonic()
+    assert nowhere.token() is None and time.monotonic() - started < 5
+
+
+def test_a_restarting_service_is_waited_for(
+    tmp_path: Path, served: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The agent or authd restarts: its socket is gone for a moment. A command on the host
+    waits for it (bounded), says so on stderr, and gets its credential."""
+    path = tmp_path / "auth.sock"
+    timer = threading.Timer(1.5, served, args=(path,))
+    timer.start()
+    try:
+        source = LocalService(path, wait=30)
+        token = source.token()
+    finally:
+        timer.join()
+    assert token is not None, source.problem
+    assert verifier(K1).verify(token).uid == os.getuid()
+    assert "waiting up to 30s for the local credential service" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "nan", "1e9"])
+def test_a_bad_auth_wait_is_refused_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("PHALANX_AUTH_WAIT", value)
+    source = LocalService(tmp_path / "auth.sock")
+    assert source.token() is None
+    assert source.problem is not None and "$PHALANX_AUTH_WAIT must be" in source.problem
 
 
 def test_a_stale_socket_file_is_replaced_and_a_live_one_kept(tmp_path: Path, served: Any) -> None:
