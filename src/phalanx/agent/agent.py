@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx import __version__
-from phalanx.agent import cgroup_roots, cgroups, gpu_usage, shepherd
+from phalanx.agent import cgroup_roots, cgroups, gpu_usage, jobfiles, shepherd
 from phalanx.agent.cgroup_roots import cgroup_name
 from phalanx.agent.files import read_json as _read_json
 from phalanx.agent.files import write_json as _write_json
@@ -1124,20 +1124,30 @@ def signals_done(task_dir: Path) -> int:
 
 
 def read_job_reports(task_dir: Path) -> dict[str, Any]:
-    """The job's checkpoint marker and progress, as reported in heartbeats (absent: omitted)."""
+    """The job's checkpoint marker and progress, as reported in heartbeats (absent: omitted).
+
+    The job's user owns ``control/`` and may put anything there: each file is read only when
+    it is a regular file of that user (the directory's owner), at most 64 KiB, without
+    following a link or blocking on a FIFO (agent/jobfiles.py); anything else is absent, and
+    the reason (never the content) is logged once."""
     out: dict[str, Any] = {}
     control = task_dir / shepherd.CONTROL_DIR
+    try:
+        owner = jobfiles.dir_owner(control)
+    except jobfiles.Refused as e:  # the task dir is root's: never expected, said if so
+        jobfiles.warn_once(e.path, e.reason)
+        return out
+    except OSError:
+        return out
     for key, name, parse in (
         ("checkpoint", shepherd.CHECKPOINT_MARKER_FILE, job_reports.parse_checkpoint_marker),
         ("progress", shepherd.PROGRESS_FILE, job_reports.parse_progress),
     ):
-        path = control / name
-        try:
-            mtime = path.stat().st_mtime
-            text = path.read_text(errors="replace")[:65536]
-        except OSError:
+        got = jobfiles.read_or_none(control / name, (owner,), jobfiles.MAX_JOB_FILE)
+        if got is None:
             continue
-        value = parse(text, mtime)
+        data, st = got
+        value = parse(data.decode("utf-8", errors="replace"), st.st_mtime)
         if value is not None:
             out[key] = value
     return out

@@ -12,12 +12,13 @@ per task. Where NVML does not work (no driver, no GPUs) nothing is sampled and `
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
+
+from phalanx.agent.files import read_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -87,17 +88,13 @@ def summary(acc: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 
 def read(task_dir: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads((task_dir / USAGE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    """The task's accumulated samples, or None (none yet; not a regular file the agent owns:
+    files.read_json reads it as every file of a task directory, agent/jobfiles.py)."""
+    return read_json(task_dir / USAGE_FILE)
 
 
 def _write(task_dir: Path, acc: Mapping[str, Any]) -> None:
-    tmp = task_dir / f".{USAGE_FILE}.tmp"
-    tmp.write_text(json.dumps(acc))
-    os.replace(tmp, task_dir / USAGE_FILE)
+    write_json(task_dir / USAGE_FILE, dict(acc))
 
 
 def interval_from_env() -> float:

@@ -75,7 +75,13 @@ Written by the shepherd:
 The job's control directory ``control/`` (checkpoint protocol, docs/checkpoints.md): the
 agent creates it; :func:`write_checkpoint_request` writes ``checkpoint-request.json`` (the
 shepherd before every checkpoint signal of a planned stop and before the time limit, the agent
-for periodic requests); the job writes ``checkpoint.json`` and ``progress.json``.
+for periodic requests); the job writes ``checkpoint.json`` and ``progress.json``.  The job's
+user owns ``control/`` and may put anything there (a link to a root-only file, a FIFO, a huge
+file): every file the node side reads there goes through :mod:`jobfiles` (a regular file of the
+job's user, never a link, never blocking, bounded), and the request is written through a new
+temporary file and a rename, never through what the job put there.  The lock that serialises
+requests is ``.request.lock`` in the task directory, which only root may write: in
+``control/`` the job could hold it.
 
 Signals understood by the shepherd:
 
@@ -107,8 +113,9 @@ the process group, is killed and the cgroup removed, before ``exit.json`` is wri
 
 from __future__ import annotations
 
+import errno  # builtin modules: free to import
 import os
-import pwd  # builtin module: free to import
+import pwd
 import select
 import sys
 import time
@@ -123,6 +130,7 @@ if TYPE_CHECKING:
     from typing import Any, NoReturn
 
     from phalanx.agent import cgroups as _cgroups
+    from phalanx.agent import jobfiles as _jobfiles
 else:  # ``_signal`` avoids importing ``enum`` (see module docstring).
     try:
         import _signal
@@ -132,11 +140,13 @@ else:  # ``_signal`` avoids importing ``enum`` (see module docstring).
     # launcher, see _BOOTSTRAP) or run as a script, ``phalanx.agent.cgroups`` in the package.
     if __package__:
         from . import cgroups as _cgroups
+        from . import jobfiles as _jobfiles
     else:
         _here = os.path.dirname(os.path.abspath(__file__))
         if _here not in sys.path:  # run as a script with -I: its directory is not on the path
             sys.path.append(_here)
         import cgroups as _cgroups
+        import jobfiles as _jobfiles
 
 __all__ = [
     "Launcher",
@@ -160,6 +170,9 @@ CHECKPOINT_REQUEST_FILE = "checkpoint-request.json"  # node side -> job
 CHECKPOINT_MARKER_FILE = "checkpoint.json"  # job -> node side: latest finished checkpoint
 PROGRESS_FILE = "progress.json"  # job -> node side: latest progress (its mtime counts)
 STEPS_SIGNALLED = "steps-signalled"  # a step task of the attempt here got its --signal
+# serialises the agent and the shepherd writing requests; in the task dir, which only root
+# may write (in control/ the job's user could flock it for ever and wedge both)
+REQUEST_LOCK_FILE = ".request.lock"
 
 _SCRIPT = os.path.abspath(__file__)
 # ``launch`` imports this file as top-level module ``shepherd`` instead of running it as a
@@ -291,7 +304,15 @@ def _write_tmp(path: str, obj: Any) -> str:
 
 def _write_json(path: str, obj: Any) -> None:
     """Atomically replace ``path`` so readers never see a partial file."""
-    os.replace(_write_tmp(path, obj), path)
+    tmp = _write_tmp(path, obj)
+    try:
+        os.replace(tmp, path)
+    except OSError:  # e.g. the job made control/'s request file a directory
+        try:  # noqa: SIM105  (no contextlib: it costs start-up)
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def _claim_json(path: str, obj: Any) -> Any:
@@ -313,14 +334,22 @@ def _claim_json(path: str, obj: Any) -> Any:
     return obj
 
 
-def _read_json(path: str) -> Any:
-    """Return the parsed file, or None if it does not exist."""
+def _read_json(path: str, owners: tuple[int, ...] | None = None) -> Any:
+    """Return the parsed file, or None if it does not exist or is refused (:mod:`jobfiles`:
+    not a regular file of one of ``owners``, or larger than it reads; reported once).
+
+    ``owners``: whose the file may be; by default this process's own uid, for the files the
+    node side writes itself (spec, pid, job, exit and stop records, signal requests)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        data, _st = _jobfiles.read_bytes(
+            path, (os.geteuid(),) if owners is None else owners, _jobfiles.MAX_NODE_FILE
+        )
     except FileNotFoundError:
         return None
-    return _loads(text)
+    except _jobfiles.Refused as exc:
+        _jobfiles.warn_once(exc.path, exc.reason)
+        return None
+    return _loads(data.decode("utf-8"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -726,18 +755,18 @@ def write_checkpoint_request(
     """
     import fcntl
 
-    control = os.path.join(os.fspath(task_dir), CONTROL_DIR)
+    td = os.fspath(task_dir)
+    control = os.path.join(td, CONTROL_DIR)
     os.makedirs(control, exist_ok=True)
     path = os.path.join(control, CHECKPOINT_REQUEST_FILE)
     fd = os.open(
-        os.path.join(control, ".request.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644
+        os.path.join(td, REQUEST_LOCK_FILE),
+        os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+        0o600,
     )
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            old = _read_json(path)
-        except (OSError, ValueError):
-            old = None
+        old = read_checkpoint_request(td)
         seq = old.get("seq") if isinstance(old, dict) else None
         seq = (seq if isinstance(seq, int) and not isinstance(seq, bool) else 0) + 1
         _write_json(
@@ -770,9 +799,15 @@ def request_kind(reason: str, stop: bool) -> str:
 
 
 def read_checkpoint_request(task_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The job's latest checkpoint request, or None."""
+    """The job's latest checkpoint request, or None (absent, unreadable, refused)."""
+    td = os.fspath(task_dir)
+    control = os.path.join(td, CONTROL_DIR)
+    try:  # written by the node side, but control/ is the job user's: they may replace it
+        owners: tuple[int, ...] = (os.geteuid(), _jobfiles.dir_owner(control))
+    except OSError:
+        owners = (os.geteuid(),)
     try:
-        req = _read_json(os.path.join(os.fspath(task_dir), CONTROL_DIR, CHECKPOINT_REQUEST_FILE))
+        req = _read_json(os.path.join(control, CHECKPOINT_REQUEST_FILE), owners)
     except (OSError, ValueError):
         return None
     return req if isinstance(req, dict) else None
@@ -848,7 +883,7 @@ def _open_log() -> None:
     if path is None:
         return
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
     except OSError:
         return
     os.dup2(fd, 1)
@@ -915,6 +950,12 @@ class _Shepherd:
 
     def _path(self, name: str) -> str:
         return os.path.join(self.task_dir, name)
+
+    def _job_uids(self) -> tuple[int]:
+        """Whose files the job's control files (marker, progress) must be: its user's, this
+        process's own uid when the job runs as the shepherd does (:mod:`jobfiles`)."""
+        user = self.user
+        return (user.uid if user is not None else os.geteuid(),)
 
     # -- entry point ---------------------------------------------------------------------
 
@@ -1117,26 +1158,14 @@ class _Shepherd:
         flags |= os.O_APPEND if spec.get("open_mode") == "append" else os.O_TRUNC
         cwd = spec.get("cwd") or "/"
         out_path = os.path.join(cwd, spec["stdout"])  # relative paths: to the job's cwd
-        try:
-            self.out_fd = os.open(out_path, flags, 0o666)
-        except OSError as exc:
-            raise _LaunchError(
-                f"cannot open output file {out_path}: {exc.strerror}",
-                job_error=exc.errno in _DENIED,
-            ) from exc
+        self.out_fd = _open_output(out_path, flags)
         err_path = spec.get("stderr")
         if isinstance(err_path, str):
             err_path = os.path.join(cwd, err_path)
         if not isinstance(err_path, str) or err_path == out_path:
             self.err_fd = self.out_fd
             return
-        try:
-            err_fd = os.open(err_path, flags, 0o666)
-        except OSError as exc:
-            raise _LaunchError(
-                f"cannot open output file {err_path}: {exc.strerror}",
-                job_error=exc.errno in _DENIED,
-            ) from exc
+        err_fd = _open_output(err_path, flags)
         a, b = os.fstat(self.out_fd), os.fstat(err_fd)
         if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
             os.close(err_fd)
@@ -1164,13 +1193,7 @@ class _Shepherd:
         flags = os.O_WRONLY | os.O_CREAT
         flags |= os.O_APPEND if spec.get("open_mode") == "append" else os.O_TRUNC
         err_path = os.path.join(spec.get("cwd") or "/", err_path)
-        try:
-            self.err_fd = os.open(err_path, flags, 0o666)
-        except OSError as exc:
-            raise _LaunchError(
-                f"cannot open output file {err_path}: {exc.strerror}",
-                job_error=exc.errno in _DENIED,
-            ) from exc
+        self.err_fd = _open_output(err_path, flags)
 
     def _write_stderr(self, msg: str) -> None:
         """Put launch errors where the user looks first: the job's own error file (Slurm does)."""
@@ -1477,14 +1500,15 @@ class _Shepherd:
         if self.checkpoint_until is not None:
             return now + interval
         path = self._progress_path()
-        try:
-            mtime = os.stat(path).st_mtime
-        except OSError:
+        # the job's user owns control/: a link, a FIFO or another's file there is no progress
+        st = _jobfiles.stat_or_none(path, self._job_uids())
+        if st is None:
             return now + interval
+        mtime = st.st_mtime
         idle = time.time() - mtime
         if idle < timeout:
             return now + min(interval, max(0.01, timeout - idle))
-        step = _progress_step(path)
+        step = _progress_step(path, self._job_uids())
         self.hung = {
             "last_progress_at": mtime,
             "timeout_s": int(timeout) if timeout.is_integer() else timeout,
@@ -1627,11 +1651,10 @@ class _Shepherd:
         stamp = self._marker_stamp()
         if stamp is None or stamp == self.marker_before:
             return False  # no marker, or the one there before the request
-        try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                text = f.read(65536)
-        except OSError:
+        got = _jobfiles.read_or_none(path, self._job_uids())  # the job's: never a link, a FIFO
+        if got is None:
             return False
+        text = got[0].decode("utf-8", errors="replace")
         try:
             data = _loads(text)
         except ValueError:
@@ -1654,10 +1677,11 @@ class _Shepherd:
         return bool(text.strip())
 
     def _marker_stamp(self) -> tuple[int, int, int] | None:
-        """(inode, mtime ns, size) of the checkpoint marker, None when there is none."""
-        try:
-            st = os.stat(os.path.join(self.task_dir, CONTROL_DIR, CHECKPOINT_MARKER_FILE))
-        except OSError:
+        """(inode, mtime ns, size) of the checkpoint marker, None when there is none (or it
+        is not a regular file of the job's user: :mod:`jobfiles`)."""
+        path = os.path.join(self.task_dir, CONTROL_DIR, CHECKPOINT_MARKER_FILE)
+        st = _jobfiles.stat_or_none(path, self._job_uids())
+        if st is None:
             return None
         return st.st_ino, st.st_mtime_ns, st.st_size
 
@@ -1890,6 +1914,26 @@ class _Shepherd:
         }
 
 
+def _open_output(path: str, flags: int) -> int:
+    """Open one of the job's output files (the caller runs it as the job's user, so the user's
+    rights decide what may be opened).  ``O_NONBLOCK``: a FIFO without a reader fails at once
+    instead of blocking the shepherd for ever (it could then neither stop nor fence its job);
+    the descriptor is made blocking again for the job.  ``O_NOCTTY``: a terminal named as the
+    output never becomes the shepherd's controlling terminal."""
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOCTTY, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO nobody reads
+            raise _LaunchError(
+                f"cannot open output file {path}: a FIFO with no reader", job_error=True
+            ) from exc
+        raise _LaunchError(
+            f"cannot open output file {path}: {exc.strerror}", job_error=exc.errno in _DENIED
+        ) from exc
+    os.set_blocking(fd, True)
+    return fd
+
+
 def _ptys() -> Any:
     """agent/ptys.py, imported only for ``srun --pty`` tasks (as ``cgroups`` is found)."""
     if __package__:
@@ -1945,7 +1989,8 @@ def _mark_steps_signalled(spec: dict[str, Any]) -> None:
     if not isinstance(job_dir, str):
         return
     try:
-        os.close(os.open(os.path.join(job_dir, STEPS_SIGNALLED), os.O_WRONLY | os.O_CREAT, 0o600))
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+        os.close(os.open(os.path.join(job_dir, STEPS_SIGNALLED), flags, 0o600))
     except OSError as exc:
         _log(f"cannot mark the job's steps signalled: {exc}")
 
@@ -2025,13 +2070,15 @@ def _progress_interval(timeout: float) -> float:
     return min(_PROGRESS_CHECK_MAX_S, max(0.05, timeout / 4))
 
 
-def _progress_step(path: str) -> Any:
-    """The ``step`` of a ``{"step": ...}`` progress file, or None (plain text, unreadable)."""
+def _progress_step(path: str, owners: tuple[int, ...]) -> Any:
+    """The ``step`` of a ``{"step": ...}`` progress file, or None (plain text, unreadable,
+    refused: the file must be a regular file of ``owners``, :mod:`jobfiles`)."""
+    got = _jobfiles.read_or_none(path, owners)
+    if got is None:
+        return None
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read(65536)
-        report = _loads(text)
-    except (OSError, ValueError):
+        report = _loads(got[0].decode("utf-8", errors="replace"))
+    except ValueError:
         return None
     step = report.get("step") if isinstance(report, dict) else None
     return step if isinstance(step, int | float | str) and not isinstance(step, bool) else None
@@ -2093,6 +2140,7 @@ def _daemonize(task_dir: str) -> NoReturn:
         os._exit(1)
     global _log_path
     _log_path = os.path.join(task_dir, LOG_FILE)  # made at the first line (_open_log)
+    _jobfiles.warn = _log  # refused job files are reported in shepherd.log
     try:
         code = _Shepherd(task_dir).run(ready_w)
     except BaseException:
@@ -2199,6 +2247,7 @@ def main(argv: list[str]) -> int:
     if argv == ["--launcher"]:
         return _serve_launcher()
     if len(argv) == 1 and not argv[0].startswith("-"):
+        _jobfiles.warn = _log
         return _Shepherd(os.path.abspath(argv[0])).run(None)
     os.write(2, b"usage: shepherd.py [--daemonize] TASK_DIR | --launcher\n")
     return 2

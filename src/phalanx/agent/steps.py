@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from phalanx.agent import shepherd
+from phalanx.agent import jobfiles, shepherd
 from phalanx.agent.files import read_json as _read_json
 from phalanx.agent.files import write_json as _write_json
 from phalanx.agent.files import write_private_json
@@ -169,18 +169,18 @@ class StepRunner:
         """Deliver each requested signal once per task, in order of its sequence number."""
         for d in self._dirs(attempt_id, step_id):
             done_file = d / SIGNALS_DONE
+            # the agent's own small file (jobfiles: never a link, a FIFO, or unbounded)
+            got = jobfiles.read_or_none(done_file, (os.geteuid(),), 64)
             try:
-                done = int(done_file.read_text() or 0)
-            except (OSError, ValueError):
+                done = int(got[0] or 0) if got is not None else 0
+            except ValueError:
                 done = 0
             for sig in sorted(signals, key=lambda x: int(x["seq"])):
                 if int(sig["seq"]) <= done:
                     continue
                 shepherd.forward_signal(d, int(sig["signum"]), batch_only=False)
                 done = int(sig["seq"])
-            tmp = d / f".{SIGNALS_DONE}.tmp"
-            tmp.write_text(str(done))
-            os.replace(tmp, done_file)
+            jobfiles.replace_file(done_file, str(done).encode())
 
     def launch(self, item: dict[str, Any], *, hold_exits: bool = True) -> bool:
         """Start the step's tasks on this node (once); False while the job's own task here has
