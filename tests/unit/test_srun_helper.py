@@ -323,3 +323,173 @@ def test_the_compiled_srun_runs_the_full_srun_where_the_helper_cannot(
     r = compiled(compiled_srun, outside, "true", cwd=tmp_path)
     assert r.returncode == 1
     assert "srun: error: not inside a job (no SLURM_JOB_ID)" in r.stderr, r.stderr
+
+
+# ----------------------------------------------------------------- sockets of other users
+NOBODY = 65534  # the uid that plants sockets and connects to helpers in these tests
+
+# Plays a user who shares the job's TMPDIR: listens at the helper's path as uid NOBODY and
+# prints, for each connection, how many bytes and descriptors it was handed.  Everything it
+# needs is imported before it drops root (the interpreter lives where NOBODY cannot read).
+PLANT = r"""
+import json, os, socket, sys
+path, uid = sys.argv[1], int(sys.argv[2])
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(path)
+os.chown(path, uid, uid)
+os.chmod(path, 0o777)
+os.setgroups([])
+os.setresgid(uid, uid, uid)
+os.setresuid(uid, uid, uid)
+s.listen(8)  # the kernel records who listens: uid
+print("listening", flush=True)
+while True:
+    c, _ = s.accept()
+    c.settimeout(2.0)
+    got = fds = 0
+    try:
+        while True:
+            msg, passed, _flags, _addr = socket.recv_fds(c, 65536, 8)
+            for fd in passed:
+                os.close(fd)
+            got, fds = got + len(msg), fds + len(passed)
+            if not msg:
+                break
+    except OSError:  # TimeoutError included: the caller waits for an answer
+        pass
+    c.close()
+    print(json.dumps({"bytes": got, "fds": fds}), flush=True)
+"""
+
+# Plays another user's process that connects to a job's helper and asks it for a step.
+CONNECT_AS = r"""
+import os, socket, sys
+path, uid = sys.argv[1], int(sys.argv[2])
+payload = b"\0".join([b"srun1", b"/", b"1", b"true"])
+os.setgroups([])
+os.setresgid(uid, uid, uid)
+os.setresuid(uid, uid, uid)
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(30)
+s.connect(path)
+try:
+    socket.send_fds(s, [b"srun1 %d\n" % len(payload)], [1, 2])
+    s.sendall(payload)
+except OSError:
+    pass  # refused and closed before it read anything
+data = b""
+try:
+    while b"\n" not in data:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+except OSError:
+    pass
+print(data.split(b"\n")[0].decode(), flush=True)
+"""
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="plays other uids: root only")
+
+
+@contextlib.contextmanager
+def planted_socket(path: str) -> Iterator[list[dict[str, int]]]:
+    """A socket of uid NOBODY at `path`; yields the list of what each connection handed it
+    (filled as connections end)."""
+    plant = subprocess.Popen(
+        [sys.executable, "-c", PLANT, path, str(NOBODY)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert plant.stdout is not None
+    records: list[dict[str, int]] = []
+    try:
+        assert plant.stdout.readline() == "listening\n"
+        assert os.stat(path).st_uid == NOBODY
+
+        def collect() -> None:
+            assert plant.stdout is not None
+            for line in plant.stdout:
+                records.append(json.loads(line))
+
+        threading.Thread(target=collect, daemon=True).start()
+        yield records
+    finally:
+        plant.kill()
+        plant.wait(timeout=30)
+
+
+def wait_records(records: list[dict[str, int]], n: int) -> None:
+    deadline = time.monotonic() + 30
+    while len(records) < n:
+        assert time.monotonic() < deadline, f"the planted socket saw {records}"
+        time.sleep(0.02)
+
+
+@needs_root
+@pytest.mark.parametrize("client", ["python", "compiled"])
+def test_a_socket_another_user_planted_at_the_helpers_path_gets_nothing(
+    client: str, job_env: dict[str, str], tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Whoever shares the job's TMPDIR could listen at the helper's name before it does: the
+    thin srun (Python or compiled) asks the kernel who listens there and, for anyone but
+    the caller or root, sends nothing (not its environment, not its stdout and stderr), says
+    why, and runs the full srun."""
+    path = srun_fast.socket_path(job_env)
+    assert path is not None
+    ctl = FakeController(code=6)
+    env = {**job_env, "PHALANX_URL": ctl.url}
+    try:
+        with planted_socket(path) as records:
+            if client == "python":
+                r = srun(env, "true", cwd=tmp_path)
+                err = without_imports(r.stderr)
+            else:
+                r = compiled(request.getfixturevalue("compiled_srun"), env, "true", cwd=tmp_path)
+                err = r.stderr
+            wait_records(records, 1)  # it did connect (and then handed over nothing)
+            assert records == [{"bytes": 0, "fds": 0}], records
+        assert f"srun: error: {path} is served by uid {NOBODY}, not by you (uid 0) or root" in err
+        assert r.returncode == 6, err  # the full srun ran the step
+        assert len(ctl.bodies) == 1
+    finally:
+        ctl.server.shutdown()
+
+
+@needs_root
+def test_the_helper_refuses_another_users_client(job_env: dict[str, str]) -> None:
+    """A process of another uid that reaches the job's helper (its socket is 0600 and in the
+    job's own TMPDIR; here made reachable on purpose) is answered `refused ...` before the
+    helper reads its request: no step, nothing of its descriptors kept."""
+    import shutil
+    import tempfile
+
+    shared = Path(tempfile.mkdtemp(prefix="phx-srund-", dir="/tmp"))
+    try:
+        shared.chmod(0o711)
+        ctl = FakeController(code=0)
+        env = {**job_env, "TMPDIR": str(shared), "PHALANX_URL": ctl.url}
+        path = srun_fast.socket_path(env)
+        assert path is not None
+        helper = start_helper(env)
+        try:
+            os.chmod(path, 0o666)
+            r = subprocess.run(
+                [sys.executable, "-c", CONNECT_AS, path, str(NOBODY)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert r.returncode == 0, r.stderr
+            assert r.stdout.strip() == (
+                f"refused this srun helper serves uid 0 (and root) only, not uid {NOBODY}"
+            ), r.stdout
+            assert ctl.bodies == []
+            assert helper.poll() is None  # and it goes on serving its own user
+        finally:
+            helper.terminate()
+            helper.wait(timeout=30)
+            ctl.server.shutdown()
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

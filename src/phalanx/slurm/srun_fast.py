@@ -6,7 +6,9 @@ a 2-core node, more than the step itself).  So inside a job, srun first tries th
 a long-lived process on this node (started by the job's first full srun) listening on
 ``$TMPDIR/.phx-srun-JOBID.sock``: this module sends it srun's arguments, environment and
 directory, and passes it srun's own stdout and stderr (``SCM_RIGHTS``), so the helper writes
-the tasks' output straight where srun's would go.  It then waits for one line, ``exit N``,
+the tasks' output straight where srun's would go.  Before sending anything it asks the kernel
+who listens there (``SO_PEERCRED``): a helper of another uid than the caller's or root's (a
+socket planted in a TMPDIR shared with others) gets nothing, and the full srun runs.  It then waits for one line, ``exit N``,
 forwarding SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 to the helper as they come.
 
 Only built-in modules are imported here (``_socket``, ``_signal``), none of them pulling in
@@ -67,9 +69,41 @@ def main(argv: list[str]) -> int | None:
         sock.close()
         return None
     try:
+        if not _helper_is_ours(sock, path):
+            return None
         return _talk(sock, argv)
     finally:
         sock.close()
+
+
+def peer_uid(sock: object) -> int:
+    """The uid of the process on the other end of a Unix socket, from the kernel
+    (SO_PEERCRED: for a listening socket, whoever called listen)."""
+    import _socket
+
+    raw = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)  # type: ignore[attr-defined]
+    return int.from_bytes(raw[4:8], sys.byteorder)  # struct ucred {pid, uid, gid}
+
+
+def _helper_is_ours(sock: object, path: str) -> bool:
+    """Whether the helper listening at `path` is this user's (or root's): srun hands it its
+    environment and its stdout and stderr, so a socket another user planted there (a TMPDIR
+    shared with others) must get nothing.  Says so when it is not."""
+    try:
+        uid = peer_uid(sock)
+    except OSError as e:
+        os.write(2, f"srun: error: cannot tell who serves {path} ({e}): not using it\n".encode())
+        return False
+    me = os.getuid()
+    if uid in (me, 0):
+        return True
+    os.write(
+        2,
+        f"srun: error: {path} is served by uid {uid}, not by you (uid {me}) or root: not "
+        f"handing it the step (a socket planted in a shared TMPDIR?); running srun without "
+        f"the job's helper\n".encode(),
+    )
+    return False
 
 
 def _talk(sock: object, argv: list[str]) -> int | None:
@@ -82,8 +116,17 @@ def _talk(sock: object, argv: list[str]) -> int | None:
     fds = (1, 2)
     rights = b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds)
     head = PROTOCOL + b" " + str(len(payload)).encode() + b"\n"
-    sock.sendmsg([head], [(1, 1, rights)])  # type: ignore[attr-defined]  # SOL_SOCKET, SCM_RIGHTS
-    sock.sendall(payload)  # type: ignore[attr-defined]
+    try:
+        sock.sendmsg([head], [(1, 1, rights)])  # type: ignore[attr-defined]  # SCM_RIGHTS
+        sock.sendall(payload)  # type: ignore[attr-defined]
+    except OSError:  # the helper closed: refused us (srund.py), or is going away
+        try:
+            line = sock.recv(4096).split(b"\n", 1)[0]  # type: ignore[attr-defined]
+        except OSError:
+            line = b""
+        if line.startswith(b"refused "):
+            os.write(2, b"srun: error: the job's srun helper " + line + b"\n")
+        return None  # it took nothing: the full srun runs the step
 
     def forward(signum: int, _frame: object) -> None:
         try:  # noqa: SIM105  (no contextlib: this module imports built-ins only)
@@ -105,6 +148,9 @@ def _talk(sock: object, argv: list[str]) -> int | None:
                 if line == b"ok":
                     accepted = True
                 elif line == b"fallback":
+                    return None
+                elif line.startswith(b"refused "):  # not this user's helper (srund.py)
+                    os.write(2, b"srun: error: the job's srun helper " + line + b"\n")
                     return None
                 elif line.startswith(b"exit "):
                     return int(line[5:])

@@ -7,7 +7,10 @@
  * "srun1 LEN\n" carrying srun's stdout and stderr (SCM_RIGHTS), then LEN bytes of
  * "srun1\0CWD\0ARGC\0ARG...\0KEY=VALUE\0...", then it reads lines: "ok" (the helper took the
  * step), "fallback" (run the full srun), "exit N" (the step's exit status).  SIGINT, SIGTERM,
- * SIGUSR1 and SIGUSR2 are relayed as "sig N\n" lines.  Wherever srun_fast.py would run the
+ * SIGUSR1 and SIGUSR2 are relayed as "sig N\n" lines.  Before sending anything it asks the
+ * kernel who listens on the socket (SO_PEERCRED): a helper of another uid than the caller's
+ * or root's (a socket planted in a TMPDIR shared with others) gets nothing, and a helper
+ * that refuses the caller answers "refused REASON".  Wherever srun_fast.py would run the
  * full srun (no job, no helper, the helper refuses or goes away before taking the step) this
  * program execs it: PHX_PYTHON -m phalanx.slurm.srun_full ARGS.
  *
@@ -57,7 +60,7 @@ static int all_digits(const char *s) {
 
 static int write_all(int fd, const char *buf, size_t len) {
     while (len > 0) {
-        ssize_t n = write(fd, buf, len);
+        ssize_t n = send(fd, buf, len, MSG_NOSIGNAL); /* a closed helper: EPIPE, not SIGPIPE */
         if (n < 0) {
             if (errno == EINTR) continue;
             return -1;
@@ -80,7 +83,7 @@ static void relay(int signum) {
     int len = 4;
     while (n > 0) line[len++] = digits[--n];
     line[len++] = '\n';
-    if (sock_fd >= 0) (void)!write(sock_fd, line, (size_t)len);
+    if (sock_fd >= 0) (void)!send(sock_fd, line, (size_t)len, MSG_NOSIGNAL);
     errno = saved;
 }
 
@@ -127,6 +130,25 @@ int main(int argc, char **argv, char **envp) {
         close(fd);
         full_srun(argc, argv);
     }
+    /* the helper gets srun's environment and its stdout and stderr: it must be this user's
+     * (or root's), never a socket another user planted at that name */
+    struct ucred peer;
+    socklen_t peer_len = sizeof(peer);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) != 0 ||
+        peer_len != sizeof(peer)) {
+        dprintf(2, "srun: error: cannot tell who serves %s: not using it\n", addr.sun_path);
+        close(fd);
+        full_srun(argc, argv);
+    }
+    if (peer.uid != getuid() && peer.uid != 0) {
+        dprintf(2,
+                "srun: error: %s is served by uid %u, not by you (uid %u) or root: not handing "
+                "it the step (a socket planted in a shared TMPDIR?); running srun without the "
+                "job's helper\n",
+                addr.sun_path, (unsigned)peer.uid, (unsigned)getuid());
+        close(fd);
+        full_srun(argc, argv);
+    }
 
     size_t size = 0;
     char *data = payload(argc, argv, envp, &size);
@@ -152,7 +174,7 @@ int main(int argc, char **argv, char **envp) {
     memcpy(CMSG_DATA(cm), fds, sizeof(fds));
     ssize_t sent;
     do {
-        sent = sendmsg(fd, &msg, 0);
+        sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
     } while (sent < 0 && errno == EINTR);
     if (sent != hlen || write_all(fd, data, size) != 0) {
         close(fd);
@@ -185,6 +207,11 @@ int main(int argc, char **argv, char **envp) {
             if (strcmp(line, "ok") == 0) {
                 accepted = 1;
             } else if (strcmp(line, "fallback") == 0) {
+                sock_fd = -1;
+                close(fd);
+                full_srun(argc, argv);
+            } else if (strncmp(line, "refused ", 8) == 0) { /* not this user's helper */
+                dprintf(2, "srun: error: the job's srun helper %s\n", line);
                 sock_fd = -1;
                 close(fd);
                 full_srun(argc, argv);

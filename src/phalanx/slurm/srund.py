@@ -9,7 +9,9 @@ with the caller's environment and directory, writing the tasks' output to the ca
 stdout and stderr (passed over the socket), and forwarding the signals the caller relays.
 
 The socket lives in the job's own ``$TMPDIR``, is created mode 0600, and a connection whose
-peer is another user is closed unanswered.  Anything the helper cannot do as the full srun would
+peer (``SO_PEERCRED``) is another user than the job's or root is answered ``refused ...`` and
+closed before anything is read from it; the thin srun checks the same of the helper before it
+sends anything (srun_fast.py, srun_thin.c).  Anything the helper cannot do as the full srun would
 is answered ``fallback`` before a step is created, and the caller runs the full srun itself.
 """
 
@@ -20,7 +22,6 @@ import hmac  # noqa: F401  (srun's StepIO needs it per connection: imported once
 import os
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
@@ -30,7 +31,7 @@ from phalanx.errors import PhalanxError
 from phalanx.slurm import srun
 from phalanx.slurm.common import SlurmUsageError
 from phalanx.slurm.lean import LeanClient
-from phalanx.slurm.srun_fast import PROTOCOL, SAME_ENV
+from phalanx.slurm.srun_fast import PROTOCOL, SAME_ENV, peer_uid
 
 IDLE_S = 300.0  # exit after this long without a request (a new srun starts another)
 CHECK_S = 1.0  # how often an idle helper checks that its socket is still its own
@@ -119,9 +120,14 @@ class Helper:
 
     def _serve(self, conn: socket.socket) -> list[int]:
         conn.settimeout(READ_TIMEOUT_S)
-        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        if struct.unpack("3i", creds)[1] != os.getuid():
-            return []  # another user's srun: not ours to serve
+        uid = peer_uid(conn)
+        if uid not in (os.getuid(), 0):
+            # another user's process: nothing of the job's is read from it or run for it
+            conn.sendall(
+                b"refused this srun helper serves uid %d (and root) only, not uid %d\n"
+                % (os.getuid(), uid)
+            )
+            return []
         msg, fds, _flags, _addr = socket.recv_fds(conn, 4096, 4)
         head, _, data = msg.partition(b"\n")
         parts = head.split()

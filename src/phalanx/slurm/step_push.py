@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 TAKEN = ("ok", "wait")  # "wait": the node starts it with its job's task (its next heartbeat)
+MAX_ANSWER = 4096  # an agent answers one short line; whatever sends more is not one
 
 
 def split_address(at: str) -> tuple[str, int]:
@@ -102,4 +103,4 @@ def _progress(push: _Push, sel: selectors.BaseSelector) -> bool:
         return False
     chunk = push.sock.recv(4096)
     push.answer += chunk
-    return not chunk or b"\n" in push.answer
+    return not chunk or b"\n" in push.answer or len(push.answer) > MAX_ANSWER
