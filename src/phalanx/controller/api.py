@@ -22,7 +22,7 @@ from fastapi.requests import HTTPConnection
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from phalanx import __version__
@@ -41,10 +41,12 @@ from phalanx.controller.fastpath import FastPaths, FastRoute
 from phalanx.controller.launch import default_output, expand_pattern, job_layout
 from phalanx.controller.runtime import Controller
 from phalanx.domain import checkpointing, efficiency
+from phalanx.domain import spec as specs
 from phalanx.domain.hostlist import compress_hostlist
 from phalanx.domain.spec import JobSpec
 from phalanx.domain.states import JobState, node_display_state
 from phalanx.domain.steps import StepRequest
+from phalanx.domain.text import PlainText
 from phalanx.domain.values import format_duration, parse_dependency, parse_duration
 from phalanx.errors import Forbidden, InvalidSpec, NotFound, PhalanxError
 from phalanx.store.metrics import CHECKPOINT_BUCKETS
@@ -74,8 +76,8 @@ class SubmitOut(BaseModel):
 
 
 class RefsIn(BaseModel):
-    jobs: list[str] = Field(min_length=1, max_length=MAX_BATCH)
-    reason: str | None = None
+    jobs: list[Annotated[str, Field(max_length=64)]] = Field(min_length=1, max_length=MAX_BATCH)
+    reason: PlainText | None = Field(default=None, max_length=1024)
 
 
 class SignalIn(BaseModel):
@@ -102,8 +104,10 @@ class UpdateIn(BaseModel):
     jobs: list[str] = Field(min_length=1, max_length=MAX_BATCH)
     time_limit: str | None = Field(default=None, max_length=64, description="Slurm time form")
     nodes: int | None = Field(default=None, ge=1, le=1_000_000)
-    partition: str | None = Field(default=None, min_length=1, max_length=64)
-    dependency: str | None = Field(default=None, max_length=4096, description="'' clears it")
+    partition: PlainText | None = Field(default=None, min_length=1, max_length=64)
+    dependency: PlainText | None = Field(
+        default=None, max_length=specs.MAX_DEPENDENCY, description="'' clears it"
+    )
 
 
 class TokenIn(BaseModel):
@@ -113,7 +117,7 @@ class TokenIn(BaseModel):
 
 
 class DrainIn(BaseModel):
-    reason: str = Field(min_length=1, max_length=1024)
+    reason: PlainText = Field(min_length=1, max_length=1024)
     now: bool = Field(
         default=False, description="also checkpoint-signal and requeue the node's requeue-able jobs"
     )
@@ -123,10 +127,12 @@ class RegisterIn(BaseModel):
     cpus: int = Field(ge=1, le=1_000_000)
     mem_mb: int = Field(ge=1, le=2**40)
     gpus: list[tuple[int, str]] = Field(default_factory=list)
-    features: list[str] = Field(default_factory=list)
-    addr: str | None = None
-    boot_id: str | None = None
-    version: str | None = None
+    features: list[Annotated[str, Field(max_length=256)]] = Field(
+        default_factory=list, max_length=1024
+    )
+    addr: str | None = Field(default=None, max_length=256)
+    boot_id: str | None = Field(default=None, max_length=256)
+    version: str | None = Field(default=None, max_length=256)
     health: dict[str, Any] | None = None  # the preflight's result
     # place in the topology tree, {level: domain} (phalanx agent --topology); absent: none
     topology: dict[
@@ -137,7 +143,7 @@ class RegisterIn(BaseModel):
 
 class ReportIn(BaseModel):
     attempt_id: int = Field(ge=0, le=MAX_ID)
-    token: str
+    token: str = Field(max_length=256)
     state: str = Field(pattern="^(starting|running|exited|lost)$")
     started_at: float | None = None
     exit: dict[str, Any] | None = None
@@ -151,10 +157,12 @@ class StepIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    argv: list[str] = Field(min_length=1, max_length=4096)
-    env: dict[str, str] = Field(default_factory=dict)
+    argv: Annotated[list[str], AfterValidator(specs.check_argv)] = Field(
+        min_length=1, max_length=4096
+    )
+    env: Annotated[dict[str, str], AfterValidator(specs.check_env)] = Field(default_factory=dict)
     cwd: str = Field(default="/", max_length=4096)
-    name: str | None = Field(default=None, max_length=256)
+    name: PlainText | None = Field(default=None, max_length=256)
     nodes: int | None = Field(default=None, ge=1, le=100_000)
     ntasks: int | None = Field(default=None, ge=1, le=1_000_000)
     ntasks_per_node: int | None = Field(default=None, ge=1, le=100_000)
@@ -193,7 +201,7 @@ class StepSignalIn(BaseModel):
 
 class StepCancelIn(BaseModel):
     step_id: int | None = Field(default=None, ge=0, le=2**31, description="all steps if absent")
-    reason: str | None = Field(default=None, max_length=1024)
+    reason: PlainText | None = Field(default=None, max_length=1024)
 
 
 class StepReportIn(BaseModel):
@@ -206,8 +214,8 @@ class StepReportIn(BaseModel):
 
 
 class HeartbeatIn(BaseModel):
-    tasks: list[ReportIn] = Field(default_factory=list)
-    steps: list[StepReportIn] = Field(default_factory=list)
+    tasks: list[ReportIn] = Field(default_factory=list, max_length=100_000)
+    steps: list[StepReportIn] = Field(default_factory=list, max_length=100_000)
     taken_at: float | None = None
     wait: float = Field(default=0.0, ge=0, le=60)
     health: dict[str, Any] | None = None
@@ -516,7 +524,8 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         msgs = []
         for err in e.errors():
             loc = [str(x) for x in err["loc"] if x not in ("body",)]
-            msgs.append(f"{'.'.join(loc) or 'request'}: {err['msg']}")
+            msg = str(err["msg"]).removeprefix("Value error, ")  # pydantic's, for our checks
+            msgs.append(f"{'.'.join(loc) or 'request'}: {msg}")
         first = e.errors()[0] if e.errors() else {}
         loc = [str(x) for x in first.get("loc", ()) if x != "body"]
         return _error(InvalidSpec("; ".join(msgs), field=".".join(loc)))

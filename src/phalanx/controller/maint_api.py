@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 
 from phalanx.domain import maintenance as rules
 from phalanx.domain.hostlist import compress_hostlist
+from phalanx.domain.text import PlainText
 from phalanx.errors import InvalidSpec
 
 
@@ -33,7 +34,7 @@ class MaintenanceIn(BaseModel):
         default=None, description="seconds, or 90s, 10min, 4h, 2:00:00 (give this or end)"
     )
     end: float | str | None = Field(default=None, description="like start (give this or duration)")
-    reason: str | None = Field(default=None, max_length=1024)
+    reason: PlainText | None = Field(default=None, max_length=1024)
 
 
 WID = Path(ge=0, le=2**63 - 1, description="the window's id")

@@ -15,11 +15,96 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from phalanx.domain import policy, values
+from phalanx.domain import policy, text, values
 from phalanx.domain.licenses import format_licenses, parse_licenses
 from phalanx.errors import InvalidSpec
 
-MAX_SCRIPT_BYTES = 4 * 1024 * 1024
+# Field limits of a job (docs/security.md, "Request limits"). Sizes are characters (of the
+# JSON text's strings once decoded); the body limit (http.max_body_bytes) bounds bytes. What a
+# job runs goes through execve on its node, whose Linux limits are 128 KiB a string
+# (MAX_ARG_STRLEN) and about 2 MiB for argv and the environment together (ARG_MAX): the argv
+# and environment limits below keep a job within them, so that what is accepted can start.
+MAX_SCRIPT_BYTES = 4 * 1024 * 1024  # the batch script
+MAX_NAME = 256  # --job-name
+MAX_COMMENT = 4096  # --comment
+MAX_PATH = 4096  # output, error, workdir, ... (PATH_MAX)
+MAX_TEXT = 4096  # --partition lists, --array, --constraint, --mail-*, ...
+MAX_DEPENDENCY = 65_536  # --dependency: thousands of job ids
+MAX_EXPORT = 65_536  # --export
+MAX_ARG = 128 * 1024  # one argv string, one NAME=value of the environment (MAX_ARG_STRLEN)
+MAX_ARGV = 10_000  # argv strings
+MAX_ARGV_TOTAL = 1024 * 1024  # characters of all argv strings
+MAX_ENV_VARS = 10_000  # environment variables
+MAX_ENV_TOTAL = 1024 * 1024  # characters of every NAME=value
+MAX_WRAP = MAX_ARG  # --wrap: becomes `sh -c` text
+MAX_NODE_NAMES = 100_000  # --nodelist / --exclude entries
+MAX_NODE_NAME = 256
+MAX_IGNORED = 1000  # options the parser accepted without effect
+#: A job with every field at its limit, as JSON (with room for escapes): the smallest body
+#: limit (http.max_body_bytes) that still lets any one valid job in.
+MAX_JOB_BYTES = 8 * 1024 * 1024
+
+# fields shown to other users (squeue, scontrol show, sacct): no control characters
+_TEXT_FIELDS = (
+    "name",
+    "partition",
+    "gpu_type",
+    "array",
+    "dependency",
+    "signal",
+    "constraint",
+    "submit_host",
+    "account",
+    "qos",
+    "comment",
+    "mail_user",
+    "mail_type",
+    "retry_on",
+    "retry_backoff",
+    "checkpoint_signal",
+)
+
+
+def check_env(env: dict[str, str]) -> dict[str, str]:
+    """An environment a node can pass to execve: names without '=', each NAME=value within
+    MAX_ARG, all of them within MAX_ENV_VARS and MAX_ENV_TOTAL (ValueError names the limit)."""
+    if len(env) > MAX_ENV_VARS:
+        raise ValueError(f"{len(env)} variables; at most {MAX_ENV_VARS} per job")
+    total = 0
+    for k, v in env.items():
+        if not k or "=" in k:
+            raise ValueError(
+                f"invalid variable name {text.escape(k[:64])!r}: a name is not empty and has no '='"
+            )
+        size = len(k) + 1 + len(v)
+        if size > MAX_ARG:
+            raise ValueError(
+                f"{text.escape(k[:64])} is {size} characters long (NAME=value); at most "
+                f"{MAX_ARG} a variable"
+            )
+        total += size
+    if total > MAX_ENV_TOTAL:
+        raise ValueError(f"the environment totals {total} characters; at most {MAX_ENV_TOTAL}")
+    return env
+
+
+def check_argv(argv: list[str]) -> list[str]:
+    """argv strings within MAX_ARG each and MAX_ARGV_TOTAL together (ValueError)."""
+    total = 0
+    for i, a in enumerate(argv):
+        if len(a) > MAX_ARG:
+            raise ValueError(f"argument {i} is {len(a)} characters long; at most {MAX_ARG}")
+        total += len(a)
+    if total > MAX_ARGV_TOTAL:
+        raise ValueError(f"the arguments total {total} characters; at most {MAX_ARGV_TOTAL}")
+    return argv
+
+
+def check_names(names: list[str]) -> list[str]:
+    """Lists of names (--nodelist, --exclude): no control characters."""
+    for i, n in enumerate(names):
+        text.check_text(n, f"entry {i}")
+    return names
 
 
 class JobSpec(BaseModel):
@@ -27,9 +112,9 @@ class JobSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str | None = Field(default=None, max_length=256)
+    name: str | None = Field(default=None, max_length=MAX_NAME)
     partition: str | None = Field(
-        default=None, description="partition, or a comma list to try in order"
+        default=None, max_length=MAX_TEXT, description="partition, or a comma list to try in order"
     )
     nodes: int = Field(default=1, ge=1, le=100_000)
     nodes_max: int | None = Field(default=None, ge=1, le=100_000)
@@ -53,32 +138,46 @@ class JobSpec(BaseModel):
     time_limit_s: int | None = Field(
         default=None, ge=0, description="seconds; 0 = UNLIMITED; absent = the partition's default"
     )
-    output: str | None = None
-    error: str | None = None
+    output: str | None = Field(default=None, max_length=MAX_PATH)
+    error: str | None = Field(default=None, max_length=MAX_PATH)
     open_mode: Literal["truncate", "append"] | None = Field(
         default=None, description="unset: truncate on the first run, append after a requeue (Slurm)"
     )
-    array: str | None = None
-    dependency: str | None = None
+    array: str | None = Field(default=None, max_length=MAX_TEXT)
+    dependency: str | None = Field(default=None, max_length=MAX_DEPENDENCY)
     requeue: bool | None = None
-    signal: str | None = None
+    signal: str | None = Field(default=None, max_length=64)
     exclusive: bool = False
-    constraint: str | None = None
-    nodelist: list[str] = Field(default_factory=list)
-    exclude: list[str] = Field(default_factory=list)
-    workdir: str | None = None
-    submit_dir: str | None = None
+    constraint: str | None = Field(default=None, max_length=MAX_TEXT)
+    nodelist: list[Annotated[str, Field(max_length=MAX_NODE_NAME)]] = Field(
+        default_factory=list, max_length=MAX_NODE_NAMES
+    )
+    exclude: list[Annotated[str, Field(max_length=MAX_NODE_NAME)]] = Field(
+        default_factory=list, max_length=MAX_NODE_NAMES
+    )
+    workdir: str | None = Field(default=None, max_length=MAX_PATH)
+    submit_dir: str | None = Field(default=None, max_length=MAX_PATH)
     submit_host: str | None = Field(default=None, max_length=256, description="SLURM_SUBMIT_HOST")
-    export: str | None = "ALL"
-    env: dict[str, str] = Field(default_factory=dict)
+    export: str | None = Field(default="ALL", max_length=MAX_EXPORT)
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description=f"at most {MAX_ENV_VARS} variables, {MAX_ARG} characters a NAME=value, "
+        f"{MAX_ENV_TOTAL} in all",
+    )
     hold: bool = False
     priority: int = Field(default=0, ge=-1_000_000, le=1_000_000)
     script: str | None = Field(default=None, max_length=MAX_SCRIPT_BYTES)
     script_path: str | None = Field(
-        default=None, description="where the script was read from (shown as Command)"
+        default=None,
+        max_length=MAX_PATH,
+        description="where the script was read from (shown as Command)",
     )
-    argv: list[str] = Field(default_factory=list)
-    wrap: str | None = None
+    argv: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_ARGV,
+        description=f"at most {MAX_ARGV} strings of {MAX_ARG} characters, {MAX_ARGV_TOTAL} in all",
+    )
+    wrap: str | None = Field(default=None, max_length=MAX_WRAP)
     account: str | None = Field(default=None, max_length=64)
     qos: str | None = Field(default=None, max_length=64)
     nice: int = Field(
@@ -87,9 +186,9 @@ class JobSpec(BaseModel):
         le=10_000_000,
         description="subtracted from the multifactor priority; negative: admins only",
     )
-    comment: str | None = None
-    mail_user: str | None = None
-    mail_type: str | None = None
+    comment: str | None = Field(default=None, max_length=MAX_COMMENT)
+    mail_user: str | None = Field(default=None, max_length=MAX_TEXT)
+    mail_type: str | None = Field(default=None, max_length=MAX_TEXT)
     spares: int | None = Field(default=None, ge=0)
     licenses: str | None = Field(
         default=None, max_length=4096, description="cluster licences, e.g. fluent:2,matlab:1"
@@ -116,7 +215,7 @@ class JobSpec(BaseModel):
     retry_backoff: str | None = Field(
         default=None, max_length=64, description="BASE[:MAX] seconds before a retry"
     )
-    checkpoint_dir: str | None = None
+    checkpoint_dir: str | None = Field(default=None, max_length=MAX_PATH)
     checkpoint_signal: str | None = Field(
         default=None, max_length=16, description="USR1 (default), SIGUSR2, 12, ..."
     )
@@ -126,7 +225,30 @@ class JobSpec(BaseModel):
     checkpoint_interval_s: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
         default=None, description='seconds between periodic checkpoint requests, or "auto"'
     )
-    ignored: list[str] = Field(default_factory=list)
+    ignored: list[Annotated[str, Field(max_length=MAX_TEXT)]] = Field(
+        default_factory=list, max_length=MAX_IGNORED
+    )
+
+    @field_validator(*_TEXT_FIELDS)
+    @classmethod
+    def _no_control(cls, v: str | None) -> str | None:
+        """Text other users see may not hold terminal escapes (domain/text.py)."""
+        return v if v is None else text.check_text(v)
+
+    @field_validator("nodelist", "exclude", "ignored")
+    @classmethod
+    def _no_control_names(cls, v: list[str]) -> list[str]:
+        return check_names(v)
+
+    @field_validator("env")
+    @classmethod
+    def _env_limits(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_env(v)
+
+    @field_validator("argv")
+    @classmethod
+    def _argv_limits(cls, v: list[str]) -> list[str]:
+        return check_argv(v)
 
     @field_validator("licenses")
     @classmethod
