@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from phalanx.domain.policy import FailurePolicy, parse_retry_on
+from phalanx.domain.spec import MAX_JOB_BYTES
 from phalanx.errors import ConfigError
 
 
@@ -567,6 +568,70 @@ class MetricsConfig(BaseModel):
     )
 
 
+MiB = 1024 * 1024
+
+
+class HttpConfig(BaseModel):
+    """What one client may hold of a controller's HTTP server (docs/deploy.md, "Hostile
+    clients"): request sizes, JSON depth, the time to send a request, connections."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_body_bytes: int = Field(
+        64 * MiB,
+        ge=MAX_JOB_BYTES,
+        le=1024 * MiB,
+        description="longest request body; a longer one is answered 413 before it is read "
+        "(from its Content-Length, or as it streams in). The largest legitimate request is a "
+        "batch submission (POST /v1/jobs/batch, up to 10,000 jobs); at least one job at every "
+        "field limit",
+    )
+    max_json_depth: int = Field(
+        64,
+        ge=8,
+        le=512,
+        description="deepest nesting of JSON arrays and objects in a request body; deeper is "
+        "answered 400 (Python's own parser would run out of stack near 1,000)",
+    )
+    max_header_bytes: int = Field(
+        64 * 1024,
+        ge=8 * 1024,
+        le=MiB,
+        description="the request line and headers of one request; longer is answered 431 "
+        "and the connection closed",
+    )
+    header_timeout: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="seconds a client has, from connecting (or from the first byte of its next "
+        "request), to send a request's complete headers; a connection that has not is closed "
+        "(slowloris)",
+    )
+    body_timeout: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="seconds a client has, after a request's headers, to send its whole body; "
+        "a connection that has not is closed",
+    )
+    idle_timeout: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="seconds a kept-alive connection may stay idle between two requests",
+    )
+    max_connections: int = Field(
+        16384,
+        ge=16,
+        le=1_000_000,
+        description="open connections (or requests in progress) at which a new request is "
+        "answered 503 at once, before the API sees it (clients fail over); every agent holds "
+        "one connection to one controller, so keep it above the node count plus the clients, "
+        "and below the process's file descriptor limit (LimitNOFILE)",
+    )
+
+
 class StepsConfig(BaseModel):
     """Job steps (`srun` inside a job; docs/slurm.md, "What a step costs")."""
 
@@ -952,6 +1017,7 @@ class Config(BaseModel):
     retry: RetryConfig = Field(default_factory=lambda: RetryConfig())
     auth: AuthConfig = Field(default_factory=lambda: AuthConfig())
     limits: LimitsConfig = Field(default_factory=lambda: LimitsConfig())
+    http: HttpConfig = Field(default_factory=lambda: HttpConfig())
     isolation: IsolationConfig = Field(default_factory=lambda: IsolationConfig())
     accounting: AccountingConfig = Field(default_factory=lambda: AccountingConfig())
     metrics: MetricsConfig = Field(default_factory=lambda: MetricsConfig())

@@ -1,6 +1,8 @@
 """One exception tree for the whole of Phalanx, mirrored in REST error bodies.
 
     PhalanxError                      code             HTTP
+    ├── BadRequest                    bad_request      400   a body that is not JSON we can read (too deep)
+    ├── TooLarge                      too_large        413   a request body over http.max_body_bytes
     ├── InvalidSpec                   invalid_spec     422   a job spec or request field is wrong
     ├── Unsatisfiable                 unsatisfiable    422   no node/partition could ever run it
     ├── NotFound                      not_found        404
@@ -39,6 +41,20 @@ class PhalanxError(Exception):
         if self.details:
             body["details"] = self.details
         return body
+
+
+class BadRequest(PhalanxError):
+    """A request the server will not read: JSON nested deeper than `http.max_json_depth`."""
+
+    code = "bad_request"
+    http_status = 400
+
+
+class TooLarge(PhalanxError):
+    """A request body longer than `http.max_body_bytes`, refused before it is read."""
+
+    code = "too_large"
+    http_status = 413
 
 
 class InvalidSpec(PhalanxError):
@@ -123,6 +139,8 @@ class ControllerUnavailable(PhalanxError):
 BY_CODE: dict[str, type[PhalanxError]] = {
     cls.code: cls
     for cls in (
+        BadRequest,
+        TooLarge,
         InvalidSpec,
         Unsatisfiable,
         NotFound,

@@ -171,3 +171,73 @@ def test_what_schemathesis_found(
         assert err["code"] in ("invalid_spec", "not_found") and err["message"]
     with AuthedClient(api_app) as c:  # and nothing else broke: the listing still works
         assert c.get(f"/v1/jobs?job={BIG}").json() == {"jobs": []}
+
+
+# ------------------------------------------------------------------ hostile sizes and depths
+# Every operation of the document that takes a body, with what no generator tries: JSON nested
+# 100,000 levels deep (a RecursionError in Python's parser: a 500, before guard.py), a
+# Content-Length far over the body limit (refused before a byte is read), and each string
+# field of the body given a megabyte. None may be a server error.
+DOC = openapi_document()
+PARAMS = {"ref": "1", "node": "n1", "name": "n1", "wid": "1", "step_id": "0", "asset": "x"}
+
+
+def _resolve(node: Any) -> Any:
+    while isinstance(node, dict) and "$ref" in node:
+        node = DOC["components"]["schemas"][node["$ref"].rsplit("/", 1)[1]]
+    return node
+
+
+def _stringy(prop: Any) -> bool:
+    """Whether a property may be a string (`str` or `str | None`, pydantic's anyOf)."""
+    prop = _resolve(prop)
+    return prop.get("type") == "string" or any(_stringy(p) for p in prop.get("anyOf", []))
+
+
+def _body_operations() -> list[tuple[str, str, dict[str, Any]]]:
+    out = []
+    for path, ops in DOC["paths"].items():
+        for method, op in ops.items():
+            content = op.get("requestBody", {}).get("content", {})
+            if "application/json" in content:
+                schema = _resolve(content["application/json"]["schema"])
+                out.append((method.upper(), path.format(**PARAMS), schema))
+    return out
+
+
+BODY_OPS = _body_operations()
+
+
+def test_the_hostile_walk_covers_the_posts() -> None:
+    assert len(BODY_OPS) >= 15
+    assert ("POST", "/v1/jobs") in {(m, p) for m, p, _ in BODY_OPS}
+
+
+@pytest.mark.parametrize(("method", "path", "schema"), BODY_OPS, ids=lambda v: str(v)[:40])
+def test_hostile_depths_and_sizes_never_get_a_server_error(
+    api_app: Any, method: str, path: str, schema: dict[str, Any]
+) -> None:
+    from test_request_limits import call, never
+
+    agent = AGENT_PATH.match(path)
+    who = as_agent(agent.group("node")) if agent else ADMIN
+    with AuthedClient(api_app, raise_server_exceptions=False) as c:
+        for depth in (100_000, 65):
+            deep = b"[" * depth + b"]" * depth
+            r = c.request(
+                method, path, content=deep, headers={**who, "content-type": "application/json"}
+            )
+            assert r.status_code == 400, (depth, r.text)
+            assert r.json()["error"]["code"] == "bad_request"
+        props = schema.get("properties") or {}
+        big = {k: "s" * (1 << 20) for k, v in props.items() if _stringy(v)}
+        if big:
+            r = c.request(method, path, json=big, headers=who)
+            assert r.status_code < 500, r.text
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(1 << 30).encode()),
+        (b"authorization", who["Authorization"].encode()),
+    ]
+    status, body, _ = call(api_app, method, path, headers, never)
+    assert status == 413, body

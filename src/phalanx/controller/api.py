@@ -33,6 +33,7 @@ from phalanx.controller import (
     dashboard,
     docs_ui,
     explaining,
+    guard,
     maint_api,
     metrics,
     share_api,
@@ -439,8 +440,10 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
             rule = access.RULES.get(key)
             if rule is not None and rule.level == access.PUBLIC:
                 return None
-            header = request.headers.get("authorization")
-            ident = access.authenticate(verifier, header) if header else None
+            ident = scope.get(guard.IDENTITY)  # verified by the guard, before the body
+            if ident is None:
+                header = request.headers.get("authorization")
+                ident = access.authenticate(verifier, header) if header else None
             access.decide(rule, ident, dict(request.path_params))
             assert ident is not None
             access.throttle(api_buckets, ident, limits.exempt_roles, 1, "API call")
@@ -610,7 +613,7 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         admits, a body that validates as `model`; None (nothing changed) otherwise."""
         try:
             data = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # the guard refused deep bodies; still: the route's
             return None
         if not isinstance(data, dict) or not authorization:
             return None
@@ -670,6 +673,13 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
     app.add_middleware(
         FastPaths,
         routes=[FastRoute("/v1/jobs", fast_submit), FastRoute(HEARTBEAT_PATH, fast_heartbeat)],
+    )
+    # sizes, credential and depth before any body is read or parsed (guard.py)
+    app.add_middleware(
+        guard.RequestGuard,
+        max_body_bytes=ctl.config.http.max_body_bytes,
+        max_json_depth=ctl.config.http.max_json_depth,
+        authenticate=lambda header: access.authenticate(verifier, header),
     )
     # outermost, so that it times the fast path's submissions too (it names their route)
     app.add_middleware(metrics.RequestMetrics)  # API requests by route template and status

@@ -19,6 +19,7 @@ import uvicorn
 from phalanx.auth import keys as keyfiles
 from phalanx.config import Config
 from phalanx.controller.api import create_app
+from phalanx.controller.httpserver import guarded_protocol
 from phalanx.controller.runtime import Controller, partition_rows
 from phalanx.daemon import StartupError, check_state_dir, open_device, setup_logging
 from phalanx.errors import PhalanxError
@@ -176,13 +177,15 @@ def run_controller(
     server = NotifyingServer(
         uvicorn.Config(
             app,
-            # uvicorn[standard] is a dependency: say so rather than rely on "auto" finding them
+            # uvicorn[standard] is a dependency: say so rather than rely on "auto" finding them.
+            # The HTTP protocol is uvicorn's httptools one with header and body timeouts, a
+            # header size limit and the connection cap (httpserver.py; docs/deploy.md)
             loop="uvloop",
-            http="httptools",
+            http=guarded_protocol(config.http),
             log_level="warning",
             access_log=False,  # no log line per request
             proxy_headers=False,  # no proxy in front is trusted; nothing reads the client address
-            timeout_keep_alive=30,
+            timeout_keep_alive=config.http.idle_timeout,  # type: ignore[arg-type]
             lifespan="on",
             ssl_certfile=config.auth.tls_cert,
             ssl_keyfile=config.auth.tls_key,
