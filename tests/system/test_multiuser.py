@@ -7,8 +7,8 @@ phalanx ...``), with ``PHALANX_URL`` and ``PHALANX_AUTH_SOCKET`` pointing at nod
 credential socket, the way a user on a cluster host would: no token, no setup, the agent tells
 the controller who they are (SO_PEERCRED).
 
-Interpreter access: the project's Python lives under /root (mode 700), where other users cannot
-reach it. For the module's duration /root (and any other directory on the way to the interpreter
+Interpreter access (the helpers for users and access are in system/unixusers.py): the project's
+Python lives under /root (mode 700), where other users cannot reach it. For the module's duration /root (and any other directory on the way to the interpreter
 or the sources that others cannot search, e.g. a checkout in a mode-700 temporary directory)
 gets o+x (search only: nobody can list it) and its
 original mode is restored afterwards, even on failure. That suffices because everything under
@@ -31,12 +31,9 @@ import pwd
 import re
 import secrets
 import shutil
-import signal
-import stat
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +46,7 @@ from phalanx.auth import keys as keyfiles
 from phalanx.auth.tokens import Verifier, mint_agent, mint_token
 from system.conftest import CLUSTERS
 from system.harness import Cluster, base_env, wait_for
+from system.unixusers import add_user, clear_leftovers, remove_user, root_searchable, sh
 
 pytestmark = [
     pytest.mark.system,
@@ -59,76 +57,22 @@ pytestmark = [
 ]
 
 ALICE, BOB, SHARED = "phxalice", "phxbob", "phxmu"
-COMMENT = "phalanx system test user"  # marks users a crashed earlier run may have left behind
 CLUSTER_NAME = "phalanx"  # the default [cluster] name, the audience of every credential
 CLOCK_SKEW = 30.0  # the default auth.clock_skew: how far past its exp a credential still passes
 
 
 # ---------------------------------------------------------------------- users and files
-def _sh(*cmd: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
-
-
-def _kill_processes_of(uid: int) -> None:
-    """SIGKILL every process whose real uid is `uid` (one of the users this module made, so
-    every such process was started here), by pid, and wait until they are gone."""
-
-    def pids() -> list[int]:
-        out = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/status") as f:
-                    line = next(x for x in f if x.startswith("Uid:"))
-            except (OSError, StopIteration):
-                continue
-            if int(line.split()[1]) == uid:
-                out.append(int(entry))
-        return out
-
-    for pid in pids():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while pids() and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
-def _remove_user(name: str) -> None:
-    try:
-        uid = pwd.getpwnam(name).pw_uid
-    except KeyError:
-        uid = None
-    if uid is not None:
-        _kill_processes_of(uid)
-        if _sh("userdel", "-r", name).returncode != 0:
-            _sh("userdel", "-r", "-f", name)
-    with contextlib.suppress(KeyError):
-        grp.getgrnam(name)
-        _sh("groupdel", name)
+_sh = sh
+_root_searchable = root_searchable  # test_patroni.py takes it from here
 
 
 def _clear_leftovers() -> None:
-    """Users and the group of a run that was killed before its cleanup (SIGKILL, power loss);
-    only ones that carry this module's marker, never an unrelated account of the same name."""
-    for name in (ALICE, BOB):
-        try:
-            pw = pwd.getpwnam(name)
-        except KeyError:
-            continue
-        if pw.pw_gecos != COMMENT:
-            pytest.fail(f"a user {name} exists and was not made by this test: not touching it")
-        _remove_user(name)
-    with contextlib.suppress(KeyError):
-        if not grp.getgrnam(SHARED).gr_mem:
-            _sh("groupdel", SHARED)
+    """Users and the group of a run that was killed before its cleanup (system/unixusers.py)."""
+    clear_leftovers((ALICE, BOB), (SHARED,))
 
 
 def _add_user(name: str) -> pwd.struct_passwd:
-    p = _sh("useradd", "-m", "-U", "-G", SHARED, "-c", COMMENT, "-s", "/bin/sh", name)
-    assert p.returncode == 0, f"useradd {name}: {p.stderr.strip()}"
-    return pwd.getpwnam(name)
+    return add_user(name, groups=(SHARED,))
 
 
 @dataclass
@@ -211,37 +155,6 @@ def one_error_line(p: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-def _reach_dirs() -> list[Path]:
-    """Every directory above the interpreter (its real path under /root/.pyenv and the venv's
-    link) and above the project's sources: the ones other users must be able to search."""
-    import phalanx
-
-    out: list[Path] = []
-    for target in (Path(sys.executable), Path(sys.executable).resolve(), Path(phalanx.__file__)):
-        for d in target.parents:
-            if d not in out and d != Path("/"):
-                out.append(d)
-    return out
-
-
-@contextlib.contextmanager
-def _root_searchable() -> Iterator[None]:
-    """/root, and any other directory on the way to the interpreter or the sources that others
-    may not search (a checkout under a mode-700 temporary directory), get o+x for the block
-    (search only: nobody can list them), then their old modes back."""
-    changed: list[tuple[Path, int]] = []
-    try:
-        for d in _reach_dirs():
-            mode = stat.S_IMODE(d.stat().st_mode)
-            if not mode & stat.S_IXOTH:
-                os.chmod(d, mode | stat.S_IXOTH)
-                changed.append((d, mode))
-        yield
-    finally:
-        for d, mode in reversed(changed):
-            os.chmod(d, mode)
-
-
 @pytest.fixture(scope="module")
 def site() -> Iterator[Site]:
     if shutil.which("useradd") is None or shutil.which("runuser") is None:
@@ -281,7 +194,7 @@ def site() -> Iterator[Site]:
                 if swept:
                     print(f"cleanup swept up stray processes: {swept}", file=sys.stderr)
             for name in (ALICE, BOB):
-                _remove_user(name)
+                remove_user(name)
             with contextlib.suppress(KeyError):
                 grp.getgrnam(SHARED)
                 _sh("groupdel", SHARED)
