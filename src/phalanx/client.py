@@ -14,6 +14,7 @@ import ssl
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
+from urllib.parse import quote
 
 import httpx
 
@@ -21,6 +22,7 @@ from phalanx.auth.credentials import CredentialSource, default_source
 from phalanx.errors import (
     BY_CODE,
     ControllerUnavailable,
+    InvalidSpec,
     PhalanxError,
     RateLimited,
     StoreUnavailable,
@@ -133,6 +135,8 @@ class Client:
             sent_at = time.monotonic()
             try:
                 resp = self._http.request(method, base + path, **kw)
+            except (httpx.InvalidURL, UnicodeError) as e:  # a user's value in the path
+                raise InvalidSpec(f"cannot send {method} {path!r}: {e}") from None
             except (httpx.ConnectError, httpx.ConnectTimeout) as e:
                 errors.append(f"{base}: {e or type(e).__name__}")
                 refused += _is_refused(e)
@@ -165,7 +169,13 @@ class Client:
                 if isinstance(err, RateLimited):
                     err.details.setdefault("retry_after", resp.headers.get("Retry-After"))
                 raise err
-            return Timed(resp.json(), sent_at)
+            try:
+                return Timed(resp.json(), sent_at)
+            except ValueError:
+                raise PhalanxError(
+                    f"{base} answered {method} {path} with HTTP {resp.status_code} and no JSON "
+                    f"({resp.text[:80]!r}): is {base} a Phalanx controller?"
+                ) from None
         raise ControllerUnavailable(
             "no controller answered: " + "; ".join(errors),
             all_refused=refused == n,
@@ -204,7 +214,7 @@ class Client:
         return self.get("/v1/jobs", **filters)["jobs"]
 
     def job(self, ref: str | int) -> list[dict[str, Any]]:
-        return self.get(f"/v1/jobs/{ref}")["jobs"]
+        return self.get(f"/v1/jobs/{seg(ref, 'job id')}")["jobs"]
 
     def cancel(self, refs: Sequence[str | int], reason: str | None = None) -> dict[str, str]:
         return self.post("/v1/jobs/cancel", {"jobs": [str(r) for r in refs], "reason": reason})[
@@ -240,10 +250,10 @@ class Client:
 
     def explain(self, ref: str | int) -> dict[str, Any]:
         """Why a job waits or ended: {"job", "state", "summary", "lines"} (docs/explain.md)."""
-        return self.get(f"/v1/jobs/{ref}/explain")
+        return self.get(f"/v1/jobs/{seg(ref, 'job id')}/explain")
 
     def job_events(self, ref: str | int) -> list[dict[str, Any]]:
-        return self.get(f"/v1/jobs/{ref}/events")["events"]
+        return self.get(f"/v1/jobs/{seg(ref, 'job id')}/events")["events"]
 
     def events(self, since: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
         return self.get("/v1/events", since=since, limit=limit)["events"]
@@ -252,13 +262,15 @@ class Client:
         return self.get("/v1/nodes")["nodes"]
 
     def node(self, name: str) -> dict[str, Any]:
-        return self.get(f"/v1/nodes/{name}")
+        return self.get(f"/v1/nodes/{seg(name, 'node name')}")
 
     def drain(self, name: str, reason: str, *, now: bool = False) -> dict[str, Any]:
-        return self.post(f"/v1/nodes/{name}/drain", {"reason": reason, "now": now})
+        return self.post(
+            f"/v1/nodes/{seg(name, 'node name')}/drain", {"reason": reason, "now": now}
+        )
 
     def resume(self, name: str) -> dict[str, Any]:
-        return self.post(f"/v1/nodes/{name}/resume")
+        return self.post(f"/v1/nodes/{seg(name, 'node name')}/resume")
 
     def cluster(self) -> dict[str, Any]:
         return self.get("/v1/cluster")
@@ -288,7 +300,16 @@ class Client:
         return self.get("/v1/maintenance", all="true" if all else None)["windows"]
 
     def remove_maintenance(self, wid: int) -> dict[str, Any]:
-        return self.request("DELETE", f"/v1/maintenance/{wid}")
+        return self.request("DELETE", f"/v1/maintenance/{seg(wid, 'maintenance window id')}")
+
+
+def seg(value: str | int, what: str) -> str:
+    """One path segment from a user's value: quoted (a `/` or `?` in a job id or node name
+    never reaches another route), and never empty (`/v1/jobs/` is the job list)."""
+    text = str(value).strip()
+    if not text:
+        raise InvalidSpec(f"the {what} is empty: give one, e.g. `phalanx show 12`", field=what)
+    return quote(text, safe="")
 
 
 def _is_refused(e: BaseException) -> bool:

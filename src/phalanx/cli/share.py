@@ -92,9 +92,11 @@ def priority(
     as_json: bool = JsonOpt,
 ) -> None:
     """A job's priority factor by factor (like `sprio -l -j JOB`), with the arithmetic."""
+    from phalanx.client import seg
+
     m = _cli()
     with m._client(url) as c:
-        data = m._run(lambda: c.get(f"/v1/jobs/{job}/priority"))
+        data = m._run(lambda: c.get(f"/v1/jobs/{seg(job, 'job id')}/priority"))
     if as_json:
         m._emit(data)
         return

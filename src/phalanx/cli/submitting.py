@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from phalanx.domain.directives import (
     COMMAND_LINE,
@@ -16,6 +16,25 @@ from phalanx.domain.directives import (
     split_cli_args,
 )
 from phalanx.errors import InvalidSpec
+
+# The longest batch script read: what a controller stores (domain/spec.py refuses longer
+# ones); a longer file, or an endless one (/dev/zero), is refused before it fills memory.
+MAX_SCRIPT_READ = 4 * 1024 * 1024
+
+
+def read_script(stream: BinaryIO, name: str) -> str:
+    """A batch script's text from `stream`, at most MAX_SCRIPT_READ bytes, as UTF-8."""
+    data = stream.read(MAX_SCRIPT_READ + 1)
+    if len(data) > MAX_SCRIPT_READ:
+        raise InvalidSpec(
+            f"batch script {name} is longer than {MAX_SCRIPT_READ // (1024 * 1024)} MiB: keep "
+            "the script small and read data files from it",
+            field="script",
+        )
+    try:
+        return data.decode()
+    except UnicodeDecodeError as e:
+        raise InvalidSpec(f"cannot read batch script {name}: not UTF-8 text ({e.reason})") from None
 
 
 def build_spec(
@@ -35,11 +54,12 @@ def build_spec(
         if not path.is_absolute():
             path = Path(cwd) / path
         try:
-            script_text = path.read_text()
+            with path.open("rb") as f:
+                script_text = read_script(f, rest[0])
         except FileNotFoundError:
             raise InvalidSpec(f"batch script {rest[0]} does not exist") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise InvalidSpec(f"cannot read batch script {rest[0]}: {e}") from None
+        except OSError as e:
+            raise InvalidSpec(f"cannot read batch script {rest[0]}: {e.strerror or e}") from None
         script_path = str(path)
         args = rest[1:]
     parsed = parse_submission(script_text, opts, script_name=rest[0] if rest else "script")

@@ -108,6 +108,9 @@ def run_command(prog: str, body: Any, argv: Sequence[str]) -> int:
     except PhalanxError as e:
         sys.stderr.write(f"{prog}: error: {e.message}\n")
         return 1
+    except ValueError as e:  # a value the parsers read (a hostlist, a time) and refused
+        sys.stderr.write(f"{prog}: error: {e}\n")
+        return 1
     except BrokenPipeError:  # `squeue | head`: the reader went away, which is not an error
         return 0
 
@@ -425,9 +428,12 @@ def script_file_flags(argv: Sequence[str], flags: SubmitFlags) -> SubmitFlags:
     _, rest = split_cli_args(list(argv))
     if not rest:
         return flags
+    from phalanx.cli.submitting import read_script
+
     try:
-        text = Path(rest[0]).read_text()
-    except (OSError, UnicodeDecodeError):
+        with Path(rest[0]).open("rb") as f:
+            text = read_script(f, rest[0])
+    except (OSError, PhalanxError):
         return flags  # build_spec says what is wrong with it
     return script_submit_flags(text, flags)
 

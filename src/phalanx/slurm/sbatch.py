@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from phalanx.cli.submitting import build_spec
+from phalanx.cli.submitting import build_spec, read_script
 from phalanx.domain.directives import split_cli_args
 from phalanx.errors import PhalanxError
 from phalanx.slurm.common import (
@@ -65,7 +65,7 @@ def _spec(argv: list[str], flags: SubmitFlags) -> tuple[dict[str, Any], list[str
     if script or any(t == "--wrap" or t.startswith("--wrap=") for t in opts):
         script_file_flags(argv, flags)
         return build_spec(argv)
-    text = sys.stdin.read()
+    text = read_script(sys.stdin.buffer, "on standard input")
     if not text.strip():
         raise SlurmUsageError("Batch script is empty!")
     script_submit_flags(text, flags)

@@ -78,10 +78,12 @@ def _main(argv: list[str]) -> int:
             if not users and me["role"] == "user":
                 users = [me["user"]]  # a user may read only their own jobs' factors
             refs = [str(j["id"]) for j in pending if not users or j["user"] in users]
+        from phalanx.client import seg
+
         jobs = [
             j
             for ref in refs
-            for j in c.get(f"/v1/jobs/{ref}/priority")["jobs"]
+            for j in c.get(f"/v1/jobs/{seg(ref, 'job id')}/priority")["jobs"]
             if j["state"] == "PENDING"
         ]
     if not args.noheader:
