@@ -8,17 +8,24 @@ A chaos run (tests/system/test_chaos.py) records four things while it injects fa
   execution, appended with O_APPEND to a file per job),
 - the store's view afterwards: jobs, their attempts and every event (state changes carry
   `{"from", "to"}`, duty writes carry the lease term they were made under),
-- samples of the lease table taken while the faults happened.
+- samples of the lease table taken while the faults happened,
+- the windows in which a fault made a node unable to answer (its agent killed, frozen or cut
+  off until the node was DOWN), and what was still held once every job had ended.
 
 `check` turns these into a list of `Violation`s; an empty list means the run kept every promise
 of DESIGN.md §8: no acknowledged job lost, no job run twice at once, an execution counted twice
 only if the store recorded two attempts, exactly one terminal state per job, lease terms that
-only grow with one holder per term, and no write under a stale term. Nothing here does I/O or
-reads a clock, so tests/unit/test_history.py feeds it bad histories and shows each one caught.
+only grow with one holder per term, and no write under a stale term; and the node-level ones:
+no job alive on a node while it is DOWN, no node declared DOWN while it could answer (a false
+DOWN, across controller failovers too), work run to its end a second time only after its node
+was declared DOWN, and nothing (CPUs, GPUs, licences, restart reservations) held once every
+job has ended. Nothing here does I/O or reads a clock, so tests/unit/test_history.py feeds it
+bad histories and shows each one caught.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -27,6 +34,9 @@ from dataclasses import dataclass, field, replace
 from phalanx.domain.states import TERMINAL
 
 TERMINAL_STATES = frozenset(s.value for s in TERMINAL)
+# A job's tick is stamped just before its write, a node.down event just before its commit,
+# both on this host's clock: how far apart two such stamps of one instant may read.
+CLOCK_SLACK = 0.1
 TAKE_RE = re.compile(r"^(\S+) took lease (\S+) term (\d+)$")
 STARTING_RE = re.compile(r"\bin (\S+) \(attempt (\d+)\)")
 CLUSTER_LEASE = "cluster"
@@ -86,6 +96,29 @@ class Event:
     term: int | None = None
     from_state: str | None = None
     to_state: str | None = None
+    node: str | None = None
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault that left `node` unable to answer from `start` until `end` (its agent killed or
+    frozen, or its network cut, until the node was DOWN): the only time it may go DOWN."""
+
+    node: str
+    kind: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Holding:
+    """Something still held once every job had ended (and the bound for releasing it had
+    passed): `amount` of `what` (e.g. "cpus", "gpus", "licence fluent", "restart
+    reservation") on or by `subject`."""
+
+    what: str
+    subject: str
+    amount: float
 
 
 @dataclass(frozen=True)
@@ -103,6 +136,8 @@ class History:
     runs: Sequence[Run] = ()
     events: Sequence[Event] = ()
     samples: Sequence[LeaseSample] = ()
+    faults: Sequence[Fault] = ()
+    held: Sequence[Holding] = ()
 
 
 @dataclass(frozen=True)
@@ -147,6 +182,8 @@ class Summary:
     runs: int = 0
     requeued_jobs: int = 0
     stopped_runs: int = 0  # executions that never wrote their end line (fenced or killed)
+    finished_twice: int = 0  # jobs whose work ran to its end more than once (reports lost)
+    downs: int = 0  # node.down events
     takes: int = 0
     term_writes: int = 0
     samples: int = 0
@@ -525,6 +562,96 @@ def check_terms(
     return out
 
 
+def down_periods(events: Sequence[Event]) -> dict[str, list[tuple[float, float]]]:
+    """Each node's DOWN periods, (from its node.down event, to its next node.up event or
+    for ever), in time order."""
+    out: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    down_since: dict[str, float] = {}
+    for e in sorted(events, key=lambda e: e.id):
+        if e.node is None:
+            continue
+        if e.kind == "node.down" and e.node not in down_since:
+            down_since[e.node] = e.ts
+        elif e.kind == "node.up" and e.node in down_since:
+            out[e.node].append((down_since.pop(e.node), e.ts))
+    for node, since in down_since.items():
+        out[node].append((since, float("inf")))
+    return out
+
+
+def check_nodes(
+    runs: Sequence[Run], events: Sequence[Event], faults: Sequence[Fault]
+) -> list[Violation]:
+    """The node-level promises:
+
+    - no job alive on a DOWN node: its self-fencing ends it before the detector may declare
+      the node DOWN (fence_timeout + kill grace + margin < node_down_timeout), so no tick of
+      a job on a node is stamped inside one of that node's DOWN periods;
+    - no false DOWN: a node is declared DOWN only inside a window in which a fault kept it
+      from answering (a controller killed, paused or failing over is no such fault);
+    - work run to its end twice only after its node was declared DOWN: the first end was
+      never reported (the agent was gone), and nothing else may run a finished job again.
+    """
+    out: list[Violation] = []
+    downs = down_periods(events)
+    for r in runs:
+        for since, until in downs.get(r.node, []):
+            if since + CLOCK_SLACK < r.last and r.start < until:
+                alive = min(r.last, until)
+                out.append(
+                    Violation(
+                        "alive-on-down",
+                        f"job {r.job_id}",
+                        f"attempt {r.attempt_id} on {r.node} was alive at {alive:.3f}, after "
+                        f"the node was declared DOWN at {since:.3f}",
+                    )
+                )
+                break
+    windows: dict[str, list[Fault]] = defaultdict(list)
+    for f in faults:
+        windows[f.node].append(f)
+    for e in events:
+        if e.kind != "node.down" or e.node is None:
+            continue
+        if not any(f.start <= e.ts <= f.end + CLOCK_SLACK for f in windows.get(e.node, [])):
+            out.append(
+                Violation(
+                    "false-down",
+                    e.node,
+                    f"declared DOWN at {e.ts:.3f} (event {e.id}: {e.message!r}) while no fault "
+                    f"kept it from answering",
+                )
+            )
+    by_job: dict[int, list[Run]] = defaultdict(list)
+    for r in runs:
+        if r.finished:
+            by_job[r.job_id].append(r)
+    for jid, finished in by_job.items():
+        finished.sort(key=lambda r: r.start)
+        for a, b in itertools.pairwise(finished):
+            declared = any(a.start <= since <= b.start for since, _ in downs.get(a.node, []))
+            if not declared:
+                out.append(
+                    Violation(
+                        "early-rerun",
+                        f"job {jid}",
+                        f"ran to its end on {a.node} (attempt {a.attempt_id}, until "
+                        f"{a.last:.3f}) and again from {b.start:.3f} on {b.node} (attempt "
+                        f"{b.attempt_id}), but {a.node} was never declared DOWN in between",
+                    )
+                )
+    return out
+
+
+def check_held(held: Sequence[Holding]) -> list[Violation]:
+    """Nothing held without a live attempt once every job has ended."""
+    return [
+        Violation("held-after-end", h.subject, f"{h.amount:g} {h.what} still held")
+        for h in held
+        if h.amount
+    ]
+
+
 def check(h: History, expect: str | None = "COMPLETED") -> list[Violation]:
     """Every check over one recorded history."""
     return [
@@ -532,6 +659,8 @@ def check(h: History, expect: str | None = "COMPLETED") -> list[Violation]:
         *check_runs(h.jobs, h.runs),
         *check_terminal(h.jobs, h.events, expect),
         *check_terms(h.events, h.jobs, h.samples),
+        *check_nodes(h.runs, h.events, h.faults),
+        *check_held(h.held),
     ]
 
 
@@ -545,6 +674,12 @@ def summarize(h: History) -> Summary:
         runs=len(h.runs),
         requeued_jobs=sum(1 for j in h.jobs if len(j.attempts) > 1),
         stopped_runs=sum(1 for r in h.runs if not r.finished),
+        finished_twice=sum(
+            1
+            for jid in {r.job_id for r in h.runs}
+            if sum(1 for r in h.runs if r.job_id == jid and r.finished) > 1
+        ),
+        downs=sum(1 for e in h.events if e.kind == "node.down"),
         takes=len(lease_takes(h.events)),
         term_writes=len(writes),
         samples=len(h.samples),

@@ -18,17 +18,27 @@ cluster is whole again, and lets the workload run on:
 - agent-freeze: SIGSTOP an agent until its node is DOWN, then SIGCONT it: its jobs fenced
               themselves meanwhile, and what it reports on waking must not bring them back;
 - partition:  (SQLite, where network namespaces and iptables work) cut node01's network to
-              the controllers with iptables DROP until its node is DOWN, then heal it.
+              the controllers with iptables DROP until its node is DOWN, then heal it;
+- authd-kill: SIGKILL the login host's credential service (`phalanx authd`), through which
+              a second submitter gets its credentials, and restart it after a random pause
+              shorter than the clients' wait for it: no submission may fail for want of one.
+
+The workload mixes plain jobs with jobs that hold a GPU, a licence, or a hot spare node, so
+that the check after the run can ask that nothing is left held.
 
 Every job appends `start`, `tick` and `end` lines with its attempt id to a file of its own
 (O_APPEND). A sampler thread reads the lease table the whole time. Afterwards
 `system.history.check` must find nothing: no acknowledged job lost, no submission applied
 twice, no two executions of a job overlapping, no execution the store did not record as an
 attempt, exactly one terminal state per job (COMPLETED: the workload is well behaved), lease
-terms that only grow with one holder each, and no write under a stale term.
+terms that only grow with one holder each, no write under a stale term, no job alive on a DOWN
+node, no node DOWN outside the windows in which a fault silenced it (no false DOWN, across
+controller failovers too), work run to its end twice only after its node went DOWN, and no
+CPU, GPU, licence or restart reservation held once every job has ended.
 
 The seed is printed; PHX_CHAOS_SEED replays a run, PHX_CHAOS_ROUNDS changes its length and
 PHX_CHAOS_FAULTS (a comma list of the names above) limits the kinds of fault, to hammer one.
+`make soak-chaos` runs it for a long time (PHX_CHAOS_ROUNDS, PHX_CHAOS_MINUTES): not in CI.
 """
 
 from __future__ import annotations
@@ -48,8 +58,10 @@ from typing import Any
 import httpx
 import pytest
 
+from phalanx.auth import keys as keyfiles
+from phalanx.auth.credentials import LocalService
 from phalanx.client import Client
-from phalanx.errors import PhalanxError
+from phalanx.errors import PhalanxError, Unauthenticated
 from system import history as hist
 from system import netns
 from system.conftest import CLUSTERS
@@ -71,6 +83,13 @@ SAMPLE_EVERY = 0.3  # seconds between reads of the lease table
 CLIENT_TIMEOUT = 5.0  # read timeout of the workload's client: gets past a frozen controller
 RECOVER = 90.0  # deadline for the cluster to be whole again after a fault
 TICK = 0.2  # seconds between a job's ticks
+GPUS = "h100:2"  # each agent's (fake) GPUs
+LICENSES = "fluent:2"  # the cluster's licences
+CONFIG = f'[cluster]\nlicenses = "{LICENSES}"\n'
+# shares of the workload's jobs that hold something beyond CPUs: a GPU, a licence, a spare
+GPU_JOBS, LICENSED_JOBS, SPARE_JOBS = 0.15, 0.1, 0.05
+VIA_AUTHD = 0.3  # share of submissions made with a credential from the authd socket
+AUTH_WAIT = 10.0  # $PHALANX_AUTH_WAIT of that submitter: longer than any authd-kill pause
 
 JOB = """#!/bin/bash
 f={runs}/$PHX_JOB_ID.log
@@ -111,9 +130,11 @@ class Workload:
     out: Path
     rng: random.Random
     token: str  # the cluster's admin credential
+    authd_socket: Path | None = None  # a login host's credential service, for some of them
     every: float = SUBMIT_EVERY
     subs: list[hist.Submission] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    credential_errors: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.runs = self.out / "runs"
@@ -129,7 +150,7 @@ class Workload:
         )
 
     def spec(self, i: int) -> dict[str, Any]:
-        return {
+        spec: dict[str, Any] = {
             "script": JOB.format(
                 runs=self.runs, ticks=self._ticks[i % len(self._ticks)], tick=TICK
             ),
@@ -140,6 +161,14 @@ class Workload:
             "requeue": True,
             "env": {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C"},
         }
+        kind = random.Random(i).random()  # by the job's number: the same on a replay
+        if kind < GPU_JOBS:
+            spec["gpus_per_node"] = 1
+        elif kind < GPU_JOBS + LICENSED_JOBS:
+            spec["licenses"] = "fluent:1"
+        elif kind < GPU_JOBS + LICENSED_JOBS + SPARE_JOBS:
+            spec["spares"] = 1
+        return spec
 
     def length(self, name: str) -> float:
         """The seconds the job submitted as `name` runs (its ticks)."""
@@ -160,11 +189,16 @@ class Workload:
 
     def _run(self) -> None:
         timeout = httpx.Timeout(CLIENT_TIMEOUT, connect=2.0)
-        with Client(self.urls, token=self.token, timeout=timeout) as c:
+        local = LocalService(self.authd_socket, wait=AUTH_WAIT) if self.authd_socket else None
+        with (
+            Client(self.urls, token=self.token, timeout=timeout) as admin,
+            Client(self.urls, credentials=local, timeout=timeout) as user,
+        ):
             i = 0
             while not self._stop.is_set():
                 t = time.monotonic()
                 name = f"chaos-{i}"
+                c = user if local is not None and self.rng.random() < VIA_AUTHD else admin
                 try:
                     jid = int(c.submit(self.spec(i))["job_id"])
                     self.subs.append(hist.Submission(name, "acked", jid))
@@ -174,6 +208,8 @@ class Workload:
                     refused = 400 <= e.http_status < 500
                     self.subs.append(hist.Submission(name, "refused" if refused else "unknown"))
                     self.errors.append(f"{name}: {type(e).__name__}: {e}")
+                    if isinstance(e, Unauthenticated):
+                        self.credential_errors.append(f"{name}: {e}")
                 except Exception as e:  # anything else: treat as unanswered
                     self.subs.append(hist.Submission(name, "unknown"))
                     self.errors.append(f"{name}: {type(e).__name__}: {e}")
@@ -250,6 +286,8 @@ class Chaos:
     ctl_addr: str = ""
     log: list[str] = field(default_factory=list)
     work: Workload | None = None
+    windows: list[hist.Fault] = field(default_factory=list)  # when a node could not answer
+    authd: Daemon | None = None
 
     def controllers(self) -> list[Daemon]:
         return [d for d in self.cluster.daemons.values() if d.kind == "controller"]
@@ -324,29 +362,45 @@ class Chaos:
         node = self.exposed_node(NODES)
         self.say(f"SIGKILL agent {node} until its node is DOWN")
         d = self.cluster.agent(node)
+        start = time.time()
         d.kill(signal.SIGKILL)
-        self.wait_down(node)
-        self.cluster.restart(d, wait=False)
+        try:
+            self.wait_down(node)
+        finally:
+            self.cluster.restart(d, wait=False)
+            self.windows.append(hist.Fault(node, "agent-down", start, time.time()))
 
     def agent_freeze(self) -> None:
         node = self.exposed_node(NODES)
         self.say(f"SIGSTOP agent {node} until its node is DOWN, then SIGCONT")
         d = self.cluster.agent(node)
+        start = time.time()
         os.kill(d.pid, signal.SIGSTOP)
         try:
             self.wait_down(node)
         finally:
             os.kill(d.pid, signal.SIGCONT)
+            self.windows.append(hist.Fault(node, "agent-freeze", start, time.time()))
 
     def partition(self) -> None:
         assert self.lab is not None
         self.exposed_node(["node01"])
         self.say("partition node01 from the controllers until its node is DOWN")
+        start = time.time()
         self.lab.partition(self.partition_ns, self.ctl_addr)
         try:
             self.wait_down("node01")
         finally:
             self.lab.heal(self.partition_ns, self.ctl_addr)
+            self.windows.append(hist.Fault("node01", "partition", start, time.time()))
+
+    def authd_kill(self) -> None:
+        assert self.authd is not None
+        pause = self.rng.uniform(0.0, AUTH_WAIT / 2)
+        self.say(f"SIGKILL authd, restart after {pause:.1f}s")
+        self.authd.kill(signal.SIGKILL)
+        time.sleep(pause)
+        self.authd = self.cluster.restart(self.authd, wait=False)
 
     def exposed_node(self, nodes: Sequence[str]) -> str:
         """One of `nodes` running a job that will outlive a node failure detected now (it runs
@@ -388,13 +442,19 @@ class Chaos:
         }
         if self.lab is not None:
             out["partition"] = self.partition
+        if self.authd is not None:
+            out["authd-kill"] = self.authd_kill
         return out
 
 
 def start_cluster(cluster: Cluster) -> list[str]:
     """Three controllers on one store (ctl-1 first, so it takes the leases), three agents each
-    listing every controller, a different one first; return the controllers' URLs."""
+    listing every controller, a different one first, with fake GPUs; the cluster has
+    licences. Return the controllers' URLs."""
     cluster.timing.update(TIMING)
+    config = cluster.root / "phalanx.toml"
+    config.write_text(CONFIG)
+    cluster.extra_env["PHALANX_CONFIG"] = str(config)
     url0 = cluster.controller_url(cluster.start_controller(CONTROLLERS[0]))
 
     def first_holds() -> bool:
@@ -408,9 +468,26 @@ def start_cluster(cluster: Cluster) -> list[str]:
     cluster.use_all_controllers(read_timeout=CLIENT_TIMEOUT)
     urls = cluster.controller_urls()
     for i, n in enumerate(NODES):
-        cluster.start_agent(n, cpus=4, mem="4G", url=rotate(urls, i), wait=False)
+        cluster.start_agent(n, cpus=4, mem="4G", gpus=GPUS, url=rotate(urls, i), wait=False)
     cluster.wait_agents(list(NODES))
     return urls
+
+
+def start_authd(cluster: Cluster) -> Daemon:
+    """`phalanx authd` of a login host, login1, with its own derived key."""
+    home = cluster.root / "login1"
+    home.mkdir(exist_ok=True)
+    key = home / "host.jwks"
+    keyfiles.save(cluster.keys.for_scope("host", "login1"), key)
+    args = ["authd", "--name", "login1", "--key-file", str(key), "--socket", str(home / "a.sock")]
+    d = Daemon("authd", "authd", args, cluster.logs / "authd.log", cluster.env()).spawn()
+    cluster.daemons["authd"] = d
+    wait_for(lambda: (home / "a.sock").exists(), what="authd to serve its socket")
+    return d
+
+
+def authd_socket(d: Daemon) -> Path:
+    return Path(d.args[d.args.index("--socket") + 1])
 
 
 # ---------------------------------------------------------------------- the history
@@ -425,9 +502,15 @@ def all_events(c: Client) -> list[dict[str, Any]]:
         since = int(batch[-1]["id"])
 
 
-def collect(cluster: Cluster, work: Workload, sampler: LeaseSampler) -> hist.History:
+def collect(
+    cluster: Cluster,
+    work: Workload,
+    sampler: LeaseSampler,
+    faults: Sequence[hist.Fault],
+    held: Sequence[hist.Holding],
+) -> hist.History:
     """The run's history: submissions, the store's jobs (with attempts) and events, the runs
-    the jobs recorded, the lease samples."""
+    the jobs recorded, the lease samples, the fault windows and what was left held."""
     c = cluster.client()
     jobs = []
     for j in c.jobs(limit=100_000):
@@ -459,12 +542,34 @@ def collect(cluster: Cluster, work: Workload, sampler: LeaseSampler) -> hist.His
                 term=int(e["term"]) if e.get("term") is not None else None,
                 from_state=data.get("from") if isinstance(data, dict) else None,
                 to_state=data.get("to") if isinstance(data, dict) else None,
+                node=e.get("node"),
             )
         )
     runs = []
     for p in sorted(work.runs.glob("*.log")):
         runs += hist.parse_runs(int(p.stem), p.read_text(errors="replace"))
-    return hist.History(work.subs, jobs, runs, events, sampler.samples)
+    return hist.History(work.subs, jobs, runs, events, sampler.samples, faults, held)
+
+
+def holdings(c: Client) -> list[hist.Holding]:
+    """What is still held: node CPUs and GPUs, licences, restart reservations."""
+    out = []
+    for n in c.nodes():
+        out.append(hist.Holding("cpus", str(n["name"]), float(n.get("cpus_alloc") or 0)))
+        out.append(hist.Holding("gpus", str(n["name"]), float(n.get("gpus_alloc") or 0)))
+    for lic in c.licenses():
+        out.append(hist.Holding(f"licence {lic['name']}", "cluster", float(lic["used"])))
+    for j in c.jobs(limit=100_000):
+        if j.get("reserved_nodes"):
+            nodes = j["reserved_nodes"]
+            out.append(hist.Holding(f"restart reservation of {nodes}", f"job {j['id']}", 1))
+    return out
+
+
+def released(c: Client) -> list[hist.Holding] | None:
+    """The holdings once nothing is held any more (None while something is)."""
+    held = holdings(c)
+    return None if any(h.amount for h in held) else held
 
 
 # ---------------------------------------------------------------------- the run
@@ -495,7 +600,11 @@ def schedule(rng: random.Random, kinds: list[str], rounds: int) -> list[str]:
 def run_chaos(chaos: Chaos, out: Path, seed: int, rounds: int, label: str) -> None:
     cluster = chaos.cluster
     urls = ",".join(chaos.urls)
-    work = chaos.work = Workload(urls, out, random.Random(seed + 1), cluster.admin_token).start()
+    chaos.authd = start_authd(cluster)
+    sock = authd_socket(chaos.authd)
+    work = chaos.work = Workload(
+        urls, out, random.Random(seed + 1), cluster.admin_token, authd_socket=sock
+    ).start()
     sampler = LeaseSampler(urls, cluster.admin_token).start()
     counts: dict[str, int] = {}
     t0 = time.monotonic()
@@ -526,7 +635,14 @@ def run_chaos(chaos: Chaos, out: Path, seed: int, rounds: int, label: str) -> No
         interval=0.5,
         what=f"the {len(acked)} acknowledged jobs to end",
     )
-    h = collect(cluster, work, sampler)
+    c = cluster.client()
+    # held resources are released with the attempts that held them; a restart reservation
+    # lasts at most restart_reservation after its job's node failed
+    held: list[hist.Holding] = []
+    with contextlib.suppress(AssertionError):
+        wait_for(lambda: released(c), timeout=RECOVER, what="every node's resources to be free")
+    held = holdings(c)
+    h = collect(cluster, work, sampler, chaos.windows, held)
     violations = hist.check(h)
     s = hist.summarize(h)
     unknown = sum(1 for x in work.subs if x.outcome == "unknown")
@@ -535,7 +651,9 @@ def run_chaos(chaos: Chaos, out: Path, seed: int, rounds: int, label: str) -> No
         f"{rounds} rounds {counts} in {t_faults:.0f}s; {len(work.subs)} submissions "
         f"({len(acked)} acknowledged, {unknown} unanswered), {s.jobs} jobs {s.by_state}, "
         f"{s.runs} runs, {s.requeued_jobs} jobs ran more than once, {s.stopped_runs} "
-        f"runs stopped before their end; {s.takes} lease takes, {s.term_writes} termed writes, "
+        f"runs stopped before their end, {s.finished_twice} jobs' work finished twice, "
+        f"{s.downs} nodes declared DOWN in {len(chaos.windows)} node faults; "
+        f"{s.takes} lease takes, {s.term_writes} termed writes, "
         f"{len(h.samples)} lease samples "
         f"({sampler.failures} failed)",
         flush=True,
@@ -548,14 +666,11 @@ def run_chaos(chaos: Chaos, out: Path, seed: int, rounds: int, label: str) -> No
         + "\nfaults:\n"
         + "\n".join(chaos.log)
     )
+    assert not work.credential_errors, (
+        f"submissions failed for want of a credential: {work.credential_errors[:5]}"
+    )
     assert len(acked) >= rounds, f"too few acknowledged submissions: {len(acked)}"
     assert h.samples, "no lease sample was taken"
-    c = cluster.client()
-    wait_for(
-        lambda: all(n["cpus_alloc"] == 0 for n in c.nodes()),
-        timeout=RECOVER,
-        what="every node's resources to be free",
-    )
     wait_for(lambda: not cluster.live_shepherds(), timeout=RECOVER, what="every shepherd to exit")
     left: list[str] = []
 

@@ -14,7 +14,9 @@ import pytest
 from system.history import (
     Attempt,
     Event,
+    Fault,
     History,
+    Holding,
     Job,
     LeaseSample,
     Run,
@@ -72,7 +74,7 @@ def good() -> History:
         state(5, 11.0, 1, "STARTING", "RUNNING"),
         state(6, 11.2, 2, "STARTING", "RUNNING"),
         state(7, 12.5, 1, "RUNNING", "COMPLETED"),
-        Event(8, 17.0, "node.down", "DOWN: no heartbeat", None, "ctl-1", 1),
+        Event(8, 17.0, "node.down", "DOWN: no heartbeat", None, "ctl-1", 1, node="node01"),
         state(9, 17.0, 2, "RUNNING", "PENDING", kind="job.requeue"),
         take(10, 19.0, "ctl-2", SCHED, 2),
         starting(11, 20.0, 2, 22, 2, "ctl-2"),
@@ -94,7 +96,8 @@ def good() -> History:
         Submission("c-2", "unknown"),
         Submission("c-3", "refused"),
     ]
-    return History(subs, jobs, runs, events, samples)
+    faults = [Fault("node01", "agent-down", 13.0, 18.0)]  # its agent killed until DOWN
+    return History(subs, jobs, runs, events, samples, faults, [Holding("cpus", "node01", 0)])
 
 
 def kinds(h: History) -> list[str]:
@@ -179,14 +182,16 @@ def test_overlapping_executions() -> None:
     h = good()
     runs = list(h.runs)
     runs[1] = dataclasses.replace(runs[1], last=20.2)  # the fenced run outlived the new start
-    assert kinds(dataclasses.replace(h, runs=runs)) == ["overlap"]
+    # (and so also outlived its node's DOWN at 17.0)
+    assert kinds(dataclasses.replace(h, runs=runs)) == ["alive-on-down", "overlap"]
 
 
 def test_execution_without_an_attempt_in_the_store() -> None:
     h = good()
-    runs = [*h.runs, Run(1, 11, "node02", 13.0, 14.0, True)]  # job 1 ran again, one attempt
-    assert kinds(dataclasses.replace(h, runs=runs)) == ["double-run"]
-    runs = [*h.runs, Run(1, 12, "node02", 13.0, 14.0, True)]
+    # job 1 ran again, one attempt (and its work ran to its end twice, node01 never DOWN)
+    runs = [*h.runs, Run(1, 11, "node02", 13.0, 14.0, True)]
+    assert kinds(dataclasses.replace(h, runs=runs)) == ["double-run", "early-rerun"]
+    runs = [*h.runs, Run(1, 12, "node02", 13.0, 14.0, False)]
     assert kinds(dataclasses.replace(h, runs=runs)) == ["unrecorded-run"]
     runs = [*h.runs, Run(5, 51, "node02", 13.0, 14.0, True)]
     assert kinds(dataclasses.replace(h, runs=runs)) == ["unrecorded-run"]
@@ -285,3 +290,44 @@ def test_termed_event_of_no_known_lease_and_unreadable_take() -> None:
 )
 def test_violation_reads_as_one_line(v: Violation) -> None:
     assert str(v) == "overlap [job 1]: attempt 2 started while attempt 1 ran"
+
+
+# ---------------------------------------------------------------------- nodes and leftovers
+def test_a_job_alive_on_its_node_after_the_node_went_down() -> None:
+    """Job 2's first run ticked on node01 after node01 was declared DOWN at 17.0: its
+    self-fencing failed (the run also overlaps its rerun's start)."""
+    h = good()
+    runs = [dataclasses.replace(r, last=17.5) if r.attempt_id == 21 else r for r in h.runs]
+    assert kinds(dataclasses.replace(h, runs=runs)) == ["alive-on-down"]
+    # a node that came back (node.up) runs jobs again: fine
+    events = [*h.events, Event(14, 25.0, "node.up", "back", None, "node01", node="node01")]
+    later = [*h.runs, Run(1, 11, "node01", 26.0, 27.0, False)]
+    assert "alive-on-down" not in kinds(dataclasses.replace(h, events=events, runs=later))
+
+
+def test_a_node_declared_down_without_a_fault_is_a_false_down() -> None:
+    h = good()
+    assert kinds(dataclasses.replace(h, faults=[])) == ["false-down"]
+    # a fault on another node does not excuse it, nor one that ended before
+    other = [Fault("node02", "agent-freeze", 13.0, 18.0), Fault("node01", "partition", 1, 9)]
+    assert kinds(dataclasses.replace(h, faults=other)) == ["false-down"]
+
+
+def test_work_finished_twice_needs_its_node_declared_down_between() -> None:
+    """Job 2's first run finished on node01 but its report was lost: its rerun is fine only
+    because node01 was declared DOWN between the two; counted in the summary."""
+    h = good()
+    runs = [dataclasses.replace(r, finished=True) if r.attempt_id == 21 else r for r in h.runs]
+    finished_twice = dataclasses.replace(h, runs=runs)
+    assert check(finished_twice) == []
+    assert summarize(finished_twice).finished_twice == 1
+    events = [e for e in h.events if e.kind != "node.down"]
+    assert "early-rerun" in kinds(dataclasses.replace(finished_twice, events=events))
+
+
+def test_something_held_after_every_job_ended() -> None:
+    h = good()
+    held = [Holding("gpus", "node02", 1), Holding("licence fluent", "cluster", 2)]
+    bad = dataclasses.replace(h, held=held)
+    assert kinds(bad) == ["held-after-end"]
+    assert len(check(bad)) == 2
