@@ -240,6 +240,8 @@ def job_view(row: dict[str, Any], *, detail: bool = False) -> dict[str, Any]:
         "reason": row["reason"],
         "priority": row["priority"],
         "nice": int(row.get("nice") or 0),
+        # while HELD: who held it and whether its owner may release it (admin: only operators)
+        **_hold_view(row),
         "submit_time": row["submit_time"],
         "start_time": row["start_time"],
         "end_time": row["end_time"],
@@ -302,6 +304,12 @@ def job_view(row: dict[str, Any], *, detail: bool = False) -> dict[str, Any]:
             }
         )
     return view
+
+
+def _hold_view(row: dict[str, Any]) -> dict[str, Any]:
+    if row["state"] != JobState.HELD.value:
+        return {"held_by": None, "hold_kind": None}
+    return {"held_by": row.get("held_by"), "hold_kind": row.get("hold_kind") or "user"}
 
 
 def allocation_view(attempts: list[dict[str, Any]], now: float) -> dict[str, Any]:
@@ -798,13 +806,21 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         return {"jobs": out}
 
     def _bulk(
-        refs: list[str], ident: Identity, what: str, fn: Any, *args: Any, **kw: Any
+        refs: list[str],
+        ident: Identity,
+        what: str,
+        fn: Any,
+        *args: Any,
+        check: Any = None,
+        **kw: Any,
     ) -> dict[str, Any]:
         ids = ctl.store.resolve_refs(refs)
         if not ids:
             raise NotFound(f"no such job: {', '.join(refs)}", jobs=refs)
         views = [job_view(r) for r in ctl.store.list_jobs(ids=ids)]
         access.check_owner(ident, views, what)
+        if check is not None:
+            check(views)  # the route's own refusal (403), before anything is changed
         result = fn(ids, *args, **kw)
         ctl.kick()
         # keyed by the ids users type (123, or 123_4 for an array task), never internal ids
@@ -825,17 +841,49 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
 
     @app.post("/v1/jobs/hold")
     def hold(body: RefsIn, ident: Identity = Depends(caller)) -> dict[str, Any]:
-        return _bulk(body.jobs, ident, "hold", ctl.store.hold, ident.actor)
+        """Hold pending jobs. An operator's or admin's hold is an admin hold, which only an
+        operator or admin may release (Slurm's `scontrol hold`); a user's is a user hold."""
+        admin = access.may_see_all(ident)
+        return _bulk(body.jobs, ident, "hold", ctl.store.hold, ident.actor, admin=admin)
 
     @app.post("/v1/jobs/release")
     def release(body: RefsIn, ident: Identity = Depends(caller)) -> dict[str, Any]:
-        return _bulk(body.jobs, ident, "release", ctl.store.release, ident.actor)
+        """Release held jobs: their owner a user hold, operators and admins any hold."""
+        admin = access.may_see_all(ident)
+        return _bulk(
+            body.jobs,
+            ident,
+            "release",
+            ctl.store.release,
+            ident.actor,
+            admin=admin,
+            check=None if admin else _user_may_release,
+        )
+
+    def _user_may_release(views: list[dict[str, Any]]) -> None:
+        for v in views:
+            if v["hold_kind"] == "admin":
+                raise Forbidden(
+                    f"job {v['job_id']} was held by {v['held_by'] or 'an operator'}, an "
+                    "operator or admin (an admin hold, as Slurm's scontrol hold): only an "
+                    "operator or admin may release it; ask them to",
+                    job=str(v["job_id"]),
+                    held_by=v["held_by"],
+                )
 
     @app.post("/v1/jobs/requeue")
     def requeue(body: RequeueIn, ident: Identity = Depends(caller)) -> dict[str, Any]:
         """scontrol requeue/requeuehold: running jobs stop and come back (restart count + 1),
         finished ones go back to the queue; a job may requeue itself with its own identity."""
-        return _bulk(body.jobs, ident, "requeue", ctl.store.requeue, ident.actor, hold=body.hold)
+        return _bulk(
+            body.jobs,
+            ident,
+            "requeue",
+            ctl.store.requeue,
+            ident.actor,
+            hold=body.hold,
+            admin=access.may_see_all(ident),  # an operator's requeuehold is an admin hold
+        )
 
     @app.post("/v1/jobs/update")
     def update_jobs(body: UpdateIn, ident: Identity = Depends(caller)) -> dict[str, Any]:

@@ -77,6 +77,10 @@ jobs = Table(
     Column("account", String(64), nullable=True),
     Column("qos", String(64), nullable=True),
     Column("nice", Integer, nullable=False, default=0, server_default="0"),
+    # Who placed the job's hold and its kind, while it is HELD (migration 0013): 'admin' (an
+    # operator's or admin's: only they release it) or 'user' (the owner may); NULL: a user hold
+    Column("held_by", String(128), nullable=True),
+    Column("hold_kind", String(8), nullable=True),
     # Set by the database on every insert and update of the row (triggers of migration 0010,
     # never by the code): SQLite a counter, PostgreSQL the writing transaction's id. The
     # scheduling loop reads only the rows changed since its last pass (store/pending.py).

@@ -448,7 +448,9 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
         dependency: list[dict[str, Any]],
     ) -> dict[str, Any]:
         state = JobState.HELD if resolved.hold else JobState.PENDING
+        held = {"held_by": user, "hold_kind": HOLD_USER} if resolved.hold else {}
         return {
+            **held,  # sbatch -H: a user hold (only then: an ordinary row keeps its columns)
             "name": resolved.name,
             "user": user,
             "partitions": ",".join(resolved.partitions),
@@ -648,8 +650,11 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
                     out[jid] = "stopping"
         return out
 
-    def requeue(self, job_ids: Sequence[int], actor: str, *, hold: bool = False) -> dict[int, str]:
-        """Requeue jobs as `scontrol requeue` does (`hold`: `requeuehold`, they wait HELD).
+    def requeue(
+        self, job_ids: Sequence[int], actor: str, *, hold: bool = False, admin: bool = False
+    ) -> dict[int, str]:
+        """Requeue jobs as `scontrol requeue` does (`hold`: `requeuehold`, they wait HELD; an
+        admin hold when `admin`, placed by an operator or admin, see `hold`).
 
         A running job is stopped with a user-requeue stop reason (no checkpoint signal, no
         retry spent) and its next attempt has restart count + 1; a finished job goes back to
@@ -671,7 +676,12 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
                 elif state is JobState.PENDING:
                     if hold:
                         self._set_job_state(
-                            conn, job, JobState.HELD, f"held by {actor}", actor=actor
+                            conn,
+                            job,
+                            JobState.HELD,
+                            f"held by {actor}",
+                            actor=actor,
+                            extra=_hold_columns(actor, admin),
                         )
                         out[jid] = "held"
                     else:
@@ -690,6 +700,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
                             end_time=None,
                             eligible_time=None,
                             restart_count=s.jobs.c.restart_count + 1,
+                            **_hold_columns(actor, admin, held=hold),
                         )
                     )
                     if res.rowcount == 1:
@@ -710,6 +721,8 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
                     self._stop_attempt(
                         conn, job, user_requeue_reason(actor, hold=hold), actor=actor
                     )
+                    if hold:  # the attempt's end puts it HELD: with these, set now
+                        update_where(conn, s.jobs, {"id": jid}, _hold_columns(actor, admin))
                     out[jid] = "requeued and held" if hold else "requeued"
         return out
 
@@ -900,13 +913,19 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
             self._set_job_state(conn, job, JobState.COMPLETING, stop_reason, actor=actor)
         self._bump_gen(conn, att["nodes"])
 
-    def hold(self, job_ids: Sequence[int], actor: str) -> dict[int, str]:
-        return self._hold_release(job_ids, actor, hold=True)
+    def hold(self, job_ids: Sequence[int], actor: str, *, admin: bool = False) -> dict[int, str]:
+        """Hold pending jobs. `admin` (the caller is an operator or admin): an admin hold,
+        which only an operator or admin may release (Slurm's `scontrol hold`); otherwise a
+        user hold. An admin holding a job its owner held makes it an admin hold."""
+        return self._hold_release(job_ids, actor, hold=True, admin=admin)
 
-    def release(self, job_ids: Sequence[int], actor: str) -> dict[int, str]:
-        return self._hold_release(job_ids, actor, hold=False)
+    def release(self, job_ids: Sequence[int], actor: str, *, admin: bool = False) -> dict[int, str]:
+        """Release held jobs; an admin hold only when `admin` (else the result says why)."""
+        return self._hold_release(job_ids, actor, hold=False, admin=admin)
 
-    def _hold_release(self, job_ids: Sequence[int], actor: str, *, hold: bool) -> dict[int, str]:
+    def _hold_release(
+        self, job_ids: Sequence[int], actor: str, *, hold: bool, admin: bool
+    ) -> dict[int, str]:
         out: dict[int, str] = {}
         src, dst = (JobState.PENDING, JobState.HELD) if hold else (JobState.HELD, JobState.PENDING)
         with self.db.begin() as conn:
@@ -915,11 +934,39 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
                 job = found.get(jid)
                 if job is None:
                     out[jid] = "not found"
+                elif hold and admin and job["state"] == JobState.HELD.value:
+                    if job.get("hold_kind") == HOLD_ADMIN:
+                        out[jid] = "held"  # already an admin hold
+                        continue
+                    # the owner's hold becomes an operator's: they no longer release it alone
+                    n = update_where(
+                        conn,
+                        s.jobs,
+                        {"id": jid, "state": JobState.HELD.value},
+                        {"reason": f"held by {actor}", **_hold_columns(actor, True)},
+                    )
+                    if n == 1:
+                        self._event(
+                            conn,
+                            "job.held",
+                            f"user hold made an admin hold by {actor}",
+                            job_id=jid,
+                            actor=actor,
+                            data={"hold_kind": HOLD_ADMIN},
+                        )
+                    out[jid] = "held"
                 elif job["state"] != src.value:
                     out[jid] = f"not {src.value.lower()} (state {job['state']})"
+                elif not hold and job.get("hold_kind") == HOLD_ADMIN and not admin:
+                    out[jid] = (
+                        f"held by {job.get('held_by') or 'an operator'} (an admin hold): only "
+                        "an operator or admin may release it"
+                    )
                 else:
                     reason = f"held by {actor}" if hold else None
-                    self._set_job_state(conn, job, dst, reason, actor=actor)
+                    self._set_job_state(
+                        conn, job, dst, reason, actor=actor, extra=_hold_columns(actor, admin, hold)
+                    )
                     out[jid] = dst.value.lower() if hold else "released"
         return out
 
@@ -2547,6 +2594,17 @@ def _task_failed(t: dict[str, Any]) -> bool:
         or t["exit_code"] not in (0,)
         or t["exit_signal"]
     )
+
+
+HOLD_USER, HOLD_ADMIN = "user", "admin"  # jobs.hold_kind (migration 0013)
+
+
+def _hold_columns(actor: str, admin: bool, held: bool = True) -> dict[str, Any]:
+    """jobs.held_by/hold_kind for a hold `actor` places (`admin`: an operator or admin), or
+    cleared (`held` false: a release, a requeue that does not hold)."""
+    if not held:
+        return {"held_by": None, "hold_kind": None}
+    return {"held_by": actor, "hold_kind": HOLD_ADMIN if admin else HOLD_USER}
 
 
 def _launch_error(t: dict[str, Any]) -> str | None:
