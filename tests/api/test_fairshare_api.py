@@ -73,7 +73,7 @@ def test_the_default_account_and_qos_are_recorded(fs_client: Any) -> None:
         ("bob", {"account": "hep"}, 403, "user bob may not charge account 'hep' (their "),
         ("carol", {}, 403, "user carol is in no account"),
         ("alice", {"qos": "gold"}, 422, "QOS 'gold' does not exist (QOS: normal, urgent)"),
-        ("alice", {"nice": -5}, 403, "a negative --nice raises priority and needs the admin"),
+        ("alice", {"nice": -5}, 403, "a negative --nice raises priority and needs the operator"),
     ],
 )
 def test_refusals_say_what_is_wrong(

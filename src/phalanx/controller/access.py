@@ -192,17 +192,35 @@ class TokenBuckets:
 
 
 def throttle(
-    buckets: TokenBuckets, ident: Identity, exempt: list[str], n: float, what: str
+    buckets: TokenBuckets,
+    ident: Identity,
+    exempt: list[str],
+    n: float,
+    what: str,
+    setting: str = "api",
 ) -> None:
+    """Take `n` tokens of `ident`'s bucket, or raise RateLimited saying when to retry
+    (`setting`: the limits.<setting>_rate/_burst pair the bucket is configured by)."""
     if ident.role == AGENT or ident.role in exempt:
         return
     wait = buckets.take(ident.user, n)
     if wait > 0:
         retry = max(1, math.ceil(wait))
+        big = ""
+        if n > buckets.burst:
+            # never refused for good: it goes from a full bucket and leaves it in debt
+            big = (
+                f"; this request counts {n:g} (an array counts each task, a batch each job), "
+                f"more than a whole burst: it is taken only when the bucket is full, and "
+                f"leaves it empty for {math.ceil((n - buckets.burst) / buckets.rate)} s more. "
+                f"To submit such requests without waiting, split them or ask an administrator "
+                f"to raise limits.{setting}_burst"
+            )
         raise RateLimited(
             f"{ident.user} is over the {what} rate limit ({buckets.rate:g}/s, bursts of "
-            f"{buckets.burst:g}); retry in {retry} s",
+            f"{buckets.burst:g}); retry in {retry} s{big}",
             retry_after=retry,
+            cost=n,
         )
 
 

@@ -48,7 +48,12 @@ from phalanx.domain.spec import JobSpec
 from phalanx.domain.states import JobState, node_display_state
 from phalanx.domain.steps import StepRequest
 from phalanx.domain.text import PlainText
-from phalanx.domain.values import format_duration, parse_dependency, parse_duration
+from phalanx.domain.values import (
+    format_duration,
+    parse_array,
+    parse_dependency,
+    parse_duration,
+)
 from phalanx.errors import Forbidden, InvalidSpec, NotFound, PhalanxError
 from phalanx.store.metrics import CHECKPOINT_BUCKETS
 from phalanx.store.steps import StepReport
@@ -108,6 +113,18 @@ class UpdateIn(BaseModel):
     partition: PlainText | None = Field(default=None, min_length=1, max_length=64)
     dependency: PlainText | None = Field(
         default=None, max_length=specs.MAX_DEPENDENCY, description="'' clears it"
+    )
+    priority: int | None = Field(
+        default=None,
+        ge=-1_000_000,
+        le=1_000_000,
+        description="--priority, the queue's first sort key: above 0 for operators and admins",
+    )
+    nice: int | None = Field(
+        default=None,
+        ge=-10_000_000,
+        le=10_000_000,
+        description="--nice: below 0 for operators and admins",
     )
 
 
@@ -396,6 +413,18 @@ def _fast_json(body: dict[str, Any], status_code: int = 200) -> Response:
     return Response(content, status_code=status_code, media_type="application/json")
 
 
+def job_count(spec: JobSpec) -> int:
+    """Jobs a submission puts in the queue: 1, or an array's tasks (an invalid --array is
+    refused here, before any rate-limit token is taken)."""
+    if not spec.array:
+        return 1
+    try:
+        indices, _limit = parse_array(spec.array)
+    except ValueError as e:
+        raise InvalidSpec(f"array: {e}", field="array") from None
+    return len(indices)
+
+
 def _error(e: PhalanxError) -> JSONResponse:
     headers = {}
     if e.details.get("retry_after") is not None:
@@ -481,22 +510,52 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         ident: Identity = request.state.identity
         return ident
 
-    def submitter(ident: Identity, n: int) -> str:
+    def submitter(ident: Identity, specs: list[JobSpec]) -> str:
+        """The user the jobs run as, once the submission rate limit has taken what they cost:
+        a job each, an array each of its tasks (they are as many jobs in the queue)."""
         if ident.user == "root" and not ctl.config.auth.allow_root_jobs:
             raise Forbidden(
                 "jobs would run as root, which this cluster does not allow "
                 "(auth.allow_root_jobs = false): submit as a normal user"
             )
-        access.throttle(submit_buckets, ident, limits.exempt_roles, n, "job submission")
+        n = 0
+        for i, sp in enumerate(specs):
+            try:
+                n += job_count(sp)
+            except InvalidSpec as e:
+                if len(specs) > 1:  # as the batch's own validation names the item
+                    e.message = f"job {i}: {e.message}"
+                    e.details["index"] = i
+                raise
+        access.throttle(
+            submit_buckets, ident, limits.exempt_roles, n, "job submission", setting="submit"
+        )
         return ident.user
 
-    def nice_allowed(ident: Identity, specs: list[JobSpec]) -> None:
-        """A negative --nice raises a job above others: admins only (as Slurm)."""
-        if any(sp.nice < 0 for sp in specs) and not ident.at_least(access.ADMIN):
+    def standing_allowed(ident: Identity, priority: int | None, nice: int | None) -> None:
+        """The one rule for a job's place in the queue, on submission and on update: a user
+        may lower their own jobs' standing (--nice >= 0, --priority <= 0) but only operators
+        and admins may raise a job above others (--priority > 0, the queue's first sort key;
+        a negative --nice), as Slurm keeps both for its operators (docs/security.md)."""
+        if access.may_see_all(ident):
+            return
+        if priority is not None and priority > 0:
             raise Forbidden(
-                f"a negative --nice raises priority and needs the admin role; {ident.user} is a "
-                f"{ident.role}: use --nice=0 or more"
+                f"--priority={priority} puts a job ahead of every other and needs the operator "
+                f"or admin role; {ident.user} is a {ident.role}: leave it out (or give a "
+                "value of 0 or less to go behind others)",
+                field="priority",
             )
+        if nice is not None and nice < 0:
+            raise Forbidden(
+                f"--nice={nice}: a negative --nice raises priority and needs the operator or "
+                f"admin role; {ident.user} is a {ident.role}: use --nice=0 or more",
+                field="nice",
+            )
+
+    def nice_allowed(ident: Identity, specs: list[JobSpec]) -> None:
+        for sp in specs:
+            standing_allowed(ident, sp.priority, sp.nice)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -593,7 +652,7 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         # (controller/submitq.py) with the other requests in flight, and the reply is built
         # here, not re-validated against `SubmitOut` (a pydantic pass). The caller is read
         # from the request (set by `authorize`), which spares FastAPI a dependency.
-        user = submitter(request.state.identity, 1)
+        user = submitter(request.state.identity, [spec])
         nice_allowed(request.state.identity, [spec])
         if test_only:
             await run_in_threadpool(lambda: ctl.submit([spec], user, validate_only=True))
@@ -648,7 +707,7 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
             access.throttle(api_buckets, ident, limits.exempt_roles, 1, "API call")
             if b"\\u0000" in body:
                 raise InvalidSpec("text in a request may not contain NUL characters (\\u0000)")
-            user = submitter(ident, 1)
+            user = submitter(ident, [spec])
             nice_allowed(ident, [spec])
             ids = await ctl.submitq.submit(spec, user)
         except PhalanxError as e:
@@ -694,7 +753,7 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
 
     @app.post("/v1/jobs/batch", status_code=201)
     def submit_batch(body: BatchIn, ident: Identity = Depends(caller)) -> dict[str, Any]:
-        user = submitter(ident, len(body.jobs))
+        user = submitter(ident, body.jobs)
         nice_allowed(ident, body.jobs)
         ids = ctl.submit(body.jobs, user)
         # the annotation is the OpenAPI document's; the reply is made ready (_fast_json)
@@ -888,7 +947,8 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
     @app.post("/v1/jobs/update")
     def update_jobs(body: UpdateIn, ident: Identity = Depends(caller)) -> dict[str, Any]:
         """scontrol update JobId=...: change pending jobs (time limit, nodes, partition,
-        dependency). Users may only lower a time limit; operators may raise it."""
+        dependency, priority, nice). Users may only lower a time limit; operators may raise
+        it. A priority above 0 or a negative nice: operators and admins, as on submission."""
         changes: dict[str, Any] = {}
         if body.time_limit is not None:
             try:
@@ -906,8 +966,15 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
                 )
             except ValueError as e:
                 raise InvalidSpec(f"dependency: {e}", field="dependency") from None
+        standing_allowed(ident, body.priority, body.nice)  # the submission's rule, the same
+        if body.priority is not None:
+            changes["priority"] = body.priority
+        if body.nice is not None:
+            changes["nice"] = body.nice
         if not changes:
-            raise InvalidSpec("nothing to change: give time_limit, nodes, partition or dependency")
+            raise InvalidSpec(
+                "nothing to change: give time_limit, nodes, partition, dependency, priority or nice"
+            )
         return _bulk(
             body.jobs,
             ident,

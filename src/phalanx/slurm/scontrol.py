@@ -235,18 +235,24 @@ def parse_job_update(words: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
                     "supported here"
                 )
             changes["nodes"] = int(lo)
+        elif k in ("priority", "nice"):
+            try:
+                changes[k] = int(value)
+            except ValueError:
+                raise SlurmUsageError(f"{key}={value}: give a whole number") from None
         elif k in JOB_KEYS:
             changes[JOB_KEYS[k]] = value
         else:
             raise SlurmUsageError(
                 f"Update of {key} is not supported here (supported: TimeLimit, NumNodes, "
-                "Partition, Dependency)"
+                "Partition, Dependency, Priority, Nice)"
             )
     if not refs:
         raise SlurmUsageError("No job id given: use JobId=<id>")
     if not changes:
         raise SlurmUsageError(
-            "Nothing to update: give TimeLimit=, NumNodes=, Partition= or Dependency="
+            "Nothing to update: give TimeLimit=, NumNodes=, Partition=, Dependency=, Priority= "
+            "or Nice="
         )
     return refs, changes
 

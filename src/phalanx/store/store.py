@@ -743,7 +743,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
         self, job_ids: Sequence[int], changes: dict[str, Any], actor: str, *, may_raise: bool
     ) -> dict[int, str]:
         """Change pending jobs (scontrol update JobId=...): `time_limit_s`, `nodes`,
-        `partition`, `dependency` (text as --dependency). A running or finished job is refused
+        `partition`, `dependency` (text as --dependency), `priority`, `nice`. A running or finished job is refused
         (its allocation is made); `may_raise` (operators) may also raise a time limit, as in
         Slurm where users may only lower theirs. Results per job: "updated" or why not."""
         out: dict[int, str] = {}
@@ -785,6 +785,9 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
                     values["nodes"] = int(changes["nodes"])
                 if "dependency" in changes:
                     values["dependency"] = self._resolve_dependencies(conn, changes["dependency"])
+                for key in ("priority", "nice"):  # the API checked who may set them
+                    if key in changes:
+                        values[key] = int(changes[key])
                 if not values:
                     out[jid] = "nothing to change"
                     continue
