@@ -1,4 +1,9 @@
-"""Tables and detail views for people (the `--json` output is the machine interface)."""
+"""Tables and detail views for people (the `--json` output is the machine interface).
+
+Text from the store reaches the terminal of whoever runs the command, others' job names and
+reasons included: every value shown goes through `domain.text.escape` (tables, per cell) or
+`escape_data` (detail views, the record at once), so that a control character prints as its
+visible escape and never acts on the terminal."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from typing import Any
 from rich.table import Table
 
 from phalanx.domain.checkpointing import describe, describe_cluster_mtbf
+from phalanx.domain.text import escape, escape_data
 from phalanx.domain.values import format_duration
 
 
@@ -44,7 +50,7 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Table:
         ):
             code = f" exit {j['exit_code']}" if j["exit_code"] is not None else ""
             where = f"{j['nodelist'] or ''}{code}"
-        t.add_row(
+        cells = (
             j["job_id"],
             j["partition"] or "",
             j["name"],
@@ -57,6 +63,7 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Table:
             else str(j["nodes"]),
             where,
         )
+        t.add_row(*(escape(c) for c in cells))
     return t
 
 
@@ -64,6 +71,7 @@ def licenses_table(lics: list[dict[str, Any]]) -> str:
     """NAME TOTAL USED FREE, one licence a line (phalanx show licenses)."""
     if not lics:
         return "no licences configured (cluster.licenses)"
+    lics = escape_data(lics)
     width = max(4, *(len(x["name"]) for x in lics))
     rows = [f"{'NAME':<{width}} {'TOTAL':>7} {'USED':>7} {'FREE':>7}"]
     rows += [f"{x['name']:<{width}} {x['total']:>7} {x['used']:>7} {x['free']:>7}" for x in lics]
@@ -71,6 +79,7 @@ def licenses_table(lics: list[dict[str, Any]]) -> str:
 
 
 def job_detail(j: dict[str, Any]) -> str:
+    j = escape_data(j)
     attempts = j.get("attempts") or []
     lines = [
         f"JobId={j['id']} JobName={j['name']}"
@@ -230,7 +239,7 @@ def nodes_table(nodes: list[dict[str, Any]]) -> Table:
             if w["state"] == "scheduled":  # an active one shows as the drain reason
                 maint = f"maintenance {w['id']} at {_ts(w['start'])}"
                 reason = f"{reason}; {maint}" if reason else maint
-        t.add_row(
+        cells = (
             n["name"],
             n["state"],
             f"{n['cpus_alloc']}/{n['cpus']}",
@@ -239,10 +248,12 @@ def nodes_table(nodes: list[dict[str, Any]]) -> Table:
             ",".join(n["features"]) or "-",
             reason,
         )
+        t.add_row(*(escape(c) for c in cells))
     return t
 
 
 def node_detail(n: dict[str, Any]) -> str:
+    n = escape_data(n)
     gpu_types = sorted({g[1] for g in n["gpus"]})
     lines = [
         f"NodeName={n['name']} State={n['state']} Addr={n['addr']}",
@@ -283,6 +294,7 @@ def node_detail(n: dict[str, Any]) -> str:
 def events_text(evs: list[dict[str, Any]]) -> str:
     """Events as aligned lines; the message is last and never padded or cut, so one long
     message does not widen every row (as a table would) and `grep` sees whole messages."""
+    evs = escape_data(evs)
     header = ("TIME", "KIND", "JOB", "NODE", "BY")
     rows = [
         (_ts(e["ts"]), e["kind"], str(e["job_id"] or ""), e["node"] or "", e["actor"] or "")

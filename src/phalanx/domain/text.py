@@ -21,7 +21,7 @@ tabs, and they are shown only to their owner (and operators).
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator
 
@@ -70,3 +70,15 @@ def _checked(value: str) -> str:
 
 #: A request field other users may see: refused (422 naming the field) with a control character
 PlainText = Annotated[str, AfterValidator(_checked)]
+
+
+def escape_data(value: Any) -> Any:
+    """`value` (a reply's JSON: dicts, lists, scalars) with every string `escape`d, keys too:
+    for a renderer that builds its lines from many fields of one record."""
+    if isinstance(value, str):
+        return escape(value)
+    if isinstance(value, dict):
+        return {escape(k) if isinstance(k, str) else k: escape_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [escape_data(v) for v in value]
+    return value

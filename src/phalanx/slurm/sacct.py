@@ -22,6 +22,7 @@ from typing import Any
 
 from phalanx.domain import efficiency
 from phalanx.domain.hostlist import compress_hostlist, expand_hostlist
+from phalanx.domain.text import escape
 from phalanx.errors import NotFound
 from phalanx.slurm import records
 from phalanx.slurm.common import (
@@ -230,13 +231,13 @@ def render(
         if header:
             lines.append(delimiter.join(f.name for f, _ in fields) + end)
         for r in rows:
-            lines.append(delimiter.join(str(f.get(r)) for f, _ in fields) + end)
+            lines.append(delimiter.join(escape(f.get(r)) for f, _ in fields) + end)
         return "".join(x + "\n" for x in lines)
     if header:
         lines.append("".join(_cell(f.name, w) for f, w in fields))
         lines.append("".join("-" * abs(w) + " " for _, w in fields))
     for r in rows:
-        lines.append("".join(_cell(f.get(r), w) for f, w in fields))
+        lines.append("".join(_cell(escape(f.get(r)), w) for f, w in fields))
     return "".join(x + "\n" for x in lines)
 
 

@@ -20,6 +20,7 @@ import httpx
 
 from phalanx.client import Client, urls_from
 from phalanx.domain.hostlist import compress_hostlist, expand_hostlist
+from phalanx.domain.text import escape
 from phalanx.errors import Forbidden, NotFound, PhalanxError
 from phalanx.slurm import records
 from phalanx.slurm.common import (
@@ -115,7 +116,9 @@ def job_lines(job: dict[str, Any], now: float) -> list[str]:
 
 def render_blocks(blocks: list[list[str]], *, oneliner: bool) -> str:
     """Records as scontrol prints them: indented lines and a blank line after each record, or
-    one line per record with `-o`."""
+    one line per record with `-o`. Each line is escaped (domain/text.py): a control character
+    in a stored name or reason prints as its visible escape and cannot start a line of its own."""
+    blocks = [[escape(x) for x in b] for b in blocks]
     if oneliner:
         return "".join(" ".join(b) + "\n" for b in blocks)
     return "".join(b[0] + "\n" + "".join(f"   {x}\n" for x in b[1:]) + "\n" for b in blocks)

@@ -18,6 +18,7 @@ from typing import Any
 
 from phalanx.domain.hostlist import compress_hostlist, expand_hostlist
 from phalanx.domain.scheduling import node_partitions
+from phalanx.domain.text import escape
 from phalanx.slurm.common import (
     Field,
     SlurmParser,
@@ -144,7 +145,7 @@ def node_values(
     avail_idle = long == "idle"
     features = ",".join(node.get("features") or []) or "(null)"
     reasons = long in ("down", "drained", "draining", "unknown") or node.get("drain")
-    return {
+    values = {
         "P": name + ("*" if name == default else ""),
         "R": name,
         "a": "up",
@@ -175,6 +176,8 @@ def node_values(
         "h": "NO",
         "g": "all",
     }
+    # drain reasons, features: never a control character on the terminal (domain/text.py)
+    return {k: escape(v) for k, v in values.items()}
 
 
 def _sum_slashes(values: list[str]) -> str:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from phalanx.domain.hostlist import expand_hostlist
+from phalanx.domain.text import escape
 from phalanx.errors import NotFound
 from phalanx.slurm.common import (
     Field,
@@ -320,7 +321,9 @@ def format_rows(
     if header:
         lines.append(render_line(prefix, fields, {f.key: headers[f.key] for f in fields}))
     for j in jobs:
-        lines.append(render_line(prefix, fields, job_values(j, now)))
+        # others' names, comments and reasons: never a control character on the terminal
+        values = {k: escape(v) for k, v in job_values(j, now).items()}
+        lines.append(render_line(prefix, fields, values))
     return lines
 
 
