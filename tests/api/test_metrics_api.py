@@ -38,10 +38,14 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def scrape(client: TestClient) -> Samples:
-    r = client.get("/metrics")
+    r = client.get("/metrics")  # as an admin (AuthedClient's default): per-user series too
     assert r.status_code == 200, r.text
+    return parse(r.text)
+
+
+def parse(text: str) -> Samples:
     out: Samples = {}
-    for fam in text_string_to_metric_families(r.text):
+    for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             out[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return out
@@ -238,3 +242,29 @@ def test_purging_finished_jobs_keeps_the_counters(
     client.post("/v1/jobs/cancel", json={"jobs": [str(again)]}, headers=USER)
     assert store.purge_finished(time.time() + 60) == 1
     assert figures()[:2] == (2, 2)
+
+
+def test_the_public_scrape_names_no_user_and_operators_get_the_per_user_series(
+    client: TestClient,
+) -> None:
+    """/metrics needs no credential, so it must not list who runs what: user names only in a
+    scrape with an operator's or admin's credential (docs/metrics.md)."""
+    from api_auth import ANONYMOUS, as_agent, as_user
+
+    for user in ("zelda", "yorick"):
+        r = client.post(
+            "/v1/jobs", json={"argv": ["/bin/true"], "hold": True}, headers=as_user(user)
+        )
+        assert r.status_code == 201, r.text
+    garbage = {"Authorization": "Bearer not-a-jwt"}
+    for who in (ANONYMOUS, as_user("carol"), as_agent("n1"), garbage):
+        r = client.get("/metrics", headers=who)
+        assert r.status_code == 200
+        assert "zelda" not in r.text and "yorick" not in r.text, who
+        m = parse(r.text)
+        assert not [k for k in m if "user" in dict(k[1])], who
+        assert value(m, "phalanx_users_active", state="HELD") == 2
+    for who in (as_user("ops", "operator"), as_user("root", "admin")):
+        m = parse(client.get("/metrics", headers=who).text)
+        assert value(m, "phalanx_user_jobs", user="zelda", state="HELD") == 1
+        assert value(m, "phalanx_users_active", state="HELD") == 2

@@ -17,6 +17,7 @@ from phalanx.controller.metrics import (
     observe_placements,
     reason_code,
     top_n,
+    user_families,
 )
 from phalanx.store.metrics import Histo, StoreFigures
 
@@ -100,9 +101,15 @@ def test_cluster_families_from_figures() -> None:
     # one reason of its own (the largest: None, 4), the others under "other"
     assert m[("phalanx_jobs_pending", (("reason", "None"),))] == 4
     assert m[("phalanx_jobs_pending", (("reason", OTHER),))] == 3
-    assert m[("phalanx_user_jobs", (("state", "PENDING"), ("user", "u1")))] == 5
-    assert m[("phalanx_user_jobs", (("state", "PENDING"), ("user", OTHER)))] == 1
-    assert m[("phalanx_user_jobs", (("state", "RUNNING"), ("user", OTHER)))] == 1
+    # no user names in the public families: how many users, by state
+    assert not [k for k in m if "user" in dict(k[1])]
+    users = m[("phalanx_users_active", (("state", "PENDING"),))]
+    assert users == len({u for u, st, n in _figures().users if st == "PENDING" and n})
+    # the per-user series, for operators' scrapes, capped with "other"
+    u = _scrape(user_families(_figures(), max_users=1))
+    assert u[("phalanx_user_jobs", (("state", "PENDING"), ("user", "u1")))] == 5
+    assert u[("phalanx_user_jobs", (("state", "PENDING"), ("user", OTHER)))] == 1
+    assert u[("phalanx_user_jobs", (("state", "RUNNING"), ("user", OTHER)))] == 1
     assert m[("phalanx_checkpoint_duration_seconds_bucket", (("le", "10.0"),))] == 3
     assert m[("phalanx_checkpoint_duration_seconds_count", ())] == 4
     assert m[("phalanx_nodes", (("state", "DRAINING"),))] == 1

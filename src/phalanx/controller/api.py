@@ -623,20 +623,30 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         body = {"ready": not problems, "controller": ctl.cid, "problems": problems}
         return JSONResponse(body, status_code=503 if problems else 200)
 
-    cluster_metrics = CollectorRegistry(auto_describe=False)
-    cluster_metrics.register(
-        metrics.ClusterMetrics(
-            lambda: ctl.store.metrics_figures(checkpoint_bounds=CHECKPOINT_BUCKETS),
-            ctl.config.metrics,
-            intervals=ctl.metrics_intervals,
-        )
+    cluster_figures = metrics.ClusterMetrics(
+        lambda: ctl.store.metrics_figures(checkpoint_bounds=CHECKPOINT_BUCKETS),
+        ctl.config.metrics,
+        intervals=ctl.metrics_intervals,
     )
+    cluster_metrics = CollectorRegistry(auto_describe=False)
+    cluster_metrics.register(cluster_figures)
+    user_metrics = CollectorRegistry(auto_describe=False)
+    user_metrics.register(metrics.UserMetrics(cluster_figures))
 
     @app.get("/metrics", response_class=PlainTextResponse)
-    def prometheus_metrics() -> Response:
-        """Prometheus exposition (docs/metrics.md). A plain `def`: a scrape may wait (at most
+    def prometheus_metrics(request: Request) -> Response:
+        """Prometheus exposition (docs/metrics.md). Public, so it names no user; a scrape
+        with an operator's or admin's credential also gets the per-user series (a missing or
+        unacceptable credential: the public part). A plain `def`: a scrape may wait (at most
         metrics.scrape_wait) for the store, in a worker thread, never on the event loop."""
-        return Response(metrics.exposition(cluster_metrics), media_type=CONTENT_TYPE_LATEST)
+        header = request.headers.get("authorization")
+        ident = None
+        if header:
+            with contextlib.suppress(PhalanxError):
+                ident = access.authenticate(verifier, header)
+        operator = ident is not None and access.may_see_all(ident)
+        body = metrics.exposition(cluster_metrics, user_metrics if operator else None)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     # ---------------------------------------------------------------- jobs
     @app.post("/v1/jobs", status_code=201, response_model=SubmitOut)

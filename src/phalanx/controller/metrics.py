@@ -14,8 +14,11 @@ Two kinds of series:
   store round trips it made): ordinary prometheus_client histograms and counters in the
   default registry, to be summed over instances.
 
-Per-user and per-reason series are capped (`metrics.max_users`, `metrics.max_reasons`): the
-largest N keep their own series, the rest add up under "other".
+Per-reason series are capped (`metrics.max_reasons`): the largest N keep their own series,
+the rest add up under "other". `/metrics` needs no credential, so it names no user: the public
+families count users (`phalanx_users_active`), and the per-user series (`phalanx_user_jobs`,
+capped at `metrics.max_users` the same way) are added only to a scrape that brings an
+operator's or admin's credential (`user_families`, `exposition(..., users=...)`).
 """
 
 from __future__ import annotations
@@ -180,6 +183,7 @@ class Snapshot:
     at: float
     families: list[Metric] = field(default_factory=list)
     took: float = 0.0
+    private: list[Metric] = field(default_factory=list)  # user_families: operators only
 
 
 def build_families(
@@ -215,21 +219,19 @@ def build_families(
         pending.add_metric([code], n)
     fams.append(pending)
 
-    totals: dict[str, int] = {}
-    for user, _state, n in fig.users:
-        totals[user] = totals.get(user, 0) + n
-    kept = set(top_n(totals, max_users)) - {OTHER}
-    per_user: dict[tuple[str, str], int] = {}
+    # how many users have active jobs, by state: no names (anyone may scrape /metrics)
+    active: dict[str, set[str]] = {}
     for user, state, n in fig.users:
-        key = (user if user in kept else OTHER, state)
-        per_user[key] = per_user.get(key, 0) + n
+        if n:
+            active.setdefault(state, set()).add(user)
     users = GaugeMetricFamily(
-        "phalanx_user_jobs",
-        f"Active jobs per user and state (the {max_users} users with most, the rest 'other')",
-        labels=["user", "state"],
+        "phalanx_users_active",
+        "Users with active jobs, by job state (per-user series: phalanx_user_jobs, for "
+        "scrapes with an operator's credential)",
+        labels=["state"],
     )
-    for (user, state), n in sorted(per_user.items()):
-        users.add_metric([user, state], n)
+    for state, names in sorted(active.items()):
+        users.add_metric([state], len(names))
     fams.append(users)
 
     if fig.checkpoint_durations is not None:
@@ -256,6 +258,28 @@ def build_families(
     fams.extend(_lease_families(fig))
     fams.extend(_event_families(fig))
     return fams
+
+
+def user_families(fig: StoreFigures, *, max_users: int) -> list[Metric]:
+    """Active jobs per user and state: user names, so only for a scrape that brings an
+    operator's or admin's credential (docs/metrics.md)."""
+    totals: dict[str, int] = {}
+    for user, _state, n in fig.users:
+        totals[user] = totals.get(user, 0) + n
+    kept = set(top_n(totals, max_users)) - {OTHER}
+    per_user: dict[tuple[str, str], int] = {}
+    for user, state, n in fig.users:
+        key = (user if user in kept else OTHER, state)
+        per_user[key] = per_user.get(key, 0) + n
+    users = GaugeMetricFamily(
+        "phalanx_user_jobs",
+        f"Active jobs per user and state (the {max_users} users with most, the rest 'other'); "
+        "only in scrapes with an operator's or admin's credential",
+        labels=["user", "state"],
+    )
+    for (user, state), n in sorted(per_user.items()):
+        users.add_metric([user, state], n)
+    return [users]
 
 
 def _node_families(fig: StoreFigures) -> list[Metric]:
@@ -423,7 +447,13 @@ class ClusterMetrics(Collector):
                 max_reasons=self.config.max_reasons,
                 intervals=intervals,
             )
-            snap = Snapshot(at=time.monotonic(), families=fams, took=time.monotonic() - start)
+            private = user_families(fig, max_users=self.config.max_users)
+            snap = Snapshot(
+                at=time.monotonic(),
+                families=fams,
+                took=time.monotonic() - start,
+                private=private,
+            )
             with self._lock:
                 self._snap, self._up = snap, True
         except PhalanxError as e:
@@ -477,9 +507,23 @@ class ClusterMetrics(Collector):
             yield from snap.families
 
 
-def exposition(cluster: CollectorRegistry) -> bytes:
-    """The whole `/metrics` body: this process's instruments, then the cluster figures."""
-    return generate_latest(REGISTRY) + generate_latest(cluster)
+class UserMetrics(Collector):
+    """The per-user families of `cluster`'s snapshot (a scrape with an operator's credential)."""
+
+    def __init__(self, cluster: ClusterMetrics) -> None:
+        self.cluster = cluster
+
+    def collect(self) -> Iterator[Metric]:
+        snap, _up = self.cluster.current()
+        if snap is not None:
+            yield from snap.private
+
+
+def exposition(cluster: CollectorRegistry, users: CollectorRegistry | None = None) -> bytes:
+    """The whole `/metrics` body: this process's instruments, then the cluster figures, then
+    (`users`, for an operator's scrape) the per-user series."""
+    body = generate_latest(REGISTRY) + generate_latest(cluster)
+    return body + generate_latest(users) if users is not None else body
 
 
 # ---------------------------------------------------------------- API request timing
