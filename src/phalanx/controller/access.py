@@ -162,6 +162,41 @@ def redact(view: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# a node drained by Phalanx for launch failures: "N launch failures in a row, last: ERROR"
+# (store._count_node_launch_failures), where ERROR may name the last job's files
+_LAUNCH_ERROR = ", last: "
+_PHALANX_DRAIN = "drained by phalanx: "
+
+
+def redact_drain_reason(reason: str | None, drain_by: str | None) -> str | None:
+    """A node's drain reason as a user reads it under private_data: the last launch error of
+    a Phalanx drain left out (it is another user's job's, and may hold their paths)."""
+    if drain_by == "phalanx" and reason and _LAUNCH_ERROR in reason:
+        head = reason.split(_LAUNCH_ERROR, 1)[0]
+        return f"{head} (the last error is shown to operators and to its job's owner)"
+    return reason
+
+
+def redact_event(event: dict[str, Any], owner: str | None, viewer: str) -> dict[str, Any]:
+    """An event of a node's history as `viewer` (a user, under private_data) reads it: an
+    event of another user's job keeps its time, kind, job and node, not its message or data
+    (a checkpoint's path, a launch error); a Phalanx drain loses its launch error."""
+    job = event.get("job_id")
+    if job is not None and owner != viewer:
+        whose = f"{owner}'s" if owner else "another user's"
+        return {
+            **event,
+            "message": f"{event.get('kind')}: job {job} is {whose} (private: auth.private_data)",
+            "data": None,
+            "private": True,
+        }
+    message = str(event.get("message") or "")
+    if event.get("kind") == "node.drain" and message.startswith(_PHALANX_DRAIN):
+        cut = redact_drain_reason(message[len(_PHALANX_DRAIN) :], "phalanx")
+        return {**event, "message": _PHALANX_DRAIN + str(cut), "data": None}
+    return event
+
+
 class TokenBuckets:
     """Per-key token buckets (rate, burst); thread-safe; `take` says how long to wait."""
 

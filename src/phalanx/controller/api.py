@@ -1027,7 +1027,14 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
                 job=str(ids[0]),
                 owner=row["user"],
             )
-        return explaining.explain_job(ctl.store, row, time.time(), ctl.plan_options).as_dict()
+        return explaining.explain_job(
+            ctl.store,
+            row,
+            time.time(),
+            ctl.plan_options,
+            # the nodes' drains around its attempts: others' launch errors left out
+            redact=lambda evs: events_for(ident, evs),
+        ).as_dict()
 
     # ---------------------------------------------------------------- steps (srun)
     def _own_job(ref: str, ident: Identity, what: str) -> dict[str, Any]:
@@ -1142,24 +1149,51 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         return {"steps": done}
 
     # ---------------------------------------------------------------- nodes
+    def sees_all(ident: Identity) -> bool:
+        """Whether `ident` reads every job's private fields (auth.private_data)."""
+        return not ctl.config.auth.private_data or access.may_see_all(ident)
+
+    def node_for(ident: Identity, view: dict[str, Any]) -> dict[str, Any]:
+        """A node's view as `ident` may read it: a user under private_data does not get the
+        last launch error of a Phalanx drain (another user's job's)."""
+        if not sees_all(ident):
+            view["drain_reason"] = access.redact_drain_reason(
+                view["drain_reason"], view["drain_by"]
+            )
+        return view
+
+    def events_for(ident: Identity, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Node events as `ident` may read them: under private_data a user reads the events
+        of others' jobs without their message and data (access.redact_event)."""
+        if sees_all(ident):
+            return events
+        ids = sorted({int(e["job_id"]) for e in events if e.get("job_id") is not None})
+        owners = {int(r["id"]): str(r["user"]) for r in ctl.store.list_jobs(ids=ids)} if ids else {}
+        return [
+            access.redact_event(
+                e, owners.get(int(e["job_id"])) if e.get("job_id") else None, ident.user
+            )
+            for e in events
+        ]
+
     @app.get("/v1/nodes")
-    def nodes() -> dict[str, Any]:
+    def nodes(ident: Identity = Depends(caller)) -> dict[str, Any]:
         windows = ctl.store.list_windows()
         rows = ctl.store.list_nodes()
-        views = [node_view(n) for n in rows]
+        views = [node_for(ident, node_view(n)) for n in rows]
         for v, n in zip(views, rows, strict=True):
             v["maintenance"] = maint_api.node_windows(v["name"], windows)
             v["topology"] = dict(ctl.topology.place(n["name"], n.get("topology")))
         return {"nodes": views}
 
     @app.get("/v1/nodes/{name}")
-    def node(name: str) -> dict[str, Any]:
+    def node(name: str, ident: Identity = Depends(caller)) -> dict[str, Any]:
         row = ctl.store.get_node(name)
-        view = node_view(row)
+        view = node_for(ident, node_view(row))
         view["maintenance"] = maint_api.node_windows(name, ctl.store.list_windows())
         # the place placement uses: the config's [topology] rules, else what the agent reported
         view["topology"] = dict(ctl.topology.place(name, row.get("topology")))
-        view["events"] = ctl.store.events(node=name)[-50:]
+        view["events"] = events_for(ident, ctl.store.events(node=name)[-50:])
         return view
 
     @app.post("/v1/nodes/{name}/drain")

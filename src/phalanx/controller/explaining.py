@@ -25,10 +25,12 @@ def explain_job(
     row: dict[str, Any],
     now: float,
     plan_options: Callable[[Any], dict[str, Any]] | None = None,
+    redact: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None,
 ) -> explain.Explanation:
     """Why job ``row`` (a full jobs row) is where it is, as of ``now``; ``plan_options`` gives
     the scheduling pass's keywords for a snapshot (Controller.plan_options: queue policy,
-    licences, topology), so the explanation runs the pass the scheduler runs."""
+    licences, topology), so the explanation runs the pass the scheduler runs. ``redact``:
+    the nodes' events as the caller may read them (they are not all the job's own)."""
     state = row["state"]
     attempts = store.attempts_of(int(row["id"]))
     if state in (JobState.PENDING.value, JobState.HELD.value):
@@ -48,14 +50,18 @@ def explain_job(
                 if e.get("kind") == "job.preempting"
             ][-3:]
         if attempts:  # requeued: say why it came back, after why it waits now
-            history = _history(store, row, attempts, now)
+            history = _history(store, row, attempts, now, redact)
             waiting.lines += ["earlier attempts:"] + [f"  {x}" for x in history.lines]
         return waiting
-    return _history(store, row, attempts, now)
+    return _history(store, row, attempts, now, redact)
 
 
 def _history(
-    store: Any, row: dict[str, Any], attempts: list[dict[str, Any]], now: float
+    store: Any,
+    row: dict[str, Any],
+    attempts: list[dict[str, Any]],
+    now: float,
+    redact: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None,
 ) -> explain.Explanation:
     events = store.events(job_id=int(row["id"]))
     node_events: list[dict[str, Any]] = []
@@ -63,4 +69,6 @@ def _history(
         start = a.get("start_time") or a.get("created_at") or now
         end = (a.get("end_time") or now) + _NODE_EVENT_SLACK_S
         node_events += store.node_events_between(a.get("nodes") or [], start, end)
+    if redact is not None:
+        node_events = redact(node_events)
     return explain.explain_history(row, attempts, events, node_events, now)
