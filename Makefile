@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench clean soak-chaos
 
 install: $(VENV)/.installed
 
@@ -28,6 +28,19 @@ test: install lint
 	bash scripts/ensure-netns-tools.sh
 	bash scripts/ensure-chromium.sh
 	$(BIN)/pytest -q --durations=30
+
+# The chaos soak (docs/security.md "Faults"): random faults (controller, agent and authd kills,
+# pauses, partitions in network namespaces, PostgreSQL failovers) on SQLite, then on
+# PostgreSQL, SOAK_MINUTES each (SOAK_ROUNDS at most), then the history check of each run.
+# By hand: `make soak-chaos` (an hour, about a thousand rounds). CI runs a short one.
+SOAK_MINUTES ?= 29
+SOAK_ROUNDS ?= 2000
+soak-chaos: install
+	bash scripts/ensure-postgres.sh
+	bash scripts/ensure-netns-tools.sh
+	PHX_CHAOS_SOAK=1 PHX_CHAOS_MINUTES=$(SOAK_MINUTES) PHX_CHAOS_ROUNDS=$(SOAK_ROUNDS) \
+	PHX_CHAOS_TIMEOUT=$$(( $(SOAK_MINUTES) * 60 + 900 )) \
+	$(BIN)/pytest -q -s -p no:cacheprovider tests/system/test_chaos.py
 
 bench: install
 	$(BIN)/python bench/submit.py

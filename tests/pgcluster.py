@@ -169,9 +169,9 @@ class PgNode(PgServer):
             file="postgresql.auto.conf",
         )
 
-    def start_server(self) -> None:
-        """Start the postmaster on a free port (the data dir must exist)."""
-        self._start_postmaster()
+    def start_server(self, port: int | None = None) -> None:
+        """Start the postmaster on a free port, or on `port` (the data dir must exist)."""
+        self._start_postmaster(port)
 
     def in_recovery(self) -> bool:
         """True while this server is a standby (``pg_is_in_recovery()``)."""
@@ -357,6 +357,30 @@ class PgCluster:
     def promote_standby(self) -> None:
         """Promote the standby and wait until it accepts writes."""
         self.standby.promote()
+
+    def failover(self, gap: float = 0.0) -> None:
+        """A whole failover, ready for the next: SIGKILL the primary, wait `gap` seconds,
+        promote the standby, then rebuild the dead server as the new synchronous standby of
+        the promoted one, on its old port (the controllers' multi-host URL lists both ports,
+        so they follow whichever accepts writes). Repeatable: the chaos soak fails over
+        again and again."""
+        old, new = self.primary, self.standby
+        old.kill_postmaster()
+        time.sleep(gap)
+        new.promote()
+        port = old.port
+        with contextlib.suppress(Exception):
+            old.stop()  # the dead postmaster's leftovers go, and its whole directory
+        sweep(old.base_dir)
+        atexit.unregister(old.stop)
+        old._stopped, old.pid = False, None  # the same node, about to be rebuilt
+        old.base_dir.mkdir()
+        old._prepare_dir()
+        old.base_backup_from(new)
+        old.start_server(port)
+        self.primary, self.standby = new, old
+        self._require_sync_standby()
+        self.wait_sync()
 
     # ------------------------------------------------------------------ shutdown
     def stop(self) -> None:

@@ -286,10 +286,11 @@ class PgServer:
             conf.write("\n# phalanx test settings\n")
             conf.writelines(f"{key} = {value}\n" for key, value in settings.items())
 
-    def _start_postmaster(self) -> None:
-        """Run ``pg_ctl start`` on a free port, retrying when another process grabbed it."""
-        for _ in range(_PORT_ATTEMPTS):
-            port = _free_port()
+    def _start_postmaster(self, port: int | None = None) -> None:
+        """Run ``pg_ctl start`` on a free port, retrying when another process grabbed it;
+        on `port` when given (a rebuilt standby keeps the port clients list)."""
+        for _ in range(1 if port else _PORT_ATTEMPTS):
+            port = port or _free_port()
             log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
             result = self._run(
                 [

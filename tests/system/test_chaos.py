@@ -19,6 +19,9 @@ cluster is whole again, and lets the workload run on:
               themselves meanwhile, and what it reports on waking must not bring them back;
 - partition:  (SQLite, where network namespaces and iptables work) cut node01's network to
               the controllers with iptables DROP until its node is DOWN, then heal it;
+- pg-failover: (PostgreSQL) SIGKILL the primary, promote its synchronous standby after a
+              random gap, and rebuild the dead one as the new standby (controllers follow
+              through their multi-host URL);
 - authd-kill: SIGKILL the login host's credential service (`phalanx authd`), through which
               a second submitter gets its credentials, and restart it after a random pause
               shorter than the clients' wait for it: no submission may fail for want of one.
@@ -36,7 +39,8 @@ node, no node DOWN outside the windows in which a fault silenced it (no false DO
 controller failovers too), work run to its end twice only after its node went DOWN, and no
 CPU, GPU, licence or restart reservation held once every job has ended.
 
-The seed is printed; PHX_CHAOS_SEED replays a run, PHX_CHAOS_ROUNDS changes its length and
+The seed is printed; PHX_CHAOS_SEED replays a run (exactly, outside the soak, whose paired
+faults run in two threads), PHX_CHAOS_ROUNDS changes its length and
 PHX_CHAOS_FAULTS (a comma list of the names above) limits the kinds of fault, to hammer one.
 `make soak-chaos` runs it for a long time (PHX_CHAOS_ROUNDS, PHX_CHAOS_MINUTES): not in CI.
 """
@@ -58,6 +62,7 @@ from typing import Any
 import httpx
 import pytest
 
+from pgcluster import PgCluster, PostgresNotAvailable
 from phalanx.auth import keys as keyfiles
 from phalanx.auth.credentials import LocalService
 from phalanx.client import Client
@@ -65,6 +70,7 @@ from phalanx.errors import PhalanxError, Unauthenticated
 from system import history as hist
 from system import netns
 from system.conftest import CLUSTERS
+from system.dbclusters import running
 from system.harness import Cluster, Daemon, free_port, marked_processes, wait_for
 from system.netns import NetnsCluster, NetnsError, NetnsLab
 from system.test_ha import TIMING  # fast takeovers; fencing slower than agents' failover
@@ -78,7 +84,7 @@ SUBMIT_EVERY = 0.5  # seconds between submissions
 # share of jobs that run 15-25 s: longer than node_down_timeout, so a node failure catches
 # them running, and they must be fenced there before they run elsewhere
 LONG_JOBS = 0.1
-EXPOSED_WAIT = 20.0  # seconds a node fault waits for a long job on its node
+EXPOSED_WAIT = 20.0  # seconds a node fault waits for a long job on its node (soak: 3)
 SAMPLE_EVERY = 0.3  # seconds between reads of the lease table
 CLIENT_TIMEOUT = 5.0  # read timeout of the workload's client: gets past a frozen controller
 RECOVER = 90.0  # deadline for the cluster to be whole again after a fault
@@ -90,6 +96,10 @@ CONFIG = f'[cluster]\nlicenses = "{LICENSES}"\n'
 GPU_JOBS, LICENSED_JOBS, SPARE_JOBS = 0.15, 0.1, 0.05
 VIA_AUTHD = 0.3  # share of submissions made with a credential from the authd socket
 AUTH_WAIT = 10.0  # $PHALANX_AUTH_WAIT of that submitter: longer than any authd-kill pause
+PG_GAP = 6.0  # longest wait between the primary's death and the standby's promotion
+# `make soak-chaos` (PHX_CHAOS_SOAK=1): shorter waits between and within rounds, so an hour
+# holds a thousand of them; the faults themselves are the same
+SOAK = os.environ.get("PHX_CHAOS_SOAK", "") == "1"
 
 JOB = """#!/bin/bash
 f={runs}/$PHX_JOB_ID.log
@@ -288,6 +298,7 @@ class Chaos:
     work: Workload | None = None
     windows: list[hist.Fault] = field(default_factory=list)  # when a node could not answer
     authd: Daemon | None = None
+    pg: PgCluster | None = None  # the store's primary and standby, for pg-failover
 
     def controllers(self) -> list[Daemon]:
         return [d for d in self.cluster.daemons.values() if d.kind == "controller"]
@@ -326,7 +337,7 @@ class Chaos:
     # -------------------------------------------------------------- faults
     def ctl_kill(self) -> None:
         d = self.pick_controller()
-        pause = self.rng.uniform(0.0, 3.0)
+        pause = self.rng.uniform(0.0, 1.0 if SOAK else 3.0)
         self.say(f"SIGKILL {d.name}, restart after {pause:.1f}s")
         d.kill(signal.SIGKILL)
         time.sleep(pause)
@@ -341,7 +352,7 @@ class Chaos:
     def ctl_stop(self) -> None:
         d = self.pick_controller()
         # sometimes longer than the clients' read timeout, so some submissions go unanswered
-        pause = TIMING["lease_ttl"] + self.rng.uniform(0.5, 4.0)
+        pause = TIMING["lease_ttl"] + self.rng.uniform(0.5, 1.5 if SOAK else 4.0)
         self.say(f"SIGSTOP {d.name} for {pause:.1f}s")
         os.kill(d.pid, signal.SIGSTOP)
         try:
@@ -394,9 +405,15 @@ class Chaos:
             self.lab.heal(self.partition_ns, self.ctl_addr)
             self.windows.append(hist.Fault("node01", "partition", start, time.time()))
 
+    def pg_failover(self) -> None:
+        assert self.pg is not None
+        gap = self.rng.uniform(0.0, 2.0 if SOAK else PG_GAP)
+        self.say(f"SIGKILL the PostgreSQL primary, promote the standby after {gap:.1f}s")
+        self.pg.failover(gap=gap)
+
     def authd_kill(self) -> None:
         assert self.authd is not None
-        pause = self.rng.uniform(0.0, AUTH_WAIT / 2)
+        pause = self.rng.uniform(0.0, 2.0 if SOAK else AUTH_WAIT / 2)
         self.say(f"SIGKILL authd, restart after {pause:.1f}s")
         self.authd.kill(signal.SIGKILL)
         time.sleep(pause)
@@ -420,7 +437,12 @@ class Chaos:
             return bool(found)
 
         with contextlib.suppress(AssertionError):
-            wait_for(look, timeout=EXPOSED_WAIT, interval=0.3, what="a long job to run")
+            wait_for(
+                look,
+                timeout=3.0 if SOAK else EXPOSED_WAIT,
+                interval=0.3,
+                what="a long job to run",
+            )
         return self.rng.choice(sorted(set(found))) if found else self.rng.choice(list(nodes))
 
     def wait_down(self, node: str) -> None:
@@ -444,6 +466,8 @@ class Chaos:
             out["partition"] = self.partition
         if self.authd is not None:
             out["authd-kill"] = self.authd_kill
+        if self.pg is not None:
+            out["pg-failover"] = self.pg_failover
         return out
 
 
@@ -597,6 +621,37 @@ def schedule(rng: random.Random, kinds: list[str], rounds: int) -> list[str]:
     return (first + [rng.choice(kinds) for _ in range(max(0, rounds - len(kinds)))])[:rounds]
 
 
+# The soak runs each node fault (which lasts until the node is DOWN) together with the next
+# fault when that one strikes the control plane: twice the rounds an hour, and node failures
+# judged across controller failovers and database failovers.
+NODE_FAULTS = frozenset({"agent-down", "agent-freeze", "partition"})
+ALONGSIDE = frozenset({"ctl-kill", "ctl-restart", "ctl-stop", "authd-kill", "pg-failover"})
+
+
+def together(*faults: Callable[[], None]) -> None:
+    """Run the faults at once (the first in a thread); raise the first one's error, if any."""
+    if len(faults) == 1:
+        faults[0]()
+        return
+    errors: list[BaseException] = []
+
+    def first() -> None:
+        try:
+            faults[0]()
+        except BaseException as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=first, name="chaos-fault")
+    thread.start()
+    try:
+        for fault in faults[1:]:
+            fault()
+    finally:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
 def run_chaos(chaos: Chaos, out: Path, seed: int, rounds: int, label: str) -> None:
     cluster = chaos.cluster
     urls = ",".join(chaos.urls)
@@ -607,6 +662,8 @@ def run_chaos(chaos: Chaos, out: Path, seed: int, rounds: int, label: str) -> No
     ).start()
     sampler = LeaseSampler(urls, cluster.admin_token).start()
     counts: dict[str, int] = {}
+    minutes = os.environ.get("PHX_CHAOS_MINUTES", "").strip()
+    budget = float(minutes) * 60 if minutes else None  # stop injecting faults after this
     t0 = time.monotonic()
     try:
         wait_for(
@@ -617,12 +674,24 @@ def run_chaos(chaos: Chaos, out: Path, seed: int, rounds: int, label: str) -> No
             what="the workload to get going",
         )
         faults = chaos_faults(chaos)
-        for r, kind in enumerate(schedule(chaos.rng, sorted(faults), rounds)):
-            counts[kind] = counts.get(kind, 0) + 1
-            chaos.say(f"round {r + 1}/{rounds}: {kind}")
-            faults[kind]()
+        plan = schedule(chaos.rng, sorted(faults), rounds)
+        r = 0
+        while r < len(plan):
+            kinds = [plan[r]]
+            if SOAK and plan[r] in NODE_FAULTS and r + 1 < len(plan) and plan[r + 1] in ALONGSIDE:
+                kinds.append(plan[r + 1])  # a node fault and a control-plane fault at once
+            for kind in kinds:
+                counts[kind] = counts.get(kind, 0) + 1
+            chaos.say(f"round {r + 1}/{rounds}: {' + '.join(kinds)}")
+            together(*(faults[k] for k in kinds))
+            r += len(kinds)
             chaos.healthy()
-            time.sleep(chaos.rng.uniform(0.5, 2.0))  # the workload runs on a whole cluster
+            # the workload runs on a whole cluster
+            time.sleep(chaos.rng.uniform(0.1, 0.4) if SOAK else chaos.rng.uniform(0.5, 2.0))
+            if budget is not None and time.monotonic() - t0 > budget:
+                chaos.say(f"time budget of {budget:.0f}s spent after {r} rounds")
+                rounds = r
+                break
     finally:
         work.stop()
         sampler.stop()
@@ -701,7 +770,7 @@ def strays(cluster: Cluster) -> list[str]:
     return out
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(int(os.environ.get("PHX_CHAOS_TIMEOUT", "600")))  # the soak's is longer
 @pytest.mark.parametrize(
     "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 )
@@ -724,8 +793,15 @@ def test_random_faults_keep_the_history_clean(
                 chaos = Chaos(cluster, start_cluster(cluster), rng)
             run_chaos(chaos, out, seed, rounds, backend)
     else:
-        cluster = make_cluster(db=request.getfixturevalue("pg_url"))
-        run_chaos(Chaos(cluster, start_cluster(cluster), rng), out, seed, rounds, backend)
+        with running(
+            PgCluster.start,
+            unavailable=PostgresNotAvailable,
+            what="PostgreSQL",
+            processes="PostgreSQL",
+        ) as pg:
+            cluster = make_cluster(db=pg.url)
+            chaos = Chaos(cluster, start_cluster(cluster), rng, pg=pg)
+            run_chaos(chaos, out, seed, rounds, backend)
 
 
 # ---------------------------------------------------------------------- network namespaces
