@@ -137,11 +137,11 @@ def test_the_body_limit_is_configurable_and_checked() -> None:
     assert load_config(overrides={"http": {"max_body_bytes": 16 << 20}}).http.max_body_bytes == (
         16 << 20
     )
-    with pytest.raises(ConfigError, match="http.max_body_bytes"):
+    with pytest.raises(ConfigError, match=r"http\.max_body_bytes"):
         load_config(overrides={"http": {"max_body_bytes": 1 << 20}})  # under one job's worth
-    with pytest.raises(ConfigError, match="http.max_json_depth"):
+    with pytest.raises(ConfigError, match=r"http\.max_json_depth"):
         load_config(overrides={"http": {"max_json_depth": 100_000}})
-    with pytest.raises(ConfigError, match="http.header_timeout"):
+    with pytest.raises(ConfigError, match=r"http\.header_timeout"):
         load_config(overrides={"http": {"header_timeout": 0}})
 
 
