@@ -31,6 +31,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("jobs") as b:
-        b.drop_column("hold_kind")
-        b.drop_column("held_by")
+    # ALTER TABLE ... DROP COLUMN, on SQLite too (3.35+): a batch would copy the jobs table,
+    # and dropping the old one fails on the foreign keys that point at it
+    op.drop_column("jobs", "hold_kind")
+    op.drop_column("jobs", "held_by")
