@@ -13,6 +13,10 @@ credential allowed to make it, a body that validates. For anything else the hand
 None before it has changed anything (no rate-limit token taken, nothing stored), and the
 request goes down the ordinary FastAPI route with its body replayed: every refusal, error
 message and status is the route's own, and the OpenAPI document is the route's, untouched.
+
+The request guard (guard.py) stands in front of this middleware: by the time a body reaches a
+fast handler its size is within http.max_body_bytes, its credential has been verified (before
+the body was read) and its JSON is no deeper than http.max_json_depth.
 """
 
 from __future__ import annotations
