@@ -126,8 +126,8 @@ def site() -> Iterator[Site]:
             cluster.extra_env["PHALANX_CONFIG"] = str(config)
             cluster.start(nodes=1, cpus=4)
             s = Site(cluster, {u.pw_name: u for u in users}, top)
-            for u in (MAL, VIC, FLOOD):
-                s.script(u, "job.sh", "sleep 600\n")
+            for name in (MAL, VIC, FLOOD):
+                s.script(name, "job.sh", "sleep 600\n")
             try:
                 yield s
             finally:
