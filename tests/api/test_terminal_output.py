@@ -101,6 +101,7 @@ COMMANDS: list[tuple[str, Callable[[int], str]]] = [
     ("sacct", lambda j: _slurm("sacct", "-j", str(j), "-o", "JobID,JobName%40,State")),
     ("sacct -P", lambda j: _slurm("sacct", "-j", str(j), "-P", "-o", "JobID,JobName,Comment")),
     ("sinfo -R", lambda j: _slurm("sinfo", "-R")),
+    ("phalanx explain", lambda j: _phalanx("explain", str(j))),
 ]
 
 

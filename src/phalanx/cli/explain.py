@@ -13,6 +13,7 @@ from typing import Any
 import typer
 
 from phalanx.domain import efficiency
+from phalanx.domain.text import escape
 
 UrlOpt = typer.Option(
     None, "--url", help="controller URL(s), comma separated (default: $PHALANX_URL)"
@@ -40,9 +41,11 @@ def explain(
     if as_json:
         m._emit(out)
         return
-    m.console.print(f"job {out['job']} {out['state']}: {out['summary']}", highlight=False)
+    # the lines quote stored text (job names, reasons): escaped, and never read as markup
+    summary = escape(f"job {out['job']} {out['state']}: {out['summary']}")
+    m.console.print(summary, highlight=False, markup=False)
     for line in out["lines"]:
-        m.console.print(f"  {line}", highlight=False, soft_wrap=True)
+        m.console.print(f"  {escape(line)}", highlight=False, soft_wrap=True, markup=False)
 
 
 def eff(
@@ -74,7 +77,7 @@ def eff(
         if "attempts" in j and j.get("usage", "redacted") == "redacted":
             m._fail(f"the usage of job {j['job_id']} is private to {j['user']}")
         for line in efficiency.report(j, j.get("attempts") or [], now):
-            m.console.print(line, highlight=False, soft_wrap=True)
+            m.console.print(escape(line), highlight=False, soft_wrap=True, markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -21,6 +21,7 @@ from rich.text import Text
 
 from phalanx.cli import auth, explain, maint, render, share, sim
 from phalanx.client import Client
+from phalanx.domain.text import escape
 from phalanx.errors import PhalanxError
 
 app = typer.Typer(
@@ -441,7 +442,7 @@ def _print_results(res: dict[str, str], as_json: bool) -> None:
         _emit(res)
         return
     for jid, outcome in res.items():
-        console.print(f"job {jid}: {outcome}", highlight=False)
+        console.print(escape(f"job {jid}: {outcome}"), highlight=False, markup=False)
 
 
 @app.command()
@@ -491,7 +492,8 @@ def wait(
         for j in jobs:
             extra = f" exit code {j['exit_code']}" if j["exit_code"] is not None else ""
             why = f" ({j['reason']})" if j["reason"] and j["state"] != "COMPLETED" else ""
-            console.print(f"job {j['job_id']}: {j['state']}{extra}{why}", highlight=False)
+            line = escape(f"job {j['job_id']}: {j['state']}{extra}{why}")
+            console.print(line, highlight=False, markup=False)
     if not all(j["state"] == "COMPLETED" for j in jobs):
         raise typer.Exit(1)
 
@@ -578,7 +580,9 @@ def drain(
     if as_json:
         _emit(n)
     else:
-        console.print(f"node {node}: {n['state']} ({reason})", highlight=False)
+        console.print(
+            escape(f"node {node}: {n['state']} ({reason})"), highlight=False, markup=False
+        )
         if n.get("requeued"):
             jobs = ", ".join(str(j) for j in n["requeued"])
             console.print(f"checkpointing and requeueing jobs: {jobs}", highlight=False)
