@@ -142,14 +142,6 @@ def read_bytes(
         os.close(fd)
 
 
-def read_text(
-    path: str | os.PathLike[str], owners: Collection[int], limit: int = MAX_JOB_FILE
-) -> tuple[str, os.stat_result]:
-    """:func:`read_bytes`, decoded as UTF-8 (undecodable bytes replaced)."""
-    data, st = read_bytes(path, owners, limit)
-    return data.decode("utf-8", errors="replace"), st
-
-
 def read_or_none(
     path: str | os.PathLike[str], owners: Collection[int], limit: int = MAX_JOB_FILE
 ) -> tuple[bytes, os.stat_result] | None:
@@ -242,7 +234,6 @@ __all__ = [
     "dir_owner",
     "read_bytes",
     "read_or_none",
-    "read_text",
     "replace_file",
     "stat_file",
     "stat_or_none",
