@@ -187,7 +187,7 @@ class LocalCluster:
         live = [
             p.stem
             for p in existing
-            if p.read_text().strip().isdigit()
+            if p.read_text().strip().isdecimal()
             and _alive(int(p.read_text().strip()))
             and _is_phalanx(int(p.read_text().strip()))
         ]

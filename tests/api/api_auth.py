@@ -46,3 +46,29 @@ class AuthedClient(TestClient):
         elif not headers["Authorization"]:
             del headers["Authorization"]
         return super().request(method, url, headers=headers, **kw)
+
+
+def commands_against(client: TestClient, monkeypatch: Any, user: str = "alice") -> None:
+    """Point `phalanx` (cli.main._client) and the Slurm commands (slurm.common.client and the
+    modules that imported it) at `client`'s app, as `user`, an operator: the commands then
+    run in process over the test transport (test_cli_fuzz.py, test_terminal_output.py)."""
+    import importlib
+    import sys
+
+    from phalanx.cli import main as cli
+    from phalanx.client import Client
+    from phalanx.slurm.main import COMMANDS
+
+    for command in COMMANDS:  # loaded now, so that their `client` is the one replaced
+        importlib.import_module(f"phalanx.slurm.{command}")
+
+    def make(_url: Any = None) -> Client:
+        return Client(
+            "http://testserver", token=token_for(user, "operator"), transport=client._transport
+        )
+
+    monkeypatch.setattr(cli, "_client", make)
+    for name, module in list(sys.modules.items()):
+        if name.startswith("phalanx.slurm.") and callable(getattr(module, "client", None)):
+            monkeypatch.setattr(module, "client", make)
+    monkeypatch.setenv("PHALANX_URL", "http://testserver")

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import typer.main
-from api_auth import token_for
+from api_auth import commands_against
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,8 +26,6 @@ from test_api import submit
 from typer.testing import CliRunner
 
 from phalanx.cli import main as cli
-from phalanx.client import Client
-from phalanx.slurm import common as slurm_common
 from phalanx.slurm import main as slurm_main
 
 # not quick argument parsers: daemons, key/token files, waiting, running a step
@@ -129,16 +127,7 @@ def _args(options: list[str]) -> st.SearchStrategy[list[str]]:
 def api(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
     """Both command families talk to `client`'s app, as an operator; a job exists (1)."""
 
-    def make(_url: Any = None) -> Client:
-        return Client(
-            "http://testserver",
-            token=token_for("alice", "operator"),
-            transport=client._transport,
-        )
-
-    monkeypatch.setattr(cli, "_client", make)
-    monkeypatch.setattr(slurm_common, "client", make)
-    monkeypatch.setenv("PHALANX_URL", "http://testserver")
+    commands_against(client, monkeypatch)
     submit(client)
     yield client
 
@@ -225,10 +214,14 @@ def test_slurm_commands_never_trace_back(api: TestClient, data: st.DataObject) -
         ("explain", ""),
         ("eff", ""),
         ("drain", "", "--reason", "x"),
+        ("cancel", "²"),
+        ("show", "1²"),
+        ("hold", "³_1"),
     ],
 )
-def test_empty_ids_are_refused_in_one_line(api: TestClient, args: tuple[str, ...]) -> None:
-    """`phalanx show ""` ended in a JSONDecodeError traceback."""
+def test_empty_and_odd_ids_are_refused_in_one_line(api: TestClient, args: tuple[str, ...]) -> None:
+    """`phalanx show ""` ended in a JSONDecodeError traceback, and `phalanx cancel ²` in a
+    500 from the controller: "²".isdigit() is true, and int("²") raises."""
     result = CliRunner().invoke(cli.app, list(args), catch_exceptions=True)
     assert result.exception is None or isinstance(result.exception, SystemExit), result.output
     assert result.exit_code != 0 and "Traceback" not in result.output, result.output

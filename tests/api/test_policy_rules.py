@@ -5,33 +5,18 @@ submission and on update)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from api_auth import ADMIN, as_user
-from test_access_table import JOB, make_client
+from test_access_table import JOB, cluster  # an app per call, with config overrides
 
 ALICE = as_user("alice")
 OPS = as_user("ops", "operator")
 TINY = {"api_rate": 0.001, "api_burst": 100, "submit_rate": 0.001, "submit_burst": 4}
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, schema_db: Path) -> Iterator[Any]:
-    """A fresh app (test_access_table.make_client) with config overrides, per call."""
-    monkeypatch.delenv("PHALANX_CONFIG", raising=False)
-    gens: list[Iterator[Any]] = []
-
-    def factory(**overrides: Any) -> Any:
-        (tmp_path / f"c{len(gens)}").mkdir()
-        gens.append(make_client(tmp_path / f"c{len(gens)}", schema_db, **overrides))
-        return next(gens[-1])
-
-    yield factory
-    for g in gens:
-        g.close()
+__all__ = ["cluster"]
 
 
 # ------------------------------------------------------------------ rate limits count work

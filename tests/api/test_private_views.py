@@ -7,14 +7,11 @@ error naming another user's files in the reason of a node Phalanx drained."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 from api_auth import as_user
 from sqlalchemy import update
-from test_access_table import make_client
+from test_access_table import cluster  # an app per call, with config overrides
 from test_api import Agent, run_to_start
 
 from phalanx.store import schema as s
@@ -24,19 +21,7 @@ SECRET = "/home/alice/project-x"
 ERROR = f"cannot open output file {SECRET}/out.log: No such file or directory"
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, schema_db: Path) -> Iterator[Any]:
-    monkeypatch.delenv("PHALANX_CONFIG", raising=False)
-    gens: list[Iterator[Any]] = []
-
-    def factory(**overrides: Any) -> Any:
-        (tmp_path / f"c{len(gens)}").mkdir()
-        gens.append(make_client(tmp_path / f"c{len(gens)}", schema_db, **overrides))
-        return next(gens[-1])
-
-    yield factory
-    for g in gens:
-        g.close()
+__all__ = ["cluster"]
 
 
 def poison(c: Any, ctl: Any) -> int:

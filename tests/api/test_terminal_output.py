@@ -10,17 +10,15 @@ from __future__ import annotations
 import contextlib
 import io
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
-from api_auth import token_for
+from api_auth import commands_against
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 from test_api import Agent, submit
 from typer.testing import CliRunner
 
 from phalanx.cli import main as cli
-from phalanx.client import Client
 from phalanx.controller.runtime import Controller
 from phalanx.domain.text import CONTROL
 from phalanx.slurm import main as slurm_main
@@ -35,18 +33,7 @@ SLURM = ("squeue", "scontrol", "sacct", "sinfo")
 def poisoned(client: TestClient, ctl: Controller, monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
     """A job and a node whose text fields hold EVIL, written to the store directly."""
 
-    def make(_url: Any = None) -> Client:
-        return Client(
-            "http://testserver",
-            token=token_for("alice", "operator"),
-            transport=client._transport,
-        )
-
-    monkeypatch.setattr(cli, "_client", make)
-    for name in SLURM:
-        module = __import__(f"phalanx.slurm.{name}", fromlist=["client"])
-        monkeypatch.setattr(module, "client", make)
-    monkeypatch.setenv("PHALANX_URL", "http://testserver")
+    commands_against(client, monkeypatch)
     Agent(client, "n1").register()
     (jid,) = submit(client, comment="fine")
     with ctl.store.db.begin() as conn:

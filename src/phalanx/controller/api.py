@@ -1015,7 +1015,7 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         """Why the job waits (pending, held) or why it ended or was requeued, in sentences:
         {"job", "state", "summary", "lines"} (docs/explain.md). An array names one task."""
         ids = _one(ref)
-        if ref.strip().isdigit() and int(ref) in ids:
+        if ref.strip().isdecimal() and int(ref) in ids:
             ids = [int(ref)]
         if len(ids) != 1:
             raise InvalidSpec(f"{ref} names {len(ids)} jobs: explain one array task (e.g. {ref}_0)")
@@ -1042,7 +1042,7 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         also an array's id: srun sends $SLURM_JOB_ID, and the first task of an array has the
         array's id as its own (as in Slurm), so `123` must not mean the whole array here."""
         row: dict[str, Any] | None = None
-        if ref.strip().isdigit() and int(ref) <= MAX_ID:
+        if ref.strip().isdecimal() and int(ref) <= MAX_ID:
             # srun's own case (every step of a loop): the job itself, one read less
             with contextlib.suppress(NotFound):
                 row = ctl.store.get_job(int(ref))

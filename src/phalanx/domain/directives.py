@@ -105,7 +105,7 @@ class Option:
 
 def _whole(text: str, minimum: int, example: str = "4") -> int:
     stripped = text.strip()
-    if not stripped.isdigit() or int(stripped) < minimum:
+    if not stripped.isdecimal() or int(stripped) < minimum:
         raise ValueError(f"invalid number {text!r}: use a whole number ≥ {minimum}, e.g. {example}")
     return int(stripped)
 
@@ -131,7 +131,7 @@ def _nodes(text: str) -> dict[str, Any]:
     """``-N 4`` or ``-N 2-4`` (the scheduler gets the minimum and may use up to the maximum)."""
     lo, dash, hi = text.strip().partition("-")
     forms = "use a node count such as 4, or a range such as 2-4"
-    if not lo.isdigit() or int(lo) < 1 or (dash and (not hi.isdigit() or int(hi) < int(lo))):
+    if not lo.isdecimal() or int(lo) < 1 or (dash and (not hi.isdecimal() or int(hi) < int(lo))):
         raise ValueError(f"invalid node count {text!r}: {forms}")
     if dash:
         return {"nodes": int(lo), "nodes_max": int(hi)}
@@ -285,7 +285,7 @@ def _nice(text: str) -> dict[str, Any]:
     if not word:
         return {"nice": 100}
     digits = word[1:] if word[:1] in "+-" else word
-    if not digits.isdigit() or int(digits) > 10_000_000:
+    if not digits.isdecimal() or int(digits) > 10_000_000:
         raise ValueError(f"invalid --nice value {text!r}: use a whole number, e.g. --nice=100")
     return {"nice": int(word)}
 

@@ -55,7 +55,7 @@ def _gpu_usage(raw: Any) -> dict[str, Any] | None:
     for idx, g in (
         (raw.get("per_gpu") or {}).items() if isinstance(raw.get("per_gpu"), Mapping) else ()
     ):
-        if not isinstance(g, Mapping) or not str(idx).isdigit():
+        if not isinstance(g, Mapping) or not str(idx).isdecimal():
             continue
         one = {
             k: (round(v, 1) if k == "util_mean" else int(v))

@@ -53,7 +53,7 @@ def _parse(text: str, *, what: str, need_count: bool) -> dict[str, int]:
                 "(letters, digits, '_', '.', '-', '@'; up to 64)"
             )
         count = count.strip()
-        if not count.isdigit():
+        if not count.isdecimal():
             raise ValueError(
                 f"{what} {text!r}: the count of {name} must be a whole number, "
                 f"e.g. {name}:{2 if need_count else 1}"

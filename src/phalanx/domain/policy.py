@@ -129,7 +129,7 @@ def parse_retry_on(text: str) -> RetryOn:
 
 def _exit_codes(raw: str, spec: str) -> range:
     lo, dash, hi = spec.partition("-")
-    ok = lo.isdigit() and (not dash or hi.isdigit())
+    ok = lo.isdecimal() and (not dash or hi.isdecimal())
     first, last = (int(lo), int(hi) if dash else int(lo)) if ok else (0, 0)
     if not ok or not 1 <= first <= last <= 255:
         raise ValueError(

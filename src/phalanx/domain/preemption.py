@@ -65,7 +65,7 @@ def preemptor_of(stop: str | None) -> int | None:
     for prefix in (REQUEUE_PREFIX, CANCEL_PREFIX):
         if text.startswith(prefix):
             head = text[len(prefix) :].split(" ", 1)[0]
-            return int(head) if head.isdigit() else None
+            return int(head) if head.isdecimal() else None
     return None
 
 

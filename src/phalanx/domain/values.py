@@ -139,7 +139,7 @@ def parse_array(text: str) -> tuple[list[int], int | None]:
     limit: int | None = None
     if "%" in text:
         text, _, limit_text = text.rpartition("%")
-        if not limit_text.isdigit() or int(limit_text) < 1:
+        if not limit_text.isdecimal() or int(limit_text) < 1:
             raise ValueError(
                 f"invalid array {raw!r}: the limit after '%' must be a whole number ≥ 1; "
                 f"{_ARRAY_FORMS}"
@@ -264,7 +264,7 @@ def parse_signal(text: str) -> dict[str, Any]:
     if m is None:
         raise ValueError(f"invalid signal {raw!r}: {_SIGNAL_FORMS}")
     flags, name, lead = m[1] or "", m[2], m[3]
-    if name.isdigit():
+    if name.isdecimal():
         signum = int(name)
         if signum not in _signal.valid_signals():
             raise ValueError(f"invalid signal {raw!r}: no signal number {signum}; {_SIGNAL_FORMS}")
@@ -341,7 +341,7 @@ _GPUS_FORMS = "use COUNT or TYPE:COUNT, e.g. 2 or a100:2"
 
 
 def _gpu_count(raw: str, count: str, forms: str) -> int:
-    if not count.isdigit():
+    if not count.isdecimal():
         raise ValueError(f"invalid GPU request {raw!r}: count {count!r} is not a number; {forms}")
     return int(count)
 
@@ -378,7 +378,7 @@ def parse_gres(text: str) -> tuple[int, str | None]:
             found = (1, None)
         elif len(parts) == 2:
             # Slurm reads "gpu:X" as a count when X is numeric, else as a type with count 1.
-            if parts[1].isdigit():
+            if parts[1].isdecimal():
                 found = (int(parts[1]), None)
             else:
                 found = (1, _gpu_type(raw, parts[1], _GRES_FORMS))

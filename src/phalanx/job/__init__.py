@@ -122,7 +122,7 @@ def _signal_number(name: str | None) -> int | None:
     if not name:
         return None
     text = name.strip().upper()
-    if text.isdigit():
+    if text.isdecimal():
         return int(text)
     key = text if text.startswith("SIG") else "SIG" + text
     try:

@@ -278,7 +278,7 @@ def parse_format(
             right = True
             i += 1
         digits = ""
-        while i < len(text) and text[i].isdigit():
+        while i < len(text) and text[i].isdecimal():
             digits += text[i]
             i += 1
         if i >= len(text):

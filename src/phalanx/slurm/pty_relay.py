@@ -70,8 +70,8 @@ class Terminal:
             except OSError:
                 continue
         env = os.environ
-        rows = int(env["LINES"]) if env.get("LINES", "").isdigit() else 24
-        cols = int(env["COLUMNS"]) if env.get("COLUMNS", "").isdigit() else 80
+        rows = int(env["LINES"]) if env.get("LINES", "").isdecimal() else 24
+        cols = int(env["COLUMNS"]) if env.get("COLUMNS", "").isdecimal() else 80
         return rows, cols
 
     def __enter__(self) -> Terminal:

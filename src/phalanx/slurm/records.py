@@ -110,7 +110,7 @@ def state_text(job: dict[str, Any], *, by_uid: bool = True) -> str:
             try:
                 return f"CANCELLED by {pwd.getpwnam(who).pw_uid}"
             except KeyError:
-                if who.isdigit():
+                if who.isdecimal():
                     return f"CANCELLED by {who}"
     return state
 

@@ -194,7 +194,7 @@ def parse_format(text: str) -> list[tuple[Field, int]]:
                 f'Invalid field requested: "{name}" (sacct --helpformat lists them)'
             )
         if width:
-            if not width.isdigit():
+            if not width.isdecimal():
                 raise SlurmUsageError(f"Invalid field width: {raw}")
             w = int(width)
             out.append((f, -w if f.width < 0 else w))
@@ -449,7 +449,7 @@ def _tres_list(text: str) -> list[dict[str, Any]]:
         if typ == "mem" and count and count[-1] in mult:
             value = int(float(count[:-1]) * mult[count[-1]])
         else:
-            value = int(count) if count.isdigit() else 0
+            value = int(count) if count.isdecimal() else 0
         out.append({"type": typ, "name": name, "count": value})
     return out
 

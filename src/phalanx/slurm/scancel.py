@@ -41,7 +41,7 @@ _ID_RE = re.compile(r"^(\d+)(?:_(\d+|\[[0-9,\-]+\]))?$")
 def parse_signal(text: str) -> int:
     """``USR1``, ``SIGUSR1``, ``usr1`` or ``10`` -> the signal number; refuses others."""
     word = text.strip().upper()
-    if word.isdigit():
+    if word.isdecimal():
         num = int(word)
         if 1 <= num <= 64:
             return num
@@ -74,7 +74,7 @@ def expand_job_ids(text: str) -> list[str]:
     out: list[str] = []
     for part in task[1:-1].split(","):
         lo, dash, hi = part.partition("-")
-        if not lo.isdigit() or (dash and not hi.isdigit()) or (dash and int(hi) < int(lo)):
+        if not lo.isdecimal() or (dash and not hi.isdecimal()) or (dash and int(hi) < int(lo)):
             raise SlurmUsageError(f"Invalid job id {word}")
         for i in range(int(lo), int(hi if dash else lo) + 1):
             out.append(f"{job}_{i}")

@@ -232,7 +232,7 @@ def parse_job_update(words: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
             refs.extend(x for x in value.split(",") if x)
         elif k == "numnodes":
             lo, _, hi = value.partition("-")
-            if not lo.isdigit() or (hi and hi != lo) or int(lo) < 1:
+            if not lo.isdecimal() or (hi and hi != lo) or int(lo) < 1:
                 raise SlurmUsageError(
                     f"NumNodes={value}: give a node count (N, or N-N); node ranges are not "
                     "supported here"
@@ -299,7 +299,7 @@ def _job_refs(words: Sequence[str], cmd: str) -> list[str]:
     if not refs:
         raise SlurmUsageError(f"{cmd}: no job id given (scontrol {cmd} <job_id>[,<job_id>...])")
     for r in refs:
-        if not r.replace("_", "").isdigit():
+        if not r.replace("_", "").isdecimal():
             raise CommandError(f"Invalid job id specified for job {r}")
     return refs
 
@@ -447,7 +447,7 @@ def token(cli: Client, words: list[str]) -> int:
     lifespan = 1800.0  # Slurm's default lifespan
     for key, value in parse_assignments(words):
         if key.lower() == "lifespan":
-            if not value.isdigit() or int(value) < 1:
+            if not value.isdecimal() or int(value) < 1:
                 raise SlurmUsageError(f"Invalid lifespan: {value} (seconds)")
             lifespan = float(value)
         else:

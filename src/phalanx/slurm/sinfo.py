@@ -250,7 +250,7 @@ def _state_matches(long: str, silent: bool, wanted: set[str]) -> bool:
 
 
 def _natural(name: str) -> tuple[Any, ...]:
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+    return tuple(int(p) if p.isdecimal() else p for p in re.split(r"(\d+)", name))
 
 
 def parse_node_states(text: str) -> set[str]:

@@ -86,7 +86,7 @@ def parser() -> SlurmParser:
 
 
 def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    if not text.isdecimal() or int(text) < 1:
         raise SlurmUsageError(f"invalid number {text!r}: give a whole number of at least 1")
     return int(text)
 
@@ -108,7 +108,7 @@ def _nodes(text: str) -> int:
 
 def _gpus(text: str) -> int:
     count = text.rsplit(":", 1)[-1]
-    if not count.isdigit():
+    if not count.isdecimal():
         raise SlurmUsageError(f"invalid GPU count {text!r}: use N or TYPE:N")
     return int(count)
 
@@ -117,7 +117,7 @@ def _gres(text: str) -> int:
     parts = text.split(":")
     if parts[0] != "gpu":
         raise SlurmUsageError(f"unsupported --gres={text}: only gpu[:TYPE]:N is known")
-    return int(parts[-1]) if len(parts) > 1 and parts[-1].isdigit() else 1
+    return int(parts[-1]) if len(parts) > 1 and parts[-1].isdecimal() else 1
 
 
 def main(argv: Sequence[str]) -> int:

@@ -49,7 +49,7 @@ def socket_path(env: dict[str, str] | os._Environ[str] | None = None) -> str | N
     tmp = env.get("TMPDIR")
     if not job or not tmp or env.get(ATTACH_ENV) or env.get(NO_HELPER_ENV):
         return None
-    if not job.isdigit():
+    if not job.isdecimal():
         return None
     return f"{tmp}/{SOCKET_NAME.format(job=job)}"
 

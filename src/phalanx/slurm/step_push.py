@@ -25,7 +25,7 @@ MAX_ANSWER = 4096  # an agent answers one short line; whatever sends more is not
 def split_address(at: str) -> tuple[str, int]:
     """("host", port) from "host:port" or "[v6]:port"; ValueError if it is neither."""
     host, sep, port = at.rpartition(":")
-    if not sep or not port.isdigit() or not host:
+    if not sep or not port.isdecimal() or not host:
         raise ValueError(f"not host:port: {at!r}")
     return host.strip("[]"), int(port)
 

@@ -509,7 +509,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
             ref = str(ref).strip()
             if "_" in ref:
                 a, _, t = ref.partition("_")
-                if not (a.isdigit() and t.isdigit()):
+                if not (a.isdecimal() and t.isdecimal()):
                     raise InvalidSpec(f"invalid job id '{ref}': use 123 or 123_4")
                 if int(a) > MAX_ID or int(t) > MAX_ID:
                     continue  # larger than any id a job can have: no such job
@@ -521,7 +521,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
                 if row:
                     ids.append(int(row.id))
                 continue
-            if not ref.isdigit():
+            if not ref.isdecimal():
                 raise InvalidSpec(f"invalid job id '{ref}': use 123 or 123_4")
             jid = int(ref)
             if jid > MAX_ID:
