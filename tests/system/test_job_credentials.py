@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -49,7 +48,7 @@ def test_commands_wait_for_a_restarting_credential_service(
     sock = cluster.agent_socket("node01")
     agent = cluster.agent("node01")
     agent.kill()
-    wait_for(lambda: not _answers(sock), what="the credential socket to go quiet")
+    wait_for(lambda: not localsock.in_use(sock), what="the credential socket to go quiet")
     env = base_env(
         cluster.root, PHALANX_URL=cluster.url, PHALANX_AUTH_SOCKET=str(sock), PHALANX_AUTH_WAIT="60"
     )
@@ -73,16 +72,3 @@ def test_commands_wait_for_a_restarting_credential_service(
             call.wait()
     assert call.returncode == 0, err_file.read_text()
     assert json.loads(out)["kind"] == "local", out
-
-
-def _answers(sock: Path) -> bool:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(2)
-    try:
-        with localsock.reachable(sock) as name:  # test paths can pass sockaddr_un's 108 bytes
-            s.connect(name)
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from system.harness import Cluster, run_cli, wait_for
+from system.test_preemption import CONFIG as PREEMPT_CONFIG
 
 pytestmark = pytest.mark.system
 
@@ -103,18 +104,6 @@ if [ -e "{flag}" ]; then echo "ERROR: scratch full"; exit 1; fi
 echo "scratch ok"
 """
 
-PREEMPT_CONFIG = """
-[[cluster.partitions]]
-name = "low"
-default = true
-nodes = "*"
-
-[[cluster.partitions]]
-name = "high"
-nodes = "*"
-priority_tier = 1
-"""
-
 
 def rank_lines(ckdir: Path, rank: int) -> list[str]:
     path = ckdir / f"rank{rank}.log"
@@ -126,7 +115,7 @@ def start_cluster(cluster: Cluster, tmp_path: Path, trigger: str) -> int:
     cluster.timing.update(TIMING)
     if trigger == "preemption":
         config = tmp_path / "phalanx.toml"
-        config.write_text(PREEMPT_CONFIG)
+        config.write_text(PREEMPT_CONFIG)  # tiers low and high
         cluster.extra_env["PHALANX_CONFIG"] = str(config)
         cluster.start(nodes=2, cpus=2)  # no free node: the high job must preempt
         return 2

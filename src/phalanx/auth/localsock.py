@@ -70,7 +70,7 @@ class CredentialServer:
     def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.is_socket() or self.path.exists():
-            if _in_use(self.path):
+            if in_use(self.path):
                 raise OSError(f"{self.path} is already served by another process")
             self.path.unlink()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -128,7 +128,8 @@ class CredentialServer:
         return json.dumps({"token": token, "expires_at": expires, "user": user})
 
 
-def _in_use(path: Path) -> bool:
+def in_use(path: Path) -> bool:
+    """Whether a process listens on the socket at `path`."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(1.0)
     try:
