@@ -621,10 +621,10 @@ def schedule(rng: random.Random, kinds: list[str], rounds: int) -> list[str]:
     return (first + [rng.choice(kinds) for _ in range(max(0, rounds - len(kinds)))])[:rounds]
 
 
-# The soak runs each node fault (which lasts until the node is DOWN) together with the next
-# fault when that one strikes the control plane: twice the rounds an hour, and node failures
-# judged across controller failovers and database failovers.
-NODE_FAULTS = frozenset({"agent-down", "agent-freeze", "partition"})
+# The soak runs each node fault (an agent blip, or a silence that lasts until the node is
+# DOWN) together with the next fault when that one strikes the control plane: more rounds an
+# hour, and node failures judged across controller failovers and database failovers.
+NODE_FAULTS = frozenset({"agent-down", "agent-freeze", "partition", "agent-blip"})
 ALONGSIDE = frozenset({"ctl-kill", "ctl-restart", "ctl-stop", "authd-kill", "pg-failover"})
 
 
