@@ -477,7 +477,10 @@ def start_cluster(cluster: Cluster) -> list[str]:
     licences. Return the controllers' URLs."""
     cluster.timing.update(TIMING)
     config = cluster.root / "phalanx.toml"
-    config.write_text(CONFIG)
+    # `ip netns exec` mounts a /sys without cgroups: nodes in namespaces run jobs uncontained
+    # (netns.NsDaemon gives that setting only to a cluster without a config of its own)
+    netns_isolation = "[isolation]\nrequire_cgroups = false\n"
+    config.write_text(CONFIG + (netns_isolation if isinstance(cluster, NetnsCluster) else ""))
     cluster.extra_env["PHALANX_CONFIG"] = str(config)
     url0 = cluster.controller_url(cluster.start_controller(CONTROLLERS[0]))
 
