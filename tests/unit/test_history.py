@@ -226,6 +226,33 @@ def test_not_ended_or_ended_otherwise() -> None:
     assert "unexpected-end" in kinds(replace_job(good(), 1, exit_code=3))
 
 
+def node_fail_after(retries: list[int], budget: int, h: History | None = None) -> History:
+    """Job 1 requeued after a node failure once for each of `retries` ("retry k of `budget`"),
+    then ended NODE_FAIL with its budget of `budget` retries used."""
+    h = h or good()
+    events = [e for e in h.events if e.id != 7]  # job 1 no longer completes
+    eid, ts, state_now = 100, 12.5, "RUNNING"
+    for k in retries:
+        why = f"RUNNING -> PENDING: requeued after node failure: node01 (retry {k} of {budget})"
+        events.append(Event(eid, ts, "job.requeue", why, 1, "ctl-1", None, "RUNNING", "PENDING"))
+        events.append(state(eid + 1, ts + 0.1, 1, "PENDING", "STARTING"))
+        events.append(state(eid + 2, ts + 0.2, 1, "STARTING", "RUNNING"))
+        eid, ts = eid + 3, ts + 1
+    end = (
+        "RUNNING -> NODE_FAIL: node failure: node01; not retried: "
+        f"all {budget} retries used (--retries={budget})"
+    )
+    events.append(Event(eid, ts, "job.node_fail", end, 1, "ctl-1", None, state_now, "NODE_FAIL"))
+    return replace_job(dataclasses.replace(h, events=events), 1, state="NODE_FAIL", exit_code=None)
+
+
+def test_node_fail_is_expected_only_when_node_failures_spent_every_retry() -> None:
+    assert check(node_fail_after([1, 2, 3], 3)) == []
+    assert kinds(node_fail_after([1, 3], 3)) == ["unexpected-end"]  # one retry never happened
+    assert kinds(node_fail_after([1, 2, 2, 3], 3)) == ["unexpected-end"]  # one counted twice
+    assert kinds(node_fail_after([1, 2], 5)) == ["unexpected-end"]  # the budget was not spent
+
+
 def test_missing_state_event_breaks_the_chain() -> None:
     h = good()
     events = [e for e in h.events if e.id != 5]
@@ -269,6 +296,16 @@ def test_write_under_a_stale_term() -> None:
     h3 = good()
     events = [*h3.events, take(14, 16.0, "ctl-2", "cluster", 2)]
     assert kinds(dataclasses.replace(h3, events=events)) == ["stale-write"]
+
+
+def test_a_spare_lost_is_written_under_the_cluster_lease() -> None:
+    h = good()
+    lost = Event(14, 20.2, "job.spare_lost", "spare node node02 lost", 2, "ctl-1", 1, node="node02")
+    # the detector's write carries the cluster term (1, still current): the scheduling lease's
+    # term 2, taken by ctl-2 at 19.0, does not make it stale
+    assert check(dataclasses.replace(h, events=[*h.events, lost])) == []
+    events = [*h.events, take(14, 16.0, "ctl-2", "cluster", 2), dataclasses.replace(lost, id=15)]
+    assert kinds(dataclasses.replace(h, events=events)) == ["stale-write"]
 
 
 def test_write_by_a_controller_that_does_not_hold_the_term() -> None:
