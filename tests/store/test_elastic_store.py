@@ -180,3 +180,31 @@ def test_a_spent_budget_ends_the_elastic_job_instead_of_restarting_it(store: Sto
     assert job["state"] == "NODE_FAIL", job
     assert "retries used" in (job["reason"] or "") or "retr" in (job["reason"] or ""), job
     assert job["reserved_nodes"] is None
+
+
+def test_a_spare_job_does_not_avoid_itself_out_of_the_cluster(store: Store) -> None:
+    """Found by the chaos soak: a --spares=1 job on three nodes restarted on its spare, lost
+    that node too and was requeued avoiding both failed nodes; one node left for a job that
+    needs two (its rank and its spare), so it waited for ever ("Resources") on a healthy
+    cluster. Avoiding is dropped when it would leave too few nodes for ranks and spares."""
+    for i in range(1, 4):
+        add_node(store, f"n{i}", cpus=1)
+    store.drain("n3", "kept out of the first placement", "test")
+    jid = submit1(store, nodes=1, spares=1, requeue=True)
+    assert schedule(store) == [jid]
+    att = store.attempts_of(jid)[-1]
+    assert att["nodes"] == ["n1"]
+    run_everywhere(store, att)
+    kill_node(store, "n1", att)  # the spare n2 takes over
+    assert store.get_job(jid)["reserved_nodes"] == ["n2"]
+    assert schedule(store) == [jid]
+    att = store.attempts_of(jid)[-1]
+    assert att["nodes"] == ["n2"]  # no spare left to hold: n1 is DOWN, n3 drained
+    run_everywhere(store, att)
+    store.resume("n3", "test")
+    store.record_heartbeats({"n1": 0.0})  # n1 is back
+    kill_node(store, "n2", att)
+    job = store.get_job(jid)
+    assert job["state"] == "PENDING" and job["avoid_nodes"] is None, job
+    store.record_heartbeats({"n2": 0.0})
+    assert schedule(store) == [jid]  # it runs again, on a healthy cluster

@@ -54,6 +54,7 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -578,6 +579,38 @@ def collect(
     return hist.History(work.subs, jobs, runs, events, sampler.samples, faults, held)
 
 
+LIVE = ["PENDING", "STARTING", "RUNNING", "COMPLETING"]
+
+
+def drain(cluster: Cluster, acked: int) -> None:
+    """Wait for every job to end. A long soak leaves a backlog (jobs needing a GPU or a licence
+    queue behind each other), so the deadline runs from the last time the count of live jobs
+    went down, not from the first look: a stuck job fails it, a long queue does not. On failure
+    the live jobs are listed by state and reason, the first thing to read."""
+    best, since = None, time.monotonic()
+    live: list[dict[str, Any]] = []
+    while True:
+        try:
+            live = cluster.client().jobs(state=LIVE, limit=100_000)
+        except PhalanxError:
+            live = live or [{}]  # no answer: not progress, not done
+        else:
+            if not live:
+                return
+            if best is None or len(live) < best:
+                best, since = len(live), time.monotonic()
+        if time.monotonic() - since > RECOVER:
+            break
+        time.sleep(0.5)
+    why = Counter((j.get("state"), j.get("reason")) for j in live)
+    lines = [f"{n} x {state}: {reason}" for (state, reason), n in why.most_common(10)]
+    first = [f"job {j.get('id')} {j.get('state')} {j.get('reason')!r}" for j in live[:10]]
+    pytest.fail(
+        f"{len(live)} of the {acked} acknowledged jobs made no progress towards their end in "
+        f"{RECOVER:g}s:\n" + "\n".join([*lines, "first:", *first])
+    )
+
+
 def holdings(c: Client) -> list[hist.Holding]:
     """What is still held: node CPUs and GPUs, licences, restart reservations."""
     out = []
@@ -701,12 +734,7 @@ def run_chaos(chaos: Chaos, out: Path, seed: int, rounds: int, label: str) -> No
     t_faults = time.monotonic() - t0
 
     acked = work.acked()
-    wait_for(
-        lambda: not cluster.client().jobs(state=["PENDING", "STARTING", "RUNNING", "COMPLETING"]),
-        timeout=RECOVER,
-        interval=0.5,
-        what=f"the {len(acked)} acknowledged jobs to end",
-    )
+    drain(cluster, len(acked))
     c = cluster.client()
     # held resources are released with the attempts that held them; a restart reservation
     # lasts at most restart_reservation after its job's node failed

@@ -1945,8 +1945,11 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
     def _avoidable(
         self, conn: Connection, job: dict[str, Any], failed: Sequence[str]
     ) -> list[str] | None:
-        """Nodes the job should avoid from now on, unless that would leave too few to run it."""
+        """Nodes the job should avoid from now on, unless that would leave too few to run it:
+        its nodes and its spares (a job with --spares=1 on three nodes that avoided two of them
+        would wait for ever, "Resources", on a healthy cluster)."""
         avoid = sorted(set(job["avoid_nodes"] or []) | set(failed))
+        _, spares = self._elastic_of(conn, int(job["id"]))
         usable = conn.execute(
             select(func.count())
             .select_from(s.nodes)
@@ -1955,7 +1958,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
                 s.nodes.c.name.not_in(avoid + list(job["exclude"] or [])),
             )
         ).scalar_one()
-        return avoid if usable >= job["nodes"] else None
+        return avoid if usable >= int(job["nodes"]) + spares else None
 
     def _count_node_launch_failures(self, conn: Connection, failed: list[tuple[str, str]]) -> None:
         """Failed launches in a row on one node drain it: something there is broken."""
