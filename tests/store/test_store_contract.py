@@ -441,6 +441,14 @@ def test_events_filters_and_add_event(store: Store) -> None:
     assert all(e["id"] > first for e in store.events(since_id=first))
     assert len(store.events(limit=1)) == 1
     assert store.events(job_id=jid)[-1]["message"] == "hello"
+    for i in range(5):
+        store.add_event("custom.more", f"m{i}", node="n1")
+    newest = store.events(node="n1", limit=2, newest=True)  # the last two, oldest first
+    assert [e["message"] for e in newest] == ["m3", "m4"]
+    assert [e["kind"] for e in store.events(node="n1", limit=2)] == [
+        "node.register",
+        "custom.thing",
+    ]
 
 
 # --------------------------------------------------------------------------------------------

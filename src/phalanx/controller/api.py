@@ -1193,7 +1193,7 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         view["maintenance"] = maint_api.node_windows(name, ctl.store.list_windows())
         # the place placement uses: the config's [topology] rules, else what the agent reported
         view["topology"] = dict(ctl.topology.place(name, row.get("topology")))
-        view["events"] = events_for(ident, ctl.store.events(node=name)[-50:])
+        view["events"] = events_for(ident, ctl.store.events(node=name, limit=50, newest=True))
         return view
 
     @app.post("/v1/nodes/{name}/drain")

@@ -2311,14 +2311,20 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
         node: str | None = None,
         since_id: int = 0,
         limit: int = 1000,
+        newest: bool = False,
     ) -> list[dict[str, Any]]:
-        q = select(s.events).where(s.events.c.id > since_id).order_by(s.events.c.id).limit(limit)
+        """Events after `since_id`, oldest first: the first `limit` of them, or with `newest`
+        the last `limit` (a node page's recent history: the first thousand of a busy node's
+        events are weeks old)."""
+        order = s.events.c.id.desc() if newest else s.events.c.id
+        q = select(s.events).where(s.events.c.id > since_id).order_by(order).limit(limit)
         if job_id is not None:
             q = q.where(s.events.c.job_id == job_id)
         if node is not None:
             q = q.where(s.events.c.node == node)
         with self.db.begin(write=False) as conn:
-            return [dict(r) for r in conn.execute(q).mappings()]
+            rows = [dict(r) for r in conn.execute(q).mappings()]
+        return rows[::-1] if newest else rows
 
     def node_events_between(
         self, nodes: Sequence[str], since: float, until: float, limit: int = 200
