@@ -197,11 +197,11 @@ def warn_once(path: str, reason: str) -> None:
 _tmp_counter = 0
 
 
-def replace_file(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> None:
-    """Atomically replace ``path`` with ``data``, safely in a directory the job's user may
-    write: the temporary file is created exclusively, without following a link, under a name
-    unique to this process and thread, and renamed over ``path`` (``rename`` replaces a link
-    or file there, never writes through it).  The temporary file is removed on failure."""
+def write_new(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> str:
+    """Write ``data`` to a fresh temporary file next to ``path`` and return its name: created
+    exclusively and without following a link, under a name unique to this process, thread
+    and call, so a link or file a job's user planted at a predictable name makes it fail
+    rather than be written through (a root writer would clobber the link's target)."""
     global _tmp_counter
     p = os.fspath(path)
     _tmp_counter += 1
@@ -217,13 +217,29 @@ def replace_file(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -
                 view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
-        os.replace(tmp, p)
     except BaseException:
-        try:  # noqa: SIM105  (no contextlib: it costs the shepherd's start-up)
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _unlink_quietly(tmp)
         raise
+    return tmp
+
+
+def replace_file(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> None:
+    """Atomically replace ``path`` with ``data``, safely in a directory the job's user may
+    write: :func:`write_new`, then ``rename`` over ``path`` (it replaces a link or file there,
+    never writes through it).  The temporary file is removed on failure."""
+    tmp = write_new(path, data, mode)
+    try:
+        os.replace(tmp, os.fspath(path))
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+
+
+def _unlink_quietly(path: str) -> None:
+    try:  # noqa: SIM105  (no contextlib: it costs the shepherd's start-up)
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 __all__ = [
@@ -238,4 +254,5 @@ __all__ = [
     "stat_file",
     "stat_or_none",
     "warn_once",
+    "write_new",
 ]

@@ -119,7 +119,6 @@ import pwd
 import select
 import sys
 import time
-from _thread import get_ident as _get_ident  # builtin module: free to import
 
 # ``typing`` costs ~7 ms of startup, so it is only imported for the type checker (which
 # recognises a module-level ``TYPE_CHECKING`` by name); annotations are never evaluated.
@@ -285,21 +284,10 @@ def _dumps(obj: Any) -> str:
 
 
 def _write_tmp(path: str, obj: Any) -> str:
-    """Write ``obj`` to a fresh temporary file next to ``path``; return its name."""
-    data = (_dumps(obj) + "\n").encode()
-    # pid and thread: two threads of one agent may write the same request file at once.
-    tmp = f"{path}.tmp.{os.getpid()}.{_get_ident()}"
-    # control/ belongs to the job's user, who could plant a symlink or hard link at this
-    # predictable name: never write through one (a root shepherd would clobber its target);
-    # the name is unique to this thread, so an existing file is such a plant, and fails
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
-    return tmp
+    """Write ``obj`` to a fresh temporary file next to ``path``; return its name. control/
+    belongs to the job's user, who could plant a link at a predictable name: :func:`jobfiles.
+    write_new` never writes through one, and its name is unique to this thread and call."""
+    return _jobfiles.write_new(path, (_dumps(obj) + "\n").encode())
 
 
 def _write_json(path: str, obj: Any) -> None:

@@ -34,7 +34,14 @@ import orjson
 from starlette.responses import JSONResponse
 
 from phalanx.auth.tokens import Identity
-from phalanx.controller.fastpath import ASGIApp, Message, Receive, Scope, Send
+from phalanx.controller.fastpath import (
+    ASGIApp,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    first_headers,
+)
 from phalanx.errors import BadRequest, PhalanxError, TooLarge, Unauthenticated
 
 #: where the identity verified from the headers is kept in the ASGI scope
@@ -122,12 +129,7 @@ class RequestGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        length = authorization = None
-        for name, value in scope["headers"]:  # the first of each, as Starlette's Headers.get
-            if name == b"content-length" and length is None:
-                length = value
-            elif name == b"authorization" and authorization is None:
-                authorization = value
+        length, authorization = first_headers(scope, b"content-length", b"authorization")
         if length is not None:
             try:
                 size = int(length)
