@@ -33,7 +33,8 @@ Every job appends `start`, `tick` and `end` lines with its attempt id to a file 
 (O_APPEND). A sampler thread reads the lease table the whole time. Afterwards
 `system.history.check` must find nothing: no acknowledged job lost, no submission applied
 twice, no two executions of a job overlapping, no execution the store did not record as an
-attempt, exactly one terminal state per job (COMPLETED: the workload is well behaved), lease
+attempt, exactly one terminal state per job (COMPLETED: the workload is well behaved; or
+NODE_FAIL once node failures used every one of the job's retries, counted one by one), lease
 terms that only grow with one holder each, no write under a stale term, no job alive on a DOWN
 node, no node DOWN outside the windows in which a fault silenced it (no false DOWN, across
 controller failovers too), work run to its end twice only after its node went DOWN, and no
