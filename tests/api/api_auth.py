@@ -49,13 +49,13 @@ class AuthedClient(TestClient):
 
 
 def commands_against(client: TestClient, monkeypatch: Any, user: str = "alice") -> None:
-    """Point `phalanx` (cli.main._client) and the Slurm commands (slurm.common.client and the
+    """Point `phalanx` (cli.output.client) and the Slurm commands (slurm.common.client and the
     modules that imported it) at `client`'s app, as `user`, an operator: the commands then
     run in process over the test transport (test_cli_fuzz.py, test_terminal_output.py)."""
     import importlib
     import sys
 
-    from phalanx.cli import main as cli
+    from phalanx.cli import output
     from phalanx.client import Client
     from phalanx.slurm.main import COMMANDS
 
@@ -67,7 +67,7 @@ def commands_against(client: TestClient, monkeypatch: Any, user: str = "alice") 
             "http://testserver", token=token_for(user, "operator"), transport=client._transport
         )
 
-    monkeypatch.setattr(cli, "_client", make)
+    monkeypatch.setattr(output, "client", make)
     for name, module in list(sys.modules.items()):
         if name.startswith("phalanx.slurm.") and callable(getattr(module, "client", None)):
             monkeypatch.setattr(module, "client", make)

@@ -15,7 +15,7 @@ from test_api import Agent, error_of, run_to_start, submit
 from typer.testing import CliRunner
 
 from phalanx.cli import main as cli
-from phalanx.cli import render
+from phalanx.cli import output, render
 from phalanx.client import Client
 from phalanx.controller.runtime import Controller
 
@@ -26,8 +26,8 @@ Phx = Callable[..., Result]
 def phx(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> Phx:
     """Run `phalanx ARGS` as alice (an operator) against `client`'s app."""
     monkeypatch.setattr(
-        cli,
-        "_client",
+        output,
+        "client",
         lambda _url: Client(
             "http://testserver",
             token=token_for("alice", "operator"),

@@ -277,7 +277,7 @@ def test_restart_reservation_config_rule() -> None:
 
 
 def test_node_seconds_count_spares() -> None:
-    from phalanx.controller.api import allocation_view
+    from phalanx.controller.views import allocation_view
 
     attempts = [
         {

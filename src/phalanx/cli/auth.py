@@ -8,25 +8,15 @@ import socket
 import sys
 import threading
 from pathlib import Path
-from typing import Any
 
 import typer
 
+from phalanx.cli import output
+from phalanx.cli.output import JsonOpt, UrlOpt
 from phalanx.domain.values import format_duration, parse_duration
-
-UrlOpt = typer.Option(
-    None, "--url", help="controller URL(s), comma separated (default: $PHALANX_URL)"
-)
-JsonOpt = typer.Option(False, "--json", help="print JSON")
 
 token_app = typer.Typer(help="Bearer tokens for users and services off the cluster's hosts.")
 keys_app = typer.Typer(help="The cluster key and the node and host keys derived from it.")
-
-
-def _cli() -> Any:
-    from phalanx.cli import main
-
-    return main
 
 
 @token_app.command("create")
@@ -38,22 +28,21 @@ def token_create(
     as_json: bool = JsonOpt,
 ) -> None:
     """Print a bearer token (admins only); use it as $PHALANX_TOKEN or in a token file."""
-    m = _cli()
     try:
         seconds = parse_duration(lifetime)
     except ValueError as e:
-        m._fail(f"--lifetime: {e}", 2)
+        output.fail(f"--lifetime: {e}", 2)
     if seconds is None:
-        m._fail("--lifetime: a token must expire: give a duration such as 30-0 (30 days)", 2)
+        output.fail("--lifetime: a token must expire: give a duration such as 30-0 (30 days)", 2)
     assert seconds is not None
-    with m._client(url) as c:
+    with output.client(url) as c:
         body = {"user": user, "role": role, "lifetime_s": float(seconds)}
-        res = m._run(lambda: c.post("/v1/tokens", body))
+        res = output.run(lambda: c.post("/v1/tokens", body))
     if as_json:
-        m._emit(res)
+        output.emit(res)
     else:
         sys.stdout.write(res["token"] + "\n")
-        m._say(
+        output.say(
             "note:",
             "yellow",
             f"{role} token for {user}, valid for {format_duration(int(seconds))}; "
@@ -63,13 +52,12 @@ def token_create(
 
 def whoami(url: str | None = UrlOpt, as_json: bool = JsonOpt) -> None:
     """Who the controllers take you for (user, role, and how you were identified)."""
-    m = _cli()
-    with m._client(url) as c:
-        res = m._run(lambda: c.get("/v1/whoami"))
+    with output.client(url) as c:
+        res = output.run(lambda: c.get("/v1/whoami"))
     if as_json:
-        m._emit(res)
+        output.emit(res)
     else:
-        m.console.print(f"{res['user']} ({res['role']}, {res['kind']} credential)")
+        output.console.print(f"{res['user']} ({res['role']}, {res['kind']} credential)")
 
 
 @keys_app.command("init")
@@ -81,9 +69,9 @@ def keys_init(
     from phalanx.auth import keys
 
     if file.exists():
-        _cli()._fail(f"{file} exists: add a key for a rotation with `phalanx keys add`", 2)
+        output.fail(f"{file} exists: add a key for a rotation with `phalanx keys add`", 2)
     keys.save(keys.KeySet([keys.new_key(kid)]), file)
-    _cli().console.print(f"cluster key written to {file}")
+    output.console.print(f"cluster key written to {file}")
 
 
 @keys_app.command("add")
@@ -99,11 +87,11 @@ def keys_add(
         ks = keys.load(file)
         new = keys.new_key(kid)
         if any(k.kid == new.kid for k in ks.keys):
-            _cli()._fail(f"{file} already has a key {new.kid!r}", 2)
+            output.fail(f"{file} already has a key {new.kid!r}", 2)
         keys.save(keys.KeySet([new, *ks.keys]), file)
     except (PhalanxError, ValueError) as e:
-        _cli()._fail(getattr(e, "message", str(e)), 2)
-    _cli().console.print(
+        output.fail(getattr(e, "message", str(e)), 2)
+    output.console.print(
         f"added key {new.kid} to {file}; restart the controllers, derive and hand out the "
         "node and host keys again, then remove the old key"
     )
@@ -121,14 +109,14 @@ def keys_remove(
     try:
         ks = keys.load(file)
     except PhalanxError as e:
-        _cli()._fail(e.message, 2)
+        output.fail(e.message, 2)
     rest = [k for k in ks.keys if k.kid != kid]
     if len(rest) == len(ks.keys):
-        _cli()._fail(f"{file} has no key {kid!r} (it has {', '.join(k.kid for k in ks.keys)})", 2)
+        output.fail(f"{file} has no key {kid!r} (it has {', '.join(k.kid for k in ks.keys)})", 2)
     if not rest:
-        _cli()._fail(f"{kid} is the only key in {file}: add a new one first", 2)
+        output.fail(f"{kid} is the only key in {file}: add a new one first", 2)
     keys.save(keys.KeySet(rest), file)
-    _cli().console.print(f"removed key {kid} from {file}; restart the controllers")
+    output.console.print(f"removed key {kid} from {file}; restart the controllers")
 
 
 @keys_app.command("derive")
@@ -143,15 +131,15 @@ def keys_derive(
     from phalanx.errors import PhalanxError
 
     if (node is None) == (host is None):
-        _cli()._fail("give exactly one of --node NAME or --host NAME", 2)
+        output.fail("give exactly one of --node NAME or --host NAME", 2)
     scope, name = ("node", node) if node else ("host", host)
     assert name is not None
     try:
         derived = keys.load(file).for_scope(scope, name)
     except (PhalanxError, ValueError) as e:
-        _cli()._fail(getattr(e, "message", str(e)), 2)
+        output.fail(getattr(e, "message", str(e)), 2)
     keys.save(derived, out)
-    _cli().console.print(f"key of {scope} {name} written to {out}")
+    output.console.print(f"key of {scope} {name} written to {out}")
 
 
 def authd(
@@ -184,9 +172,9 @@ def authd(
         )
         server = service.serve_local(keyset, config.cluster.name, config.auth.credential_ttl, path)
     except PhalanxError as e:
-        _cli()._fail(f"phalanx authd: {e.message}", 2)
+        output.fail(f"phalanx authd: {e.message}", 2)
     except OSError as e:
-        _cli()._fail(f"phalanx authd: cannot serve on {path}: {e.strerror or e}", 2)
+        output.fail(f"phalanx authd: cannot serve on {path}: {e.strerror or e}", 2)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -8,24 +8,13 @@ the agents measured), formatted by `domain/efficiency.py`.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import typer
 
+from phalanx.cli import output
+from phalanx.cli.output import JsonOpt, UrlOpt
 from phalanx.domain import efficiency
 from phalanx.domain.text import escape
-
-UrlOpt = typer.Option(
-    None, "--url", help="controller URL(s), comma separated (default: $PHALANX_URL)"
-)
-JsonOpt = typer.Option(False, "--json", help="print JSON")
-
-
-def _cli() -> Any:
-    """The main CLI module (its console, client and error helpers), imported when used."""
-    from phalanx.cli import main
-
-    return main
 
 
 def explain(
@@ -35,17 +24,16 @@ def explain(
 ) -> None:
     """Why a job waits (per constraint and node, with estimates), or why it failed or was
     requeued (the retry rule, the node, the health reason)."""
-    m = _cli()
-    with m._client(url) as c:
-        out = m._run(lambda: c.explain(ref))
+    with output.client(url) as c:
+        out = output.run(lambda: c.explain(ref))
     if as_json:
-        m._emit(out)
+        output.emit(out)
         return
     # the lines quote stored text (job names, reasons): escaped, and never read as markup
     summary = escape(f"job {out['job']} {out['state']}: {out['summary']}")
-    m.console.print(summary, highlight=False, markup=False)
+    output.console.print(summary, highlight=False, markup=False)
     for line in out["lines"]:
-        m.console.print(f"  {escape(line)}", highlight=False, soft_wrap=True, markup=False)
+        output.console.print(f"  {escape(line)}", highlight=False, soft_wrap=True, markup=False)
 
 
 def eff(
@@ -55,12 +43,11 @@ def eff(
 ) -> None:
     """How efficiently a job used what it asked for, like Slurm's seff: CPU and memory
     utilised against the allocation, wall time against the limit, GPU figures."""
-    m = _cli()
-    with m._client(url) as c:
-        jobs = m._run(lambda: c.job(ref))
+    with output.client(url) as c:
+        jobs = output.run(lambda: c.job(ref))
     now = time.time()
     if as_json:
-        m._emit(
+        output.emit(
             [
                 {
                     "job": j["job_id"],
@@ -73,11 +60,11 @@ def eff(
         return
     for i, j in enumerate(jobs):
         if i:
-            m.console.print("")
+            output.console.print("")
         if "attempts" in j and j.get("usage", "redacted") == "redacted":
-            m._fail(f"the usage of job {j['job_id']} is private to {j['user']}")
+            output.fail(f"the usage of job {j['job_id']} is private to {j['user']}")
         for line in efficiency.report(j, j.get("attempts") or [], now):
-            m.console.print(escape(line), highlight=False, soft_wrap=True, markup=False)
+            output.console.print(escape(line), highlight=False, soft_wrap=True, markup=False)
 
 
 def register(app: typer.Typer) -> None:

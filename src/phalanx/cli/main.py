@@ -6,7 +6,6 @@ tried in turn). Errors are one line on stderr and a non-zero exit, never a trace
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -16,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.text import Text
 
-from phalanx.cli import auth, explain, maint, render, share, sim
+from phalanx.cli import auth, explain, maint, output, render, share, sim
+from phalanx.cli.output import JsonOpt, UrlOpt, console
 from phalanx.client import Client
 from phalanx.domain.text import escape
 from phalanx.errors import PhalanxError
@@ -31,41 +29,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-# Piped output is not cut at 80 columns: scripts and logs read whole lines.
-# markup=False: job names, reasons and paths are printed as they are ("[a]" is not a tag).
-console = Console(width=None if sys.stdout.isatty() else 200, markup=False)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200, markup=False)
-
-
-def _say(label: str, style: str, message: str) -> None:
-    # soft_wrap: a long message stays one line (errors are one line, whatever the width)
-    err_console.print(Text(label, style=style), Text(message), highlight=False, soft_wrap=True)
-
-
-UrlOpt = typer.Option(
-    None, "--url", help="controller URL(s), comma separated (default: $PHALANX_URL)"
-)
-JsonOpt = typer.Option(False, "--json", help="print JSON")
-
-
-def _client(url: str | None) -> Client:
-    return Client(url)
-
-
-def _fail(message: str, code: int = 1) -> None:
-    _say("error:", "red", message)
-    raise typer.Exit(code)
-
-
-def _emit(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-
-
-def _run(fn: Any) -> Any:
-    try:
-        return fn()
-    except PhalanxError as e:
-        _fail(e.message)
 
 
 # ---------------------------------------------------------------------- daemons
@@ -90,7 +53,7 @@ def controller(
     try:
         cfg = load_config(config)
     except PhalanxError as e:
-        _fail(e.message, 2)
+        output.fail(e.message, 2)
     raise typer.Exit(
         run_controller(
             config=cfg,
@@ -204,9 +167,9 @@ def up(
         cluster.start()
     except PhalanxError as e:
         cluster.stop(quiet=True)
-        _fail(e.message)
+        output.fail(e.message)
     if as_json:
-        _emit(
+        output.emit(
             {
                 "url": cluster.url,
                 "auth_socket": str(cluster.auth_socket),
@@ -245,7 +208,7 @@ def down(
 
     stopped = stop_from_pidfiles(state_dir)
     if as_json:
-        _emit({"stopped": stopped})
+        output.emit({"stopped": stopped})
     elif stopped:
         console.print(f"stopped {len(stopped)} processes: {', '.join(stopped)}")
     else:
@@ -284,23 +247,27 @@ def submit(
         script_file_flags(argv, flags)  # #SBATCH --parsable / --wait count too
         spec, warnings, ignored = build_spec(argv)
     except PhalanxError as e:
-        _fail(e.message)
+        output.fail(e.message)
     for w in warnings:
-        _say("warning:", "yellow", w)
+        output.say("warning:", "yellow", w)
     ignored = [flag for flag in ignored if flag not in ("--parsable", "--wait")]  # done here
     if ignored:
-        _say("note:", "yellow", f"accepted with no effect here: {', '.join(ignored)}")
-    with _client(url) as c:
+        output.say("note:", "yellow", f"accepted with no effect here: {', '.join(ignored)}")
+    with output.client(url) as c:
         if flags.test_only:
-            _run(lambda: c.submit(spec, test_only=True))
+            output.run(lambda: c.submit(spec, test_only=True))
             if as_json:
-                _emit({"test_only": True, "valid": True, "warnings": warnings, "ignored": ignored})
+                output.emit(
+                    {"test_only": True, "valid": True, "warnings": warnings, "ignored": ignored}
+                )
             else:
-                _say("note:", "yellow", "the job is valid; nothing was submitted (--test-only)")
+                output.say(
+                    "note:", "yellow", "the job is valid; nothing was submitted (--test-only)"
+                )
             return
-        res = _run(lambda: c.submit(spec))
+        res = output.run(lambda: c.submit(spec))
         if as_json:
-            _emit({**res, "warnings": warnings, "ignored": ignored})
+            output.emit({**res, "warnings": warnings, "ignored": ignored})
         elif flags.parsable:
             sys.stdout.write(f"{res['job_id']}\n")
             sys.stdout.flush()
@@ -308,7 +275,7 @@ def submit(
             console.print(f"Submitted batch job {res['job_id']}", highlight=False)
         if flags.wait:
             # as sbatch --wait: 0 if it COMPLETED, else its exit code (or 1)
-            raise typer.Exit(wait_exit_code(_run(lambda: wait_for_jobs(c, res["job_id"]))))
+            raise typer.Exit(wait_exit_code(output.run(lambda: wait_for_jobs(c, res["job_id"]))))
 
 
 @app.command()
@@ -331,10 +298,10 @@ def queue(
     states = _queue_states(state) if state else None
     if states is None and not all_states:
         states = ["PENDING", "HELD", "STARTING", "RUNNING", "COMPLETING"]
-    with _client(url) as c:
-        jobs = _run(lambda: c.jobs(state=states, user=user, partition=partition, name=name))
+    with output.client(url) as c:
+        jobs = output.run(lambda: c.jobs(state=states, user=user, partition=partition, name=name))
     if as_json:
-        _emit(jobs)
+        output.emit(jobs)
     else:
         console.print(render.jobs_table(jobs))
 
@@ -362,7 +329,7 @@ def _queue_states(text: str) -> list[str]:
         except SlurmUsageError:
             if word not in JobState.__members__:
                 codes = ", ".join(dict.fromkeys(STATE_CODE[x] for x in SLURM_STATE.values()))
-                _fail(
+                output.fail(
                     f"unknown job state {raw.strip()!r}: use a state name or code ({codes}), "
                     "HELD, STARTING or all"
                 )
@@ -378,26 +345,26 @@ def show(
     as_json: bool = JsonOpt,
 ) -> None:
     """Show a job in detail (or `show node NAME`, `show licenses`), like scontrol show job."""
-    with _client(url) as c:
+    with output.client(url) as c:
         if ref in ("licenses", "license", "lic"):
-            lics = _run(c.licenses)
+            lics = output.run(c.licenses)
             if as_json:
-                _emit(lics)
+                output.emit(lics)
             else:
                 console.print(render.licenses_table(lics), highlight=False)
             return
         if ref == "node":
             if not name:
-                _fail("usage: phalanx show node NAME")
-            n = _run(lambda: c.node(str(name)))
+                output.fail("usage: phalanx show node NAME")
+            n = output.run(lambda: c.node(str(name)))
             if as_json:
-                _emit(n)
+                output.emit(n)
             else:
                 console.print(render.node_detail(n), highlight=False)
             return
-        jobs = _run(lambda: c.job(ref))
+        jobs = output.run(lambda: c.job(ref))
     if as_json:
-        _emit(jobs)
+        output.emit(jobs)
     else:
         for j in jobs:
             console.print(render.job_detail(j), highlight=False)
@@ -412,8 +379,8 @@ def cancel(
     as_json: bool = JsonOpt,
 ) -> None:
     """Cancel jobs, like scancel."""
-    with _client(url) as c:
-        res = _run(lambda: c.cancel(refs))
+    with output.client(url) as c:
+        res = output.run(lambda: c.cancel(refs))
     _print_results(res, as_json)
 
 
@@ -422,8 +389,8 @@ def hold(
     refs: list[str] = typer.Argument(...), url: str | None = UrlOpt, as_json: bool = JsonOpt
 ) -> None:
     """Hold pending jobs (they are not scheduled until released)."""
-    with _client(url) as c:
-        res = _run(lambda: c.hold(refs))
+    with output.client(url) as c:
+        res = output.run(lambda: c.hold(refs))
     _print_results(res, as_json)
 
 
@@ -432,14 +399,14 @@ def release(
     refs: list[str] = typer.Argument(...), url: str | None = UrlOpt, as_json: bool = JsonOpt
 ) -> None:
     """Release held jobs."""
-    with _client(url) as c:
-        res = _run(lambda: c.release(refs))
+    with output.client(url) as c:
+        res = output.run(lambda: c.release(refs))
     _print_results(res, as_json)
 
 
 def _print_results(res: dict[str, str], as_json: bool) -> None:
     if as_json:
-        _emit(res)
+        output.emit(res)
         return
     for jid, outcome in res.items():
         console.print(escape(f"job {jid}: {outcome}"), highlight=False, markup=False)
@@ -465,9 +432,9 @@ def wait(
     deadline = started + timeout if timeout > 0 else None
     progress = render.WaitProgress() if _is_tty() and not as_json else None
     try:
-        with _client(url) as c:
+        with output.client(url) as c:
             while True:
-                jobs = [j for r in refs for j in _run(lambda r=r: c.job(r))]
+                jobs = [j for r in refs for j in output.run(lambda r=r: c.job(r))]
                 if all(j["state"] in terminal for j in jobs):
                     break  # the outcome lines below say how each ended
                 if progress is not None:
@@ -476,13 +443,13 @@ def wait(
                 if deadline is not None and time.monotonic() > deadline:
                     if progress is not None:
                         _live(None)  # the error goes on a line of its own
-                    _fail(f"timed out after {timeout:g}s waiting for {', '.join(refs)}", 2)
+                    output.fail(f"timed out after {timeout:g}s waiting for {', '.join(refs)}", 2)
                 _pause(0.25)
     finally:
         if progress is not None:
             _live(None)
     if as_json:
-        _emit(
+        output.emit(
             [
                 {"job_id": j["job_id"], "state": j["state"], "exit_code": j["exit_code"]}
                 for j in jobs
@@ -528,10 +495,10 @@ def events(
     as_json: bool = JsonOpt,
 ) -> None:
     """Show the event history of a job, or of the cluster (the latest --limit events)."""
-    with _client(url) as c:
-        evs = _run(lambda: c.job_events(ref)[-limit:] if ref else _latest_events(c, limit))
+    with output.client(url) as c:
+        evs = output.run(lambda: c.job_events(ref)[-limit:] if ref else _latest_events(c, limit))
     if as_json:
-        _emit(evs)
+        output.emit(evs)
     else:
         console.print(render.events_text(evs), highlight=False, soft_wrap=True)
 
@@ -556,10 +523,10 @@ def _latest_events(c: Client, limit: int) -> list[dict[str, Any]]:
 @app.command()
 def nodes(url: str | None = UrlOpt, as_json: bool = JsonOpt) -> None:
     """List nodes with their state and usage, like sinfo -N."""
-    with _client(url) as c:
-        ns = _run(c.nodes)
+    with output.client(url) as c:
+        ns = output.run(c.nodes)
     if as_json:
-        _emit(ns)
+        output.emit(ns)
     else:
         console.print(render.nodes_table(ns))
 
@@ -575,10 +542,10 @@ def drain(
     as_json: bool = JsonOpt,
 ) -> None:
     """Drain a node: no new work; running jobs finish (or, with --now, checkpoint and requeue)."""
-    with _client(url) as c:
-        n = _run(lambda: c.drain(node, reason, now=now))
+    with output.client(url) as c:
+        n = output.run(lambda: c.drain(node, reason, now=now))
     if as_json:
-        _emit(n)
+        output.emit(n)
     else:
         console.print(
             escape(f"node {node}: {n['state']} ({reason})"), highlight=False, markup=False
@@ -593,10 +560,10 @@ def resume(
     node: str = typer.Argument(...), url: str | None = UrlOpt, as_json: bool = JsonOpt
 ) -> None:
     """Return a drained or down node to service."""
-    with _client(url) as c:
-        n = _run(lambda: c.resume(node))
+    with output.client(url) as c:
+        n = output.run(lambda: c.resume(node))
     if as_json:
-        _emit(n)
+        output.emit(n)
     else:
         console.print(f"node {node}: {n['state']}", highlight=False)
 
@@ -604,10 +571,10 @@ def resume(
 @app.command()
 def cluster(url: str | None = UrlOpt, as_json: bool = JsonOpt) -> None:
     """Cluster status: controllers, leases, partitions, job and node counts."""
-    with _client(url) as c:
-        st = _run(c.cluster)
+    with output.client(url) as c:
+        st = output.run(c.cluster)
     if as_json:
-        _emit(st)
+        output.emit(st)
     else:
         console.print(render.cluster_summary(st), highlight=False)
 

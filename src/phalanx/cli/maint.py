@@ -12,6 +12,8 @@ from typing import Any
 import typer
 from rich.table import Table
 
+from phalanx.cli import output
+from phalanx.cli.output import JsonOpt, UrlOpt
 from phalanx.domain import maintenance as rules
 from phalanx.domain.values import format_duration
 
@@ -19,18 +21,6 @@ app = typer.Typer(
     help="Maintenance windows: keep jobs off nodes, checkpoint and requeue, drain, return.",
     no_args_is_help=True,
 )
-
-UrlOpt = typer.Option(
-    None, "--url", help="controller URL(s), comma separated (default: $PHALANX_URL)"
-)
-JsonOpt = typer.Option(False, "--json", help="print JSON")
-
-
-def _cli() -> Any:
-    """The main CLI module (its console, client and error helpers), imported when used."""
-    from phalanx.cli import main
-
-    return main
 
 
 def _describe(w: dict[str, Any], now: float) -> str:
@@ -63,22 +53,21 @@ def add(
     as_json: bool = JsonOpt,
 ) -> None:
     """Add a maintenance window (crossing jobs kept off, running ones requeued, nodes drained)."""
-    cli = _cli()
     now = time.time()
     try:
         start_t, end_t = rules.resolve_times(start, duration, end, now)
     except ValueError as e:
-        cli._fail(str(e))
-    with cli._client(url) as c:
-        w = cli._run(
+        output.fail(str(e))
+    with output.client(url) as c:
+        w = output.run(
             lambda: c.add_maintenance(nodes, start_t, duration=end_t - start_t, reason=reason)
         )
     if as_json:
-        cli._emit(w)
+        output.emit(w)
         return
     for warning in w.get("warnings") or []:
-        cli._say("warning:", "yellow", warning)
-    cli.console.print(_describe(w, time.time()), highlight=False)
+        output.say("warning:", "yellow", warning)
+    output.console.print(_describe(w, time.time()), highlight=False)
 
 
 @app.command("list")
@@ -88,13 +77,12 @@ def list_(
     as_json: bool = JsonOpt,
 ) -> None:
     """List maintenance windows (scheduled and active; --all for past ones too)."""
-    cli = _cli()
-    with cli._client(url) as c:
-        ws = cli._run(lambda: c.maintenance(all=all_))
+    with output.client(url) as c:
+        ws = output.run(lambda: c.maintenance(all=all_))
     if as_json:
-        cli._emit(ws)
+        output.emit(ws)
         return
-    cli.console.print(windows_table(ws, time.time()))
+    output.console.print(windows_table(ws, time.time()))
 
 
 @app.command("remove")
@@ -104,18 +92,17 @@ def remove(
     as_json: bool = JsonOpt,
 ) -> None:
     """Remove a maintenance window; an active one returns the nodes it drained at once."""
-    cli = _cli()
-    with cli._client(url) as c:
-        res = cli._run(lambda: c.remove_maintenance(wid))
+    with output.client(url) as c:
+        res = output.run(lambda: c.remove_maintenance(wid))
     if as_json:
-        cli._emit(res)
+        output.emit(res)
         return
     msg = f"maintenance {wid} removed"
     if res.get("returned"):
         from phalanx.domain.hostlist import compress_hostlist
 
         msg += f"; returned {compress_hostlist(res['returned'])}"
-    cli.console.print(msg, highlight=False)
+    output.console.print(msg, highlight=False)
 
 
 def windows_table(ws: list[dict[str, Any]], now: float) -> Table:

@@ -7,17 +7,8 @@ from typing import Any
 
 import typer
 
-UrlOpt = typer.Option(
-    None, "--url", help="controller URL(s), comma separated (default: $PHALANX_URL)"
-)
-JsonOpt = typer.Option(False, "--json", help="print JSON")
-
-
-def _cli() -> Any:
-    """The main CLI module (its console, client and error helpers), imported when used."""
-    from phalanx.cli import main
-
-    return main
+from phalanx.cli import output
+from phalanx.cli.output import JsonOpt, UrlOpt
 
 
 def _num(x: float | None, digits: int = 6) -> str:
@@ -76,14 +67,13 @@ def priority_lines(jobs: list[dict[str, Any]]) -> list[str]:
 
 def share(url: str | None = UrlOpt, as_json: bool = JsonOpt) -> None:
     """Fair share of every account and user (like `sshare -l -a`)."""
-    m = _cli()
-    with m._client(url) as c:
-        data = m._run(lambda: c.get("/v1/share"))
+    with output.client(url) as c:
+        data = output.run(lambda: c.get("/v1/share"))
     if as_json:
-        m._emit(data)
+        output.emit(data)
         return
     for line in share_lines(data):
-        m.console.print(line, highlight=False, soft_wrap=True)
+        output.console.print(line, highlight=False, soft_wrap=True)
 
 
 def priority(
@@ -94,11 +84,10 @@ def priority(
     """A job's priority factor by factor (like `sprio -l -j JOB`), with the arithmetic."""
     from phalanx.client import seg
 
-    m = _cli()
-    with m._client(url) as c:
-        data = m._run(lambda: c.get(f"/v1/jobs/{seg(job, 'job id')}/priority"))
+    with output.client(url) as c:
+        data = output.run(lambda: c.get(f"/v1/jobs/{seg(job, 'job id')}/priority"))
     if as_json:
-        m._emit(data)
+        output.emit(data)
         return
     for line in priority_lines(data["jobs"]):
-        m.console.print(line, highlight=False, soft_wrap=True)
+        output.console.print(line, highlight=False, soft_wrap=True)

@@ -29,6 +29,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, Response
 
 from phalanx.controller import access
+from phalanx.controller.views import job_view
 from phalanx.domain.hostlist import compress_hostlist
 from phalanx.domain.states import JobState
 from phalanx.errors import InvalidSpec, NotFound
@@ -176,8 +177,6 @@ def _asset(name: str) -> Response:
 
 def router(ctl: Any) -> APIRouter:
     """The dashboard's routes, bound to a controller (`runtime.Controller`)."""
-    from phalanx.controller.api import job_view  # api includes this router: import late
-
     r = APIRouter()
 
     @r.get("/ui", response_class=HTMLResponse, summary="the web dashboard (docs/dashboard.md)")
