@@ -239,7 +239,7 @@ def test_an_endless_script_file_is_refused_not_read_whole(api: TestClient) -> No
 def test_the_clients_script_limit_is_the_controllers() -> None:
     """The client reads a script up to what a controller stores (it keeps its own copy of
     the number: the CLI does not import the job model's pydantic classes to start)."""
-    from phalanx.cli.submitting import MAX_SCRIPT_READ
     from phalanx.domain.spec import MAX_SCRIPT_BYTES
+    from phalanx.submitting import MAX_SCRIPT_READ
 
     assert MAX_SCRIPT_READ == MAX_SCRIPT_BYTES

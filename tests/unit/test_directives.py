@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.cli.submitting import build_spec
 from phalanx.domain.directives import (
     OPTIONS,
     Arg,
@@ -19,6 +18,7 @@ from phalanx.domain.directives import (
 )
 from phalanx.domain.spec import JobSpec
 from phalanx.errors import InvalidSpec
+from phalanx.submitting import build_spec
 
 TORCHRUN = """\
 #!/bin/bash

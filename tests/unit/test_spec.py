@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from phalanx.cli.submitting import build_spec
 from phalanx.domain.spec import JobSpec, PartitionInfo, ResolvedJob, normalize
 from phalanx.errors import InvalidSpec
+from phalanx.submitting import build_spec
 
 PARTS = {"gpu": PartitionInfo("gpu", True, 3600, None)}
 GPU_TEMPLATE = """\

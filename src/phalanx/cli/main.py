@@ -230,13 +230,13 @@ def submit(
         False, "--help-options", help="list the sbatch options understood"
     ),
 ) -> None:
-    from phalanx.cli.submitting import build_spec, options_help
     from phalanx.slurm.common import (
         script_file_flags,
         split_submit_flags,
         wait_exit_code,
         wait_for_jobs,
     )
+    from phalanx.submitting import build_spec, options_help
 
     if help_options:
         console.print(options_help(), highlight=False)

@@ -428,7 +428,7 @@ def script_file_flags(argv: Sequence[str], flags: SubmitFlags) -> SubmitFlags:
     _, rest = split_cli_args(list(argv))
     if not rest:
         return flags
-    from phalanx.cli.submitting import read_script
+    from phalanx.submitting import read_script
 
     try:
         with Path(rest[0]).open("rb") as f:

@@ -15,7 +15,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from phalanx.cli.submitting import build_spec, read_script
 from phalanx.domain.directives import split_cli_args
 from phalanx.errors import PhalanxError
 from phalanx.slurm.common import (
@@ -29,6 +28,7 @@ from phalanx.slurm.common import (
     wait_exit_code,
     wait_for_jobs,
 )
+from phalanx.submitting import build_spec, read_script
 
 PROG = "sbatch"
 STDIN_NAME = "sbatch"  # Slurm's name for a job whose script came on stdin
