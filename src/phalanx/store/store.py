@@ -46,13 +46,19 @@ from sqlalchemy import (
 
 from phalanx.domain import checkpointing, efficiency, job_reports, licenses
 from phalanx.domain.elastic import restart_layout
+from phalanx.domain.outcome import (
+    attempt_outcome,
+    describe_exit,
+    launch_error,
+    stopped_holder,
+    task_end,
+    task_failed,
+)
 from phalanx.domain.policy import (
     Action,
     FailureKind,
     RetryRules,
-    TaskEnd,
     after_attempt,
-    describe_hang,
     is_user_requeue,
     user_requeue_reason,
 )
@@ -1707,7 +1713,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
             if (
                 batch
                 and any(t["rank"] == 0 for t in finished)
-                and not any(_task_failed(t) for t in finished)
+                and not any(task_failed(t) for t in finished)
                 and att["state"] != AttemptState.STOPPING.value
             ):
                 # the batch step ended: the job is over, the other nodes only held it
@@ -1722,10 +1728,10 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
                     )
                 self._bump_gen(conn, att["nodes"])
                 return
-            bad = [t for t in finished if _task_failed(t)]
+            bad = [t for t in finished if task_failed(t)]
             if bad and att["state"] != AttemptState.STOPPING.value:
                 t = bad[0]
-                why = f"task on {t['node']} {_describe_exit(t)}; stopping the other nodes"
+                why = f"task on {t['node']} {describe_exit(t)}; stopping the other nodes"
                 conn.execute(
                     update(s.attempts)
                     .where(s.attempts.c.id == attempt_id)
@@ -1739,8 +1745,8 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
         # whatever went wrong on the other nodes, not from their holders being stopped)
         all_tasks = tasks
         if batch:
-            tasks = [t for t in tasks if t["rank"] == 0 or not _stopped_holder(t)]
-        result, reason, code, sig = _outcome(att, tasks)
+            tasks = [t for t in tasks if t["rank"] == 0 or not stopped_holder(t)]
+        result, reason, code, sig = attempt_outcome(att, tasks)
         update_where(
             conn,
             s.attempts,
@@ -1761,7 +1767,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
         self._end_steps_of_attempt(conn, attempt_id, result, now)
         if spare_tasks:
             self._release_spares(conn, attempt_id, now)
-        launch_failed = [(t["node"], err) for t in all_tasks if (err := _launch_error(t))]
+        launch_failed = [(t["node"], err) for t in all_tasks if (err := launch_error(t))]
         if launch_failed:
             self._count_node_launch_failures(conn, launch_failed)
         if job["attempt_id"] != attempt_id or JobState(job["state"]).terminal:
@@ -1785,7 +1791,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
             launch_failed=launch_failed,
             launch_failures=int(job["launch_failures"] or 0),
             policy=self.policy,
-            tasks=[_task_end(t) for t in tasks],
+            tasks=[task_end(t) for t in tasks],
             retries=int(job["retries"] or 0),
             rules=(
                 self._retry_rules(conn, job["id"])
@@ -2573,41 +2579,6 @@ def _spares_text(st: Mapping[str, Any]) -> str:
     return f" with spares {','.join(spares)}" if spares else ""
 
 
-def _task_end(t: dict[str, Any]) -> TaskEnd:
-    """A task row as the retry policy sees it."""
-    return TaskEnd(
-        node=t["node"],
-        exit_code=t["exit_code"],
-        signal=t["exit_signal"],
-        lost=t["state"] == TaskState.LOST.value,
-        detail=t["detail"] or {},
-    )
-
-
-def _stopped_holder(t: dict[str, Any]) -> bool:
-    """A non-batch node's task that ended because it was asked to (the batch step ended, or the
-    job was stopped): not an outcome of its own.  Lost, fenced or failed launches still are."""
-    if t["state"] == TaskState.LOST.value:
-        return False
-    d = t["detail"] or {}
-    if d.get("fenced") or d.get("launch_failed") or d.get("job_error") or d.get("oom"):
-        return False
-    return bool(d.get("stop_requested") or d.get("cancelled") or d.get("never_started"))
-
-
-def _task_failed(t: dict[str, Any]) -> bool:
-    if t["state"] == TaskState.LOST.value:
-        return True
-    d = t["detail"] or {}
-    return bool(
-        d.get("launch_failed")
-        or d.get("timed_out")
-        or d.get("hung")  # killed by the shepherd for making no progress
-        or t["exit_code"] not in (0,)
-        or t["exit_signal"]
-    )
-
-
 HOLD_USER, HOLD_ADMIN = "user", "admin"  # jobs.hold_kind (migration 0013)
 
 
@@ -2617,78 +2588,3 @@ def _hold_columns(actor: str, admin: bool, held: bool = True) -> dict[str, Any]:
     if not held:
         return {"held_by": None, "hold_kind": None}
     return {"held_by": actor, "hold_kind": HOLD_ADMIN if admin else HOLD_USER}
-
-
-def _launch_error(t: dict[str, Any]) -> str | None:
-    """Why a task never started (its launch failed), or None if it did start."""
-    d = t["detail"] or {}
-    if d.get("job_error"):
-        return None  # the job's own problem (unknown user, a file it may not open): not the node's
-    if d.get("launch_failed"):
-        return str(d.get("error") or "launch failed")
-    if (
-        t["state"] == TaskState.LOST.value
-        and t["started_at"] is None
-        and "never started" in str(d.get("error") or "")
-    ):
-        return str(d["error"])
-    return None
-
-
-def _describe_exit(t: dict[str, Any]) -> str:
-    d = t["detail"] or {}
-    if t["state"] == TaskState.LOST.value:
-        return f"was lost ({d.get('error') or 'shepherd vanished'})"
-    if d.get("job_error"):
-        return f"could not start: {d.get('error')}"
-    if d.get("launch_failed"):
-        return f"failed to launch: {d.get('error')}"
-    if d.get("timed_out"):
-        return "reached its time limit"
-    if d.get("hung"):
-        return describe_hang(t["node"], d["hung"]).replace(f" on {t['node']}", "")
-    if t["exit_signal"]:
-        return f"was killed by signal {t['exit_signal']}"
-    return f"exited with code {t['exit_code']}"
-
-
-def _outcome(
-    att: dict[str, Any], tasks: list[dict[str, Any]]
-) -> tuple[JobState, str | None, int | None, int | None]:
-    """The job state an attempt produced, from its tasks' exit records (pure)."""
-    details = [t["detail"] or {} for t in tasks]
-    stop = att["stop_reason"] or ""
-    code = next((t["exit_code"] for t in tasks if t["exit_code"] not in (None, 0)), None)
-    if code is None:
-        code = next((t["exit_code"] for t in tasks if t["exit_code"] is not None), None)
-    sig = next((t["exit_signal"] for t in tasks if t["exit_signal"]), None)
-    if stop.startswith("cancel"):
-        return JobState.CANCELLED, stop.removeprefix("cancel: "), code, sig
-    refused = next((d for d in details if d.get("job_error")), None)
-    if refused is not None:  # e.g. "user alice is unknown on node01"
-        return JobState.FAILED, str(refused.get("error") or "the job could not start"), code, sig
-    if any(d.get("timed_out") for d in details):
-        return JobState.TIMEOUT, "reached its time limit", code, sig
-    fenced = [t for t in tasks if (t["detail"] or {}).get("fenced")]
-    if fenced:
-        # the node lost the controllers and stopped the job itself: a node failure, so a
-        # requeue-able job runs again elsewhere
-        node = fenced[0]["node"]
-        return (
-            JobState.NODE_FAIL,
-            f"stopped on {node} by self-fencing (its agent lost the controllers)",
-            code,
-            sig,
-        )
-    lost = [t for t in tasks if t["state"] == TaskState.LOST.value]
-    if lost:
-        return JobState.NODE_FAIL, f"task on {lost[0]['node']} {_describe_exit(lost[0])}", code, sig
-    hung = [t for t in tasks if (t["detail"] or {}).get("hung")]
-    if hung:
-        return JobState.FAILED, describe_hang(hung[0]["node"], hung[0]["detail"]["hung"]), code, sig
-    if any(d.get("oom") for d in details):
-        return JobState.OUT_OF_MEMORY, "killed for exceeding its memory limit", code, sig
-    bad = [t for t in tasks if _task_failed(t)]
-    if bad:
-        return JobState.FAILED, f"task on {bad[0]['node']} {_describe_exit(bad[0])}", code, sig
-    return JobState.COMPLETED, None, 0, None

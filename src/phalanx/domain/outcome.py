@@ -1,0 +1,123 @@
+"""How an attempt ended, read from its tasks' exit records: pure decisions the store applies in
+its write transaction (and tests check without a database). A task row here is the store's
+mapping: node, state, exit_code, exit_signal, started_at and the shepherd's `detail`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from phalanx.domain.policy import TaskEnd, describe_hang
+from phalanx.domain.states import JobState, TaskState
+
+
+def task_end(t: dict[str, Any]) -> TaskEnd:
+    """A task row as the retry policy sees it."""
+    return TaskEnd(
+        node=t["node"],
+        exit_code=t["exit_code"],
+        signal=t["exit_signal"],
+        lost=t["state"] == TaskState.LOST.value,
+        detail=t["detail"] or {},
+    )
+
+
+def stopped_holder(t: dict[str, Any]) -> bool:
+    """A non-batch node's task that ended because it was asked to (the batch step ended, or the
+    job was stopped): not an outcome of its own.  Lost, fenced or failed launches still are."""
+    if t["state"] == TaskState.LOST.value:
+        return False
+    d = t["detail"] or {}
+    if d.get("fenced") or d.get("launch_failed") or d.get("job_error") or d.get("oom"):
+        return False
+    return bool(d.get("stop_requested") or d.get("cancelled") or d.get("never_started"))
+
+
+def task_failed(t: dict[str, Any]) -> bool:
+    """Whether a task ended badly: lost, never launched, out of time, hung, a non-zero exit or
+    a signal."""
+    if t["state"] == TaskState.LOST.value:
+        return True
+    d = t["detail"] or {}
+    return bool(
+        d.get("launch_failed")
+        or d.get("timed_out")
+        or d.get("hung")  # killed by the shepherd for making no progress
+        or t["exit_code"] not in (0,)
+        or t["exit_signal"]
+    )
+
+
+def launch_error(t: dict[str, Any]) -> str | None:
+    """Why a task never started (its launch failed), or None if it did start."""
+    d = t["detail"] or {}
+    if d.get("job_error"):
+        return None  # the job's own problem (unknown user, a file it may not open): not the node's
+    if d.get("launch_failed"):
+        return str(d.get("error") or "launch failed")
+    if (
+        t["state"] == TaskState.LOST.value
+        and t["started_at"] is None
+        and "never started" in str(d.get("error") or "")
+    ):
+        return str(d["error"])
+    return None
+
+
+def describe_exit(t: dict[str, Any]) -> str:
+    """How one task ended, as the rest of a sentence that starts "task on NODE ..."."""
+    d = t["detail"] or {}
+    if t["state"] == TaskState.LOST.value:
+        return f"was lost ({d.get('error') or 'shepherd vanished'})"
+    if d.get("job_error"):
+        return f"could not start: {d.get('error')}"
+    if d.get("launch_failed"):
+        return f"failed to launch: {d.get('error')}"
+    if d.get("timed_out"):
+        return "reached its time limit"
+    if d.get("hung"):
+        return describe_hang(t["node"], d["hung"]).replace(f" on {t['node']}", "")
+    if t["exit_signal"]:
+        return f"was killed by signal {t['exit_signal']}"
+    return f"exited with code {t['exit_code']}"
+
+
+def attempt_outcome(
+    att: dict[str, Any], tasks: list[dict[str, Any]]
+) -> tuple[JobState, str | None, int | None, int | None]:
+    """The job state an attempt produced, from its tasks' exit records (pure)."""
+    details = [t["detail"] or {} for t in tasks]
+    stop = att["stop_reason"] or ""
+    code = next((t["exit_code"] for t in tasks if t["exit_code"] not in (None, 0)), None)
+    if code is None:
+        code = next((t["exit_code"] for t in tasks if t["exit_code"] is not None), None)
+    sig = next((t["exit_signal"] for t in tasks if t["exit_signal"]), None)
+    if stop.startswith("cancel"):
+        return JobState.CANCELLED, stop.removeprefix("cancel: "), code, sig
+    refused = next((d for d in details if d.get("job_error")), None)
+    if refused is not None:  # e.g. "user alice is unknown on node01"
+        return JobState.FAILED, str(refused.get("error") or "the job could not start"), code, sig
+    if any(d.get("timed_out") for d in details):
+        return JobState.TIMEOUT, "reached its time limit", code, sig
+    fenced = [t for t in tasks if (t["detail"] or {}).get("fenced")]
+    if fenced:
+        # the node lost the controllers and stopped the job itself: a node failure, so a
+        # requeue-able job runs again elsewhere
+        node = fenced[0]["node"]
+        return (
+            JobState.NODE_FAIL,
+            f"stopped on {node} by self-fencing (its agent lost the controllers)",
+            code,
+            sig,
+        )
+    lost = [t for t in tasks if t["state"] == TaskState.LOST.value]
+    if lost:
+        return JobState.NODE_FAIL, f"task on {lost[0]['node']} {describe_exit(lost[0])}", code, sig
+    hung = [t for t in tasks if (t["detail"] or {}).get("hung")]
+    if hung:
+        return JobState.FAILED, describe_hang(hung[0]["node"], hung[0]["detail"]["hung"]), code, sig
+    if any(d.get("oom") for d in details):
+        return JobState.OUT_OF_MEMORY, "killed for exceeding its memory limit", code, sig
+    bad = [t for t in tasks if task_failed(t)]
+    if bad:
+        return JobState.FAILED, f"task on {bad[0]['node']} {describe_exit(bad[0])}", code, sig
+    return JobState.COMPLETED, None, 0, None

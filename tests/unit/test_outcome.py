@@ -1,0 +1,79 @@
+"""How an attempt ended, decided from its task rows alone (domain/outcome.py), no database:
+the order of the rules matters (a cancel wins over a failure, a lost node over an exit code)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from phalanx.domain.outcome import attempt_outcome, describe_exit, launch_error, task_failed
+from phalanx.domain.states import JobState
+
+
+def task(node: str = "n1", state: str = "EXITED", code: int | None = 0, **detail: Any) -> dict:
+    return {
+        "node": node,
+        "state": state,
+        "exit_code": code,
+        "exit_signal": detail.pop("signal", None),
+        "started_at": detail.pop("started_at", 1.0),
+        "detail": detail or None,
+    }
+
+
+def att(stop: str | None = None) -> dict[str, Any]:
+    return {"stop_reason": stop}
+
+
+def test_every_task_exiting_zero_completes() -> None:
+    assert attempt_outcome(att(), [task(), task("n2")]) == (JobState.COMPLETED, None, 0, None)
+
+
+def test_a_failed_task_names_its_node_and_its_exit() -> None:
+    state, why, code, sig = attempt_outcome(att(), [task(), task("n2", code=3)])
+    assert (state, why, code, sig) == (JobState.FAILED, "task on n2 exited with code 3", 3, None)
+    state, why, _, sig = attempt_outcome(att(), [task(code=None, signal=9)])
+    assert (state, why, sig) == (JobState.FAILED, "task on n1 was killed by signal 9", 9)
+
+
+def test_the_rules_in_their_order() -> None:
+    lost = task("n2", state="LOST", code=None, error="node n2 is DOWN")
+    bad = task(code=1)
+    # a cancel wins over everything the tasks say
+    assert attempt_outcome(att("cancel: by alice"), [bad, lost])[:2] == (
+        JobState.CANCELLED,
+        "by alice",
+    )
+    # a lost node is a node failure, whatever the other task's exit code
+    assert attempt_outcome(att(), [bad, lost])[:2] == (
+        JobState.NODE_FAIL,
+        "task on n2 was lost (node n2 is DOWN)",
+    )
+    # self-fencing is a node failure too; the time limit is TIMEOUT; OOM is its own state
+    assert attempt_outcome(att(), [task(code=None, signal=9, fenced=True)])[0] is JobState.NODE_FAIL
+    assert attempt_outcome(att(), [task(code=None, signal=15, timed_out=True)])[0] is (
+        JobState.TIMEOUT
+    )
+    assert attempt_outcome(att(), [task(code=None, signal=9, oom=True)])[0] is (
+        JobState.OUT_OF_MEMORY
+    )
+    # the job's own error (an unknown user on the node) fails it with the node's words
+    refused = task(code=None, job_error=True, error="user eve is unknown on n1")
+    assert attempt_outcome(att(), [refused])[:2] == (JobState.FAILED, "user eve is unknown on n1")
+
+
+def test_launch_errors_blame_the_node_only_when_it_is_the_nodes_fault() -> None:
+    assert launch_error(task(code=None, launch_failed=True, error="fork failed")) == "fork failed"
+    assert launch_error(task(code=None, launch_failed=True, job_error=True, error="x")) is None
+    never = task(state="LOST", code=None, started_at=None, error="never started: agent died")
+    assert launch_error(never) == "never started: agent died"
+    assert launch_error(task()) is None
+
+
+def test_task_failed_and_its_description() -> None:
+    assert not task_failed(task())
+    assert task_failed(task(code=2)) and describe_exit(task(code=2)) == "exited with code 2"
+    assert task_failed(task(code=None, timed_out=True))
+    assert describe_exit(task(code=None, timed_out=True)) == "reached its time limit"
+    assert describe_exit(task(code=None, launch_failed=True, error="no such file")) == (
+        "failed to launch: no such file"
+    )
