@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from phalanx.domain.outcome import attempt_outcome, describe_exit, launch_error, task_failed
+from phalanx.domain.outcome import (
+    BATCH_ENDED,
+    Advance,
+    advance,
+    attempt_outcome,
+    describe_exit,
+    launch_error,
+    task_failed,
+)
 from phalanx.domain.states import JobState
 
 
@@ -77,3 +85,54 @@ def test_task_failed_and_its_description() -> None:
     assert describe_exit(task(code=None, launch_failed=True, error="no such file")) == (
         "failed to launch: no such file"
     )
+
+
+def ranked(*tasks: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{**t, "rank": i} for i, t in enumerate(tasks)]
+
+
+RUNNING = task(state="RUNNING", code=None)
+
+
+def test_advance_starts_a_starting_attempt_at_its_first_task() -> None:
+    tasks = ranked(
+        task(state="RUNNING", code=None, started_at=5.0),
+        task(state="STARTING", code=None, started_at=None),
+    )
+    assert advance("STARTING", tasks, stop_reason=None, batch=False) == Advance(start=5.0)
+    assert advance("RUNNING", tasks, stop_reason=None, batch=False) == Advance()
+
+
+def test_advance_ends_the_batch_job_when_its_script_ends() -> None:
+    tasks = ranked(task(), RUNNING)
+    assert advance("RUNNING", tasks, stop_reason=None, batch=True) == Advance(stop=BATCH_ENDED)
+    # not in --all-nodes mode, and not twice
+    assert advance("RUNNING", tasks, stop_reason=None, batch=False) == Advance()
+    assert advance("STOPPING", tasks, stop_reason=None, batch=True) == Advance()
+
+
+def test_advance_stops_the_other_nodes_when_a_task_fails() -> None:
+    tasks = ranked(RUNNING, task("n2", code=4))
+    step = advance("RUNNING", tasks, stop_reason=None, batch=True)
+    assert step.stop == "task on n2 exited with code 4; stopping the other nodes"
+
+
+def test_advance_ends_from_the_batch_step_not_the_stopped_holders() -> None:
+    holder = task("n2", code=None, signal=15, stop_requested=True)
+    step = advance("STOPPING", ranked(task(), holder), stop_reason=None, batch=True)
+    assert step.end is not None and step.end.result is JobState.COMPLETED
+    assert [t["node"] for t in step.end.deciding] == ["n1"]
+    # --all-nodes: every node's script counts, the signalled one fails the job
+    step = advance("STOPPING", ranked(task(), holder), stop_reason=None, batch=False)
+    assert step.end is not None and step.end.result is JobState.FAILED
+
+
+def test_advance_names_the_launch_failures_of_an_ended_attempt() -> None:
+    failed = task("n2", code=None, launch_failed=True, error="cannot fork")
+    step = advance(
+        "STARTING",
+        ranked(task(code=None, signal=15, started_at=None), failed),
+        stop_reason=None,
+        batch=False,
+    )
+    assert step.end is not None and step.end.launch_failed == (("n2", "cannot fork"),)

@@ -4,10 +4,12 @@ mapping: node, state, exit_code, exit_signal, started_at and the shepherd's `det
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from phalanx.domain.policy import TaskEnd, describe_hang
-from phalanx.domain.states import JobState, TaskState
+from phalanx.domain.states import AttemptState, JobState, TaskState
 
 
 def task_end(t: dict[str, Any]) -> TaskEnd:
@@ -121,3 +123,64 @@ def attempt_outcome(
     if bad:
         return JobState.FAILED, f"task on {bad[0]['node']} {describe_exit(bad[0])}", code, sig
     return JobState.COMPLETED, None, 0, None
+
+
+BATCH_ENDED = "batch script ended; releasing its nodes"
+_DONE = (TaskState.EXITED.value, TaskState.LOST.value)
+
+
+@dataclass(frozen=True)
+class Ending:
+    """An attempt whose every task is done: how it ended, and the tasks that decide it."""
+
+    result: JobState
+    reason: str | None
+    exit_code: int | None
+    exit_signal: int | None
+    # what the outcome and the retry policy read: in batch mode the batch step and whatever
+    # went wrong elsewhere, not the other nodes' holders being stopped
+    deciding: tuple[dict[str, Any], ...]
+    launch_failed: tuple[tuple[str, str], ...]  # (node, error) of tasks that never launched
+
+
+@dataclass(frozen=True)
+class Advance:
+    """What an attempt's task rows call for; the store writes it in the same transaction."""
+
+    start: float | None = None  # STARTING -> RUNNING from this time (the first task's start)
+    stop: str | None = None  # STOPPING: the other nodes are stopped, for this reason
+    end: Ending | None = None  # every task is done: the attempt ends so
+
+
+def advance(
+    state: str, tasks: Sequence[dict[str, Any]], *, stop_reason: str | None, batch: bool
+) -> Advance:
+    """Move an attempt forward from its (non-spare) task rows, ordered by rank.
+
+    `state` is the attempt's state; `batch` whether the job runs Slurm's batch step on its
+    first node (several nodes, not --all-nodes), so that the batch script's end is the job's
+    end and the other nodes only held it."""
+    started = [t["started_at"] for t in tasks if t["started_at"] is not None]
+    start = min(started) if state == AttemptState.STARTING.value and started else None
+    if start is not None:
+        state = AttemptState.RUNNING.value
+    finished = [t for t in tasks if t["state"] in _DONE]
+    if not finished:
+        return Advance(start)
+    stopping = state == AttemptState.STOPPING.value
+    if len(finished) < len(tasks):
+        bad = [t for t in finished if task_failed(t)]
+        if batch and not stopping and not bad and any(t["rank"] == 0 for t in finished):
+            return Advance(start, stop=BATCH_ENDED)
+        if bad and not stopping:
+            t = bad[0]
+            return Advance(
+                start, stop=f"task on {t['node']} {describe_exit(t)}; stopping the other nodes"
+            )
+        return Advance(start)
+    deciding = (
+        [t for t in tasks if t["rank"] == 0 or not stopped_holder(t)] if batch else list(tasks)
+    )
+    result, reason, code, sig = attempt_outcome({"stop_reason": stop_reason}, deciding)
+    failed = tuple((t["node"], err) for t in tasks if (err := launch_error(t)))
+    return Advance(start, end=Ending(result, reason, code, sig, tuple(deciding), failed))

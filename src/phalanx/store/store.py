@@ -47,12 +47,9 @@ from sqlalchemy import (
 from phalanx.domain import checkpointing, efficiency, job_reports, licenses
 from phalanx.domain.elastic import restart_layout
 from phalanx.domain.outcome import (
-    attempt_outcome,
-    describe_exit,
-    launch_error,
-    stopped_holder,
+    BATCH_ENDED,
+    advance,
     task_end,
-    task_failed,
 )
 from phalanx.domain.policy import (
     Action,
@@ -1656,97 +1653,37 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
             )
 
     def _advance_attempt(self, conn: Connection, attempt_id: int) -> None:
-        """Move an attempt (and its job) forward after its tasks changed."""
+        """Move an attempt (and its job) forward after its tasks changed: `outcome.advance`
+        decides, this writes what it decided."""
         att = only(select_where(conn, s.attempts, {"id": attempt_id}))
         if att["state"] == AttemptState.ENDED.value:
             return
-        tasks = select_where(conn, s.tasks, {"attempt_id": attempt_id}, order_by="rank")
+        rows = select_where(conn, s.tasks, {"attempt_id": attempt_id}, order_by="rank")
         # hot spares run nothing: they never decide an attempt's progress or outcome
-        spare_tasks = [t for t in tasks if t["spare"]]
-        tasks = [t for t in tasks if not t["spare"]]
+        spare_tasks = [t for t in rows if t["spare"]]
+        tasks = [t for t in rows if not t["spare"]]
         job = _JOB_SUMMARY_BY_ID.one(conn, {"id": att["job_id"]})
         now = _now()
-        started = [t for t in tasks if t["started_at"] is not None]
-        if att["state"] == AttemptState.STARTING.value and started:
-            start = min(t["started_at"] for t in started)
-            tl = job["time_limit_s"]
-            update_where(
-                conn,
-                s.attempts,
-                {"id": attempt_id},
-                {
-                    "state": AttemptState.RUNNING.value,
-                    "start_time": start,
-                    "expected_end": (start + tl) if tl else None,
-                },
-            )
-            att["state"] = AttemptState.RUNNING.value
-            att["start_time"] = start  # a task that also exited in this report ends the job below
-            if spare_tasks:  # spares hold their nodes while the job runs
-                conn.execute(
-                    update(s.tasks)
-                    .where(
-                        s.tasks.c.attempt_id == attempt_id,
-                        s.tasks.c.spare.is_(True),
-                        s.tasks.c.state == TaskState.STARTING.value,
-                    )
-                    .values(state=TaskState.RUNNING.value)
-                )
-            if job["state"] == JobState.STARTING.value:
-                self._set_job_state(
-                    conn,
-                    job,
-                    JobState.RUNNING,
-                    None,
-                    extra={"start_time": start},
-                    message=f"running on {','.join(att['nodes'])}",
-                )
-                job["state"] = JobState.RUNNING.value
-                job["start_time"] = start
-        finished = [
-            t for t in tasks if t["state"] in (TaskState.EXITED.value, TaskState.LOST.value)
-        ]
-        if not finished:
+        batch = (
+            len(tasks) > 1
+            and any(t["state"] in (TaskState.EXITED.value, TaskState.LOST.value) for t in tasks)
+            and not self._runs_on_all_nodes(conn, att["job_id"])
+        )
+        step = advance(att["state"], tasks, stop_reason=att["stop_reason"], batch=batch)
+        if step.start is not None:
+            self._attempt_running(conn, att, job, step.start, bool(spare_tasks))
+        if step.stop is not None:
+            values: dict[str, Any] = {"state": AttemptState.STOPPING.value}
+            if step.stop != BATCH_ENDED:
+                values["stop_reason"] = step.stop
+            update_where(conn, s.attempts, {"id": attempt_id}, values)
+            if job["state"] in (JobState.STARTING.value, JobState.RUNNING.value):
+                self._set_job_state(conn, job, JobState.COMPLETING, step.stop)
+            self._bump_gen(conn, att["nodes"])
+        end = step.end
+        if end is None:
             return
-        batch = len(tasks) > 1 and not self._runs_on_all_nodes(conn, att["job_id"])
-        if len(finished) < len(tasks):
-            if (
-                batch
-                and any(t["rank"] == 0 for t in finished)
-                and not any(task_failed(t) for t in finished)
-                and att["state"] != AttemptState.STOPPING.value
-            ):
-                # the batch step ended: the job is over, the other nodes only held it
-                conn.execute(
-                    update(s.attempts)
-                    .where(s.attempts.c.id == attempt_id)
-                    .values(state=AttemptState.STOPPING.value)
-                )
-                if job["state"] in (JobState.STARTING.value, JobState.RUNNING.value):
-                    self._set_job_state(
-                        conn, job, JobState.COMPLETING, "batch script ended; releasing its nodes"
-                    )
-                self._bump_gen(conn, att["nodes"])
-                return
-            bad = [t for t in finished if task_failed(t)]
-            if bad and att["state"] != AttemptState.STOPPING.value:
-                t = bad[0]
-                why = f"task on {t['node']} {describe_exit(t)}; stopping the other nodes"
-                conn.execute(
-                    update(s.attempts)
-                    .where(s.attempts.c.id == attempt_id)
-                    .values(state=AttemptState.STOPPING.value, stop_reason=why)
-                )
-                if job["state"] in (JobState.STARTING.value, JobState.RUNNING.value):
-                    self._set_job_state(conn, job, JobState.COMPLETING, why)
-                self._bump_gen(conn, att["nodes"])
-            return
-        # every task is done: decide the job's outcome (in batch mode from the batch step and
-        # whatever went wrong on the other nodes, not from their holders being stopped)
-        all_tasks = tasks
-        if batch:
-            tasks = [t for t in tasks if t["rank"] == 0 or not stopped_holder(t)]
-        result, reason, code, sig = attempt_outcome(att, tasks)
+        started = [t["started_at"] for t in tasks if t["started_at"] is not None]
         update_where(
             conn,
             s.attempts,
@@ -1754,22 +1691,23 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
             {
                 "state": AttemptState.ENDED.value,
                 "end_time": now,
-                "result": result.value,
-                "exit_code": code,
-                "exit_signal": sig,
-                "start_time": att["start_time"]
-                or (min((t["started_at"] for t in started), default=None)),
+                "result": end.result.value,
+                "exit_code": end.exit_code,
+                "exit_signal": end.exit_signal,
+                "start_time": att["start_time"] or min(started, default=None),
             },
         )
         # its tasks leave the heartbeat's reads (tasks.held, migration 0011)
         update_where(conn, s.tasks, {"attempt_id": attempt_id}, {"held": False})
         self._bump_gen(conn, att["nodes"])
-        self._end_steps_of_attempt(conn, attempt_id, result, now)
+        self._end_steps_of_attempt(conn, attempt_id, end.result, now)
         if spare_tasks:
             self._release_spares(conn, attempt_id, now)
-        launch_failed = [(t["node"], err) for t in all_tasks if (err := launch_error(t))]
+        launch_failed = list(end.launch_failed)
         if launch_failed:
             self._count_node_launch_failures(conn, launch_failed)
+        result, reason, code, sig = end.result, end.reason, end.exit_code, end.exit_signal
+        all_tasks, tasks = tasks, list(end.deciding)
         if job["attempt_id"] != attempt_id or JobState(job["state"]).terminal:
             return
         if (
@@ -1823,6 +1761,52 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
             # why, for /metrics (requeues and retries by reason): the failure kind, or planned
             data={"why": verdict.kind.value if verdict.kind else "planned", "retry": verdict.retry},
         )
+
+    def _attempt_running(
+        self,
+        conn: Connection,
+        att: dict[str, Any],
+        job: dict[str, Any],
+        start: float,
+        spares: bool,
+    ) -> None:
+        """A STARTING attempt's first task started: the attempt (and a STARTING job) runs from
+        `start`; `att` and `job` are updated in place for what the caller writes next (a task
+        that also exited in this report ends the job)."""
+        tl = job["time_limit_s"]
+        update_where(
+            conn,
+            s.attempts,
+            {"id": att["id"]},
+            {
+                "state": AttemptState.RUNNING.value,
+                "start_time": start,
+                "expected_end": (start + tl) if tl else None,
+            },
+        )
+        att["state"] = AttemptState.RUNNING.value
+        att["start_time"] = start
+        if spares:  # spares hold their nodes while the job runs
+            conn.execute(
+                update(s.tasks)
+                .where(
+                    s.tasks.c.attempt_id == att["id"],
+                    s.tasks.c.spare.is_(True),
+                    s.tasks.c.state == TaskState.STARTING.value,
+                )
+                .values(state=TaskState.RUNNING.value)
+            )
+        if job["state"] == JobState.STARTING.value:
+            self._set_job_state(
+                conn,
+                job,
+                JobState.RUNNING,
+                None,
+                extra={"start_time": start},
+                message=f"running on {','.join(att['nodes'])}",
+            )
+            job["state"] = JobState.RUNNING.value
+            job["start_time"] = start
 
     def _runs_on_all_nodes(self, conn: Connection, job_id: int) -> bool:
         """The job asked for its script on every node (--all-nodes), not Slurm's batch step."""
