@@ -656,3 +656,19 @@ def test_property_unsatisfiable_agrees_with_idle_cluster(
     reason = unsatisfiable_reason(j, nodes)
     fits = bool(place([j], all_up, [], NOW))
     assert (reason is None) == fits, reason
+
+
+def test_node_usage_rechecks_chosen_placements_by_placements_rule() -> None:
+    """The start transaction's re-check (Store._fitting) uses placement's own rule."""
+    from phalanx.domain.placement import NodeUsage
+
+    u = NodeUsage()
+    u.add("n1", 2, 1024, [0], False)
+    assert u.fits("n1", 4, 4096, 2, 1024, [1], False)
+    assert not u.fits("n1", 4, 4096, 3, 1024, [1], False)  # CPUs
+    assert not u.fits("n1", 4, 2048, 2, 1025, [1], False)  # memory
+    assert not u.fits("n1", 4, 4096, 1, 1024, [0], False)  # a GPU device already held
+    assert not u.fits("n1", 4, 4096, 1, 1024, [], True)  # exclusive needs an idle node
+    assert u.fits("n2", 4, 4096, 4, 4096, [0], True)  # an idle node takes it
+    u.add("n2", 1, 1, [], True)
+    assert not u.fits("n2", 4, 4096, 1, 1, [], False)  # nothing beside an exclusive job

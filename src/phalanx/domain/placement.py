@@ -42,6 +42,7 @@ from phalanx.domain.licenses import Pool
 __all__ = [
     "Allocation",
     "JobRequest",
+    "NodeUsage",
     "NodeView",
     "Placement",
     "earliest_start",
@@ -268,9 +269,51 @@ class _NodeFit:
     mem_left: int
 
 
+def _shares(u: _Usage, exclusive: bool) -> bool:
+    """Whether a node with usage ``u`` can take one more holder: not while an exclusive job
+    holds it, and an exclusive job only an idle one."""
+    return not (u.exclusive or (exclusive and u.holders))
+
+
+class NodeUsage:
+    """What live work holds on some nodes, for re-checking chosen placements (the start
+    transaction's check, under the node rows' locks, that nothing changed since the plan):
+    the same rule as placement's, applied to placements already chosen."""
+
+    __slots__ = ("_state",)
+
+    def __init__(self) -> None:
+        self._state = _State()
+
+    def add(
+        self, node: str, cpus: int, mem_mb: int, gpu_ids: Iterable[int], exclusive: bool
+    ) -> None:
+        self._state.add(_Hold(node, cpus, mem_mb, tuple(gpu_ids), exclusive, None))
+
+    def fits(
+        self,
+        node: str,
+        total_cpus: int,
+        total_mem_mb: int,
+        cpus: int,
+        mem_mb: int,
+        gpu_ids: Iterable[int],
+        exclusive: bool,
+    ) -> bool:
+        """Whether one more holder of ``cpus``/``mem_mb`` and these GPU devices fits ``node``
+        (of ``total_cpus``/``total_mem_mb``) beside what it holds."""
+        u = self._state.get(node)
+        return (
+            _shares(u, exclusive)
+            and u.cpus + cpus <= total_cpus
+            and u.mem + mem_mb <= total_mem_mb
+            and not any(u.gpus.get(g) for g in gpu_ids)
+        )
+
+
 def _fit_node(job: JobRequest, node: NodeView, u: _Usage) -> _NodeFit | None:
     """Whether one node can take one rank of ``job`` on top of usage ``u``, and with what."""
-    if u.exclusive or (job.exclusive and u.holders):
+    if not _shares(u, job.exclusive):
         return None
     cpus_left = node.cpus - u.cpus - job.cpus_per_node
     if cpus_left < 0:

@@ -51,6 +51,7 @@ from phalanx.domain.outcome import (
     advance,
     task_end,
 )
+from phalanx.domain.placement import NodeUsage
 from phalanx.domain.policy import (
     Action,
     FailureKind,
@@ -1270,9 +1271,7 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
         if self.dialect == "postgresql":
             q = q.with_for_update()
         nodes = {r["name"]: r for r in conn.execute(q).mappings()}
-        used: dict[str, dict[str, Any]] = {
-            n: {"cpus": 0, "mem": 0, "gpus": set(), "tasks": 0, "exclusive": False} for n in names
-        }
+        used = NodeUsage()
         for r in conn.execute(
             _active_tasks(
                 s.tasks.c.node,
@@ -1282,42 +1281,25 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
                 s.tasks.c.exclusive,
             ).where(s.tasks.c.node.in_(names))
         ):
-            u = used[r.node]
-            u["cpus"] += r.cpus
-            u["mem"] += r.mem_mb
-            u["gpus"].update(r.gpu_ids or [])
-            u["tasks"] += 1
-            u["exclusive"] = u["exclusive"] or bool(r.exclusive)
+            used.add(r.node, r.cpus, r.mem_mb, r.gpu_ids or (), bool(r.exclusive))
         out = []
         for st in starts:
             want = [
-                (n, st["mem_per_node_mb"][i], set(st["gpu_ids"][i]))
-                for i, n in enumerate(st["nodes"])
+                (n, st["mem_per_node_mb"][i], st["gpu_ids"][i]) for i, n in enumerate(st["nodes"])
             ]
-            if all(self._fits(nodes.get(n), used[n], st, mem, gpus) for n, mem, gpus in want):
+            cpus, exclusive = st["cpus_per_node"], bool(st["exclusive"])
+            if all(
+                (node := nodes.get(n)) is not None
+                and node["registered"]
+                and not node["down"]
+                and not node["drain"]
+                and used.fits(n, node["cpus"], node["mem_mb"], cpus, mem, gpus, exclusive)
+                for n, mem, gpus in want
+            ):
                 for n, mem, gpus in want:
-                    u = used[n]
-                    u["cpus"] += st["cpus_per_node"]
-                    u["mem"] += mem
-                    u["gpus"] |= gpus
-                    u["tasks"] += 1
-                    u["exclusive"] = u["exclusive"] or bool(st["exclusive"])
+                    used.add(n, cpus, mem, gpus, exclusive)
                 out.append(st)
         return out
-
-    @staticmethod
-    def _fits(
-        node: Any, used: dict[str, Any], st: dict[str, Any], mem: int, gpus: set[int]
-    ) -> bool:
-        if node is None or not node["registered"] or node["down"] or node["drain"]:
-            return False
-        if used["exclusive"] or (st["exclusive"] and used["tasks"]):
-            return False
-        return (
-            used["cpus"] + st["cpus_per_node"] <= node["cpus"]
-            and used["mem"] + mem <= node["mem_mb"]
-            and not (gpus & used["gpus"])
-        )
 
     def end_pending(self, job_id: int, state: JobState, reason: str, fence: Fence | None) -> bool:
         """End a pending job the scheduler found can never run (e.g. a dependency that failed)."""
