@@ -28,24 +28,15 @@ from phalanx.errors import (
     StoreUnavailable,
     Unauthenticated,
 )
+from phalanx.failover import (
+    Step,
+    after_reply,
+    after_transport_error,
+    urls_from,
+)
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=3.0)
-ENV_URL = "PHALANX_URL"
-DEFAULT_URL = "http://127.0.0.1:6817"
 ENV_CA = "PHALANX_CA_FILE"
-
-
-def urls_from(value: str | Sequence[str] | None) -> list[str]:
-    if value is None:
-        value = os.environ.get(ENV_URL) or DEFAULT_URL
-    parts = value.split(",") if isinstance(value, str) else list(value)
-    out = [p.strip().rstrip("/") for p in parts if p.strip()]
-    for u in out:
-        if not u.startswith(("http://", "https://")):
-            raise PhalanxError(f"controller address '{u}' must start with http:// or https://")
-    if not out:
-        raise PhalanxError(f"no controller address: use --url or set {ENV_URL}")
-    return out
 
 
 class Timed(NamedTuple):
@@ -137,29 +128,23 @@ class Client:
                 resp = self._http.request(method, base + path, **kw)
             except (httpx.InvalidURL, UnicodeError) as e:  # a user's value in the path
                 raise InvalidSpec(f"cannot send {method} {path!r}: {e}") from None
-            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-                errors.append(f"{base}: {e or type(e).__name__}")
-                refused += _is_refused(e)
-                continue
             except httpx.TransportError as e:
-                if not idempotent:
+                # a connect error never reached a server; anything later may have
+                sent = not isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout))
+                if after_transport_error(sent=sent, idempotent=idempotent) is Step.UNKNOWN:
                     # the next request starts with the next controller, not this silent one
                     self._current = (idx + 1) % n
                     raise ControllerUnavailable(
                         f"{base} did not answer ({type(e).__name__}); the request may or may not "
                         "have been applied: check before retrying"
                     ) from None
-                errors.append(f"{base}: {type(e).__name__}")
+                errors.append(f"{base}: {(e if not sent else '') or type(e).__name__}")
+                refused += _is_refused(e)
                 continue
-            if resp.status_code == 503:
+            if after_reply(resp.status_code, idempotent=idempotent) is Step.NEXT:
                 errors.append(f"{base}: {_message(resp)}")
-                no_store += _code(resp) == StoreUnavailable.code
-                continue
-            if resp.status_code == 504 and idempotent:
-                # the store lost the connection mid-commit: repeating a level-triggered call
-                # elsewhere is safe; anything else must surface "outcome unknown" below
-                errors.append(f"{base}: {_message(resp)}")
-                no_store += 1  # it lost its database: as good as "cannot reach the store"
+                # a 504: it lost its database, as good as "cannot reach the store"
+                no_store += resp.status_code == 504 or _code(resp) == StoreUnavailable.code
                 continue
             self._current = idx
             if resp.status_code >= 400:

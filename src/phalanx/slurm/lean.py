@@ -5,9 +5,10 @@ the ``rich`` it pulls in) costs 100-200 ms a process on a 2-core node, several t
 trivial step.  This client speaks to the same API with the standard library only
 (``http.client``), with the same credentials (``$PHALANX_TOKEN``, a token file, or the node's
 local credential socket), the same failover over ``$PHALANX_URL`` and the same errors
-(:mod:`phalanx.errors`, built from the API's error body).  Only calls that are safe to repeat
-on another controller after a connection failure go through it: creating a step is not
-repeated once sent (the error says so, as :class:`phalanx.client.Client` does).
+(:mod:`phalanx.errors`, built from the API's error body).  Which controller it asks next is
+:mod:`phalanx.failover`'s decision, the full client's too: a call that is not idempotent (creating
+a step) is never repeated once it may have been applied; a local credential the controller
+found expired is replaced once and the call repeated.
 """
 
 from __future__ import annotations
@@ -19,19 +20,15 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from phalanx.auth.credentials import default_source
-from phalanx.errors import BY_CODE, ControllerUnavailable, PhalanxError
+from phalanx.errors import BY_CODE, ControllerUnavailable, PhalanxError, Unauthenticated
+from phalanx.failover import Step, after_reply, after_transport_error, urls_from
 
-DEFAULT_URL = "http://127.0.0.1:6817"
 TIMEOUT_S = 30.0
 
 
 class LeanClient:
     def __init__(self, urls: str | None = None) -> None:
-        text = urls or os.environ.get("PHALANX_URL") or DEFAULT_URL
-        self.urls = [u.strip().rstrip("/") for u in text.split(",") if u.strip()]
-        for u in self.urls:
-            if not u.startswith(("http://", "https://")):
-                raise PhalanxError(f"controller address '{u}' must start with http:// or https://")
+        self.urls = urls_from(urls)
         self.credentials = default_source(None)
         self._conns: dict[str, http.client.HTTPConnection] = {}
         self._current = 0
@@ -71,6 +68,22 @@ class LeanClient:
         return self.request("POST", path, body, idempotent=idempotent)
 
     def request(self, method: str, path: str, body: Any, *, idempotent: bool) -> Any:
+        """Send with this client's credential; a local credential the controller found expired
+        (clocks apart) is replaced once and the call repeated (a 401 changed nothing)."""
+        try:
+            return self._send(method, path, body, idempotent=idempotent)
+        except Unauthenticated as e:
+            if e.details.get("reason") != "expired":
+                raise
+            self.credentials.invalidate()
+            try:
+                return self._send(method, path, body, idempotent=idempotent)
+            except Unauthenticated as again:
+                raise Unauthenticated(
+                    f"{again.message}; {self.credentials.renew_hint}", **again.details
+                ) from None
+
+    def _send(self, method: str, path: str, body: Any, *, idempotent: bool) -> Any:
         token = self.credentials.token()
         headers = {"Content-Type": "application/json"}
         if token is not None:
@@ -85,20 +98,21 @@ class LeanClient:
             sent = False
             try:
                 conn.request(method, path, body=data, headers=headers)
-                sent = True
+                sent = True  # written whole: from here the server may have applied it
                 resp = conn.getresponse()
                 raw = resp.read()
             except (OSError, http.client.HTTPException) as e:
                 conn.close()
                 self._conns.pop(base, None)
-                if sent and not idempotent:
+                if after_transport_error(sent=sent, idempotent=idempotent) is Step.UNKNOWN:
+                    self._current = (idx + 1) % n
                     raise ControllerUnavailable(
                         f"{base} did not answer ({type(e).__name__}); the request may or may "
                         "not have been applied: check before retrying"
                     ) from None
                 errors.append(f"{base}: {e}")
                 continue
-            if resp.status == 503:
+            if after_reply(resp.status, idempotent=idempotent) is Step.NEXT:
                 errors.append(f"{base}: {_message(raw, resp.status)}")
                 continue
             self._current = idx
