@@ -33,12 +33,6 @@ from phalanx.sdnotify import Notifier
 
 log = logging.getLogger("phalanx.watchdog")
 
-# A test-only fault hook (tests/system/test_systemd.py): with both set, the loop named by the
-# first blocks for good at its next tick once the file named by the second exists. It is how a
-# test wedges one loop of a real daemon while its other threads go on, which SIGSTOP (the whole
-# process) cannot do. Never set these in production.
-FAULT_WEDGE_LOOP = "PHALANX_TEST_ONLY_WEDGE_LOOP"
-FAULT_WEDGE_FILE = "PHALANX_TEST_ONLY_WEDGE_FILE"
 WDIOC_GETTIMEOUT = 0x80045707  # _IOR('W', 7, int), linux/watchdog.h
 
 
@@ -84,17 +78,6 @@ class Beats:
         """Seconds since `name` last progressed (None: never)."""
         b = self.snapshot().get(name)
         return None if b is None else self.clock() - b.at
-
-
-def maybe_wedge(loop: str, stop: threading.Event) -> None:
-    """The test-only fault hook (see FAULT_WEDGE_LOOP): block `loop` until the daemon stops."""
-    if os.environ.get(FAULT_WEDGE_LOOP) != loop:
-        return
-    trigger = os.environ.get(FAULT_WEDGE_FILE)
-    if not trigger or not os.path.exists(trigger):
-        return
-    log.error("test-only fault hook: wedging loop %s (%s is set)", loop, FAULT_WEDGE_LOOP)
-    stop.wait()
 
 
 class DeviceWatchdog:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from phalanx.agent.agent import FAULT_HOLD_REPLY_FILE
+from phalanx.faulthooks import FAULT_HOLD_REPLY_FILE
 from system.harness import Cluster, alive, read_json, wait_for
 
 pytestmark = pytest.mark.system

@@ -5,7 +5,7 @@ starts a real controller and a real agent with NOTIFY_SOCKET and WATCHDOG_USEC s
 what they send: READY=1 only once they serve, periodic WATCHDOG=1, a STATUS= that says
 something true, pings that stop when a loop is wedged, STOPPING=1 on SIGTERM.
 
-A loop is wedged through the test-only fault hook (watchdog.FAULT_WEDGE_LOOP): one thread of
+A loop is wedged through the test-only fault hook (faulthooks.FAULT_WEDGE_LOOP): one thread of
 the real daemon blocks for good while the others go on, as a deadlock would. SIGSTOP cannot do
 that (it stops the watchdog thread too, which proves nothing about the rule).
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from phalanx.watchdog import FAULT_WEDGE_FILE, FAULT_WEDGE_LOOP
+from phalanx.faulthooks import FAULT_WEDGE_FILE, FAULT_WEDGE_LOOP
 from system.harness import Cluster, read_json, wait_for
 
 pytestmark = pytest.mark.system

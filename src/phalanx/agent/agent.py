@@ -43,7 +43,8 @@ from phalanx.backoff import REGISTER_TIMEOUT_S, Backoff
 from phalanx.client import Client
 from phalanx.domain import job_reports
 from phalanx.errors import ControllerUnavailable, PhalanxError
-from phalanx.watchdog import Beats, maybe_wedge
+from phalanx.faulthooks import maybe_hold_reply, maybe_wedge
+from phalanx.watchdog import Beats
 
 log = logging.getLogger("phalanx.agent")
 
@@ -66,22 +67,6 @@ def heartbeat_grace(interval: float) -> float:
     next controller. Config checks 2 * interval + this < fence_timeout, so a frozen controller
     is left in time for a healthy one to refresh the fence."""
     return max(HEARTBEAT_GRACE_MIN, interval)
-
-
-# A test-only fault hook (tests/system/test_node_failure.py): while the file this names exists,
-# a heartbeat reply that starts work is held before the agent looks at it, as by an agent
-# stopped (SIGSTOP, a hung VM) with the reply in its socket: SIGSTOP itself cannot be timed to
-# land between a reply's sending and its reading. Never set it in production.
-FAULT_HOLD_REPLY_FILE = "PHALANX_TEST_ONLY_HOLD_REPLY_FILE"
-
-
-def _maybe_hold_reply(reply: dict[str, Any], stop: threading.Event) -> None:
-    hold = os.environ.get(FAULT_HOLD_REPLY_FILE)
-    if not hold or not reply.get("start") or not os.path.exists(hold):
-        return
-    log.error("test-only fault hook: holding a reply that starts work (%s)", FAULT_HOLD_REPLY_FILE)
-    while os.path.exists(hold) and not stop.wait(0.05):
-        pass
 
 
 def reply_is_late(elapsed: float, timeout: float) -> bool:
@@ -635,7 +620,7 @@ class Agent:
             idempotent=True,
             timeout=timeout,
         )
-        _maybe_hold_reply(reply, self._stop)
+        maybe_hold_reply(reply, self._stop)  # a test-only fault hook
         if gpu_events:
             self._confirm_gpu_events({str(e["key"]) for e in gpu_events})
         elapsed = time.monotonic() - sent_at

@@ -58,10 +58,11 @@ from phalanx.errors import (
     StoreUnavailable,
     Unsatisfiable,
 )
+from phalanx.faulthooks import maybe_wedge
 from phalanx.store.notify import WorkListener
 from phalanx.store.steps import StepReport
 from phalanx.store.store import Fence, Store, TaskReport
-from phalanx.watchdog import Beats, maybe_wedge
+from phalanx.watchdog import Beats
 
 log = logging.getLogger("phalanx.controller")
 
