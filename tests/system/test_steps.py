@@ -81,7 +81,7 @@ def test_batch_step_once_then_srun_tasks_everywhere(cluster: Cluster, tmp_path: 
     labelled = sorted(ln for ln in lines if re.match(r"^\d+: hello", ln))
     assert labelled == ["0: hello from node01", "1: hello from node02"], out
     # those sruns were the compiled thin srun the agent put first on the job's PATH (this
-    # host has a C compiler; slurm/native.py)
+    # host has a C compiler; agent/native_srun.py)
     (srun_is,) = [ln.split(" ", 1)[1] for ln in lines if ln.startswith("srun-is ")]
     assert Path(srun_is).read_bytes()[:4] == b"\x7fELF", srun_is
     steps = steps_of(cluster, jid)

@@ -1,4 +1,4 @@
-"""The compiled thin srun's build and its place on jobs' PATH (slurm/native.py,
+"""The compiled thin srun's build and its place on jobs' PATH (agent/native_srun.py,
 agent/jobenv.py), with the host's real C compiler."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from phalanx.agent import native_srun as native
 from phalanx.agent.jobenv import node_environment
-from phalanx.slurm import native
 
 
 @pytest.fixture
@@ -55,7 +55,7 @@ def test_no_compiler_means_the_python_srun_with_a_warning(
 ) -> None:
     monkeypatch.setattr(native, "PACKAGE_CACHE", tmp_path / "pkg")
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    with caplog.at_level(logging.WARNING, logger="phalanx.slurm.native"):
+    with caplog.at_level(logging.WARNING, logger="phalanx.agent.native_srun"):
         assert native.thin_srun_dir(tmp_path / "state", python=sys.executable) is None
     assert "no C compiler" in caplog.text
     assert not (tmp_path / "pkg").exists()
@@ -67,7 +67,7 @@ def test_a_compiler_that_fails_is_reported_and_leaves_nothing(
     false = shutil.which("false")
     assert false is not None
     monkeypatch.setenv("CC", false)
-    with caplog.at_level(logging.WARNING, logger="phalanx.slurm.native"):
+    with caplog.at_level(logging.WARNING, logger="phalanx.agent.native_srun"):
         assert native.thin_srun_dir(tmp_path / "state") is None
     assert "failed" in caplog.text
     assert [p for p in cache.rglob("*") if p.is_file()] == []

@@ -27,7 +27,8 @@ from typing import Any
 import psutil
 import pytest
 
-from phalanx.slurm import native, srun_fast
+from phalanx.agent import native_srun as native
+from phalanx.slurm import srun_fast
 
 # imported by the full srun only (srun.py itself is loaded by importlib.import_module, which
 # -X importtime does not list)

@@ -144,7 +144,7 @@ class Agent:
         # set in every job: this node's credential socket (it wins over a submitter's) and the
         # controllers (a submitter's own PHALANX_URL wins), so `phalanx` works inside jobs
         self.job_env = dict(job_env or {})
-        # the compiled thin srun's directory, first on jobs' PATH (slurm/native.py)
+        # the compiled thin srun's directory, first on jobs' PATH (agent/native_srun.py)
         self.srun_dir = srun_dir
         self.name = name
         self.health = health

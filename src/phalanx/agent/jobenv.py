@@ -12,7 +12,7 @@ def node_environment(
 ) -> dict[str, str]:
     """`env` (the submitter's, or srun's for a step) with this node's additions: `job_env`
     (its credential socket wins over the submitter's; the submitter's own PHALANX_URL wins
-    over the node's), and `srun_dir` (the compiled thin srun, slurm/native.py) first on PATH,
+    over the node's), and `srun_dir` (the compiled thin srun, agent/native_srun.py) first on PATH,
     once, so that ``srun`` in the job is the fast one.  A job without PATH keeps none."""
     out = dict(env)
     for key, value in job_env.items():

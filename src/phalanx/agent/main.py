@@ -13,6 +13,7 @@ from types import FrameType
 from typing import Any
 
 from phalanx.agent import metrics as agent_metrics
+from phalanx.agent import native_srun as native
 from phalanx.agent.agent import Agent
 from phalanx.agent.health import build_monitor
 from phalanx.agent.resources import detect, parse_gpu_override
@@ -24,7 +25,6 @@ from phalanx.domain.topology import parse_place
 from phalanx.domain.values import parse_memory_mb
 from phalanx.errors import PhalanxError
 from phalanx.sdnotify import Notifier
-from phalanx.slurm import native
 from phalanx.watchdog import DeviceWatchdog, Watchdog
 
 log = logging.getLogger("phalanx.agent")

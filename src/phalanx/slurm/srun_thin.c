@@ -14,7 +14,7 @@
  * full srun (no job, no helper, the helper refuses or goes away before taking the step) this
  * program execs it: PHX_PYTHON -m phalanx.slurm.srun_full ARGS.
  *
- * Built by phalanx/slurm/native.py with -DPHX_PYTHON="..." (the interpreter of the
+ * Built by phalanx/agent/native_srun.py with -DPHX_PYTHON="..." (the interpreter of the
  * installation that built it); the agents put its directory first on their jobs' PATH.
  */
 #define _GNU_SOURCE

@@ -1,4 +1,5 @@
-"""The compiled thin srun (srun_thin.c): built once per installation, put on jobs' PATH.
+"""The compiled thin srun (slurm/srun_thin.c): built by the agent once per installation, put on
+jobs' PATH.
 
 A loop of ``srun`` in a job starts one srun process per step; as a Python program that start
 is ~15-20 ms of a trivial step's ~60 ms path (docs/slurm.md, "What a step costs"), even for
@@ -25,9 +26,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-log = logging.getLogger("phalanx.slurm.native")
+log = logging.getLogger("phalanx.agent.native_srun")
 
-SOURCE = Path(__file__).with_name("srun_thin.c")
+SOURCE = Path(__file__).parent.parent / "slurm" / "srun_thin.c"  # the srun it builds
 PACKAGE_CACHE = Path(__file__).with_name("_native")
 BUILD_TIMEOUT_S = 120.0
 
