@@ -77,7 +77,7 @@ from system.harness import Cluster, Daemon, free_port, marked_processes, wait_fo
 from system.netns import NetnsCluster, NetnsError, NetnsLab
 from system.test_ha import TIMING  # fast takeovers; fencing slower than agents' failover
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.soak]  # make soak; make soak-chaos: an hour
 
 CONTROLLERS = ("ctl-1", "ctl-2", "ctl-3")
 NODES = ("node01", "node02", "node03")

@@ -58,7 +58,7 @@ from system.test_db_failover import long_spec, running_task
 from system.test_ha import TIMING, Stream, check_exactly_once, duties_held, start_ha
 from system.test_multiuser import _root_searchable
 
-pytestmark = [pytest.mark.system, pytest.mark.postgres]
+pytestmark = [pytest.mark.system, pytest.mark.postgres, pytest.mark.soak]  # make soak
 
 # Patroni's timing for the test: its minimums (ttl >= 20, loop_wait >= 1, retry_timeout >= 3)
 PATRONI: dict[str, int] = {"ttl": 20, "loop_wait": 1, "retry_timeout": 3}

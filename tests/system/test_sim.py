@@ -62,6 +62,7 @@ node_stop_window = [2, 10]
 """
 
 
+@pytest.mark.soak  # make soak: minutes on the 2-core machine
 @pytest.mark.timeout(2400)  # a busy 2-core machine: the conditions end the waits, not this
 def test_thousand_nodes_run_ten_thousand_jobs_to_one_terminal_state_each(tmp_path: Path) -> None:
     path = tmp_path / "workload.toml"
