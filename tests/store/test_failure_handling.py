@@ -10,6 +10,7 @@ from typing import Any
 from test_store_contract import (  # the contract suite's helpers and `store` fixture
     add_node,
     exited,
+    heard,
     running,
     start,
     state,
@@ -110,8 +111,8 @@ def test_heartbeat_brings_a_down_node_back(store: Store) -> None:
     add_node(store, "n1")
     add_node(store, "n2")
     assert store.mark_down("n1", "no heartbeat for 11s", None)
-    assert store.record_heartbeats({"n2": 0.1}) == []
-    assert store.record_heartbeats({"n1": 0.1}) == ["n1"]
+    assert store.record_heartbeats({"n2": 0.0}) == []
+    assert store.record_heartbeats({"n1": 0.0}) == ["n1"]
     assert not store.get_node("n1")["down"]
     assert [e["kind"] for e in store.events(node="n1")][-1] == "node.up"
 
@@ -275,3 +276,45 @@ def test_the_failure_detector_fails_live_tasks_left_on_a_down_node(
     assert job["state"] == "PENDING" and job["restart_count"] == 1
     assert store.down_nodes_with_tasks() == []
     assert "live tasks failed" not in ctl._cluster_duty()  # once
+
+
+def test_a_late_heartbeat_flush_never_moves_the_stamp_back(store: Store) -> None:
+    """A controller paused between answering a heartbeat and writing it flushes an older
+    stamp than another controller already wrote: the node must not look silent since then
+    (the chaos soak saw a node declared DOWN this way while its agent's fence, freshened by
+    the later replies, still let a just-launched job run)."""
+    add_node(store, "n1")
+    store.record_heartbeats({"n1": 0.0})
+    fresh = store.get_node("n1")["last_heartbeat"]
+    store.record_heartbeats({"n1": 30.0})  # held 30 s by a paused controller
+    assert store.get_node("n1")["last_heartbeat"] == fresh
+    assert store.silent_node_rows(store.db_time() - 6.0) == []
+
+
+def test_a_stale_heartbeat_brings_no_down_node_back(store: Store) -> None:
+    add_node(store, "n1")
+    heard(store, "n1", 12.0)
+    assert store.mark_down("n1", "no heartbeat for 12s", None)
+    assert store.record_heartbeats({"n1": 20.0}) == []  # heard before it fell silent
+    assert store.get_node("n1")["down"]
+    assert store.record_heartbeats({"n1": 0.0}) == ["n1"]
+    assert not store.get_node("n1")["down"]
+
+
+def test_the_detector_verdict_is_checked_again_in_its_write(store: Store) -> None:
+    """The detector reads the silent nodes, then writes each verdict: a heartbeat written by
+    another controller in between keeps the node up, and its tasks run on."""
+    add_node(store, "n1")
+    add_node(store, "n2")
+    jid = submit1(store)
+    att = start(store, jid, ["n1"])
+    store.apply_reports("n1", [running(att)], None)
+    heard(store, "n1", 10.0)
+    heard(store, "n2", 10.0)
+    assert [r["name"] for r in store.silent_node_rows(store.db_time() - 6.0)] == ["n1", "n2"]
+    store.record_heartbeats({"n1": 0.0})  # another controller's flush, after the read
+    assert not store.mark_down("n1", "no heartbeat for 10s", None, silent_for=6.0)
+    assert not store.get_node("n1")["down"] and state(store, jid) == "RUNNING"
+    assert "node.down" not in [e["kind"] for e in store.events(node="n1")]
+    assert store.mark_down("n2", "no heartbeat for 10s", None, silent_for=6.0)
+    assert store.get_node("n2")["down"]

@@ -21,7 +21,7 @@ from phalanx.domain import scheduling
 from phalanx.domain.spec import JobSpec, normalize
 from phalanx.domain.states import AttemptState, JobState
 from phalanx.errors import Fenced, InvalidSpec, InvalidTransition, NotFound, StoreUnavailable
-from phalanx.store import arrayinsert
+from phalanx.store import arrayinsert, schema
 from phalanx.store.store import Fence, Store, TaskReport
 
 # --------------------------------------------------------------------------------------------
@@ -113,6 +113,18 @@ def schedule(store: Store, fence: Fence | None = None) -> list[int]:
         ],
         fence,
     )
+
+
+def heard(store: Store, node: str, ago: float) -> None:
+    """Set a node's last heartbeat to `ago` seconds ago (database clock), as the failure
+    detector would find a node that fell silent then (record_heartbeats never moves a stamp
+    back)."""
+    with store.db.begin() as conn:
+        conn.execute(
+            schema.nodes.update()
+            .where(schema.nodes.c.name == node)
+            .values(last_heartbeat=store.db_time() - ago)
+        )
 
 
 def running(att: dict[str, Any]) -> TaskReport:
@@ -890,6 +902,7 @@ def test_register_heartbeat_down_and_back(store: Store) -> None:
     )
     assert row["registered"] and row["cpus"] == 8 and row["features"] == ["avx", "ib"]
     assert row["gpus"] == [[0, "h100"], [1, "h100"]] and row["down"] is False
+    heard(store, "n1", 60.0)  # silent for a minute since it registered
     store.record_heartbeats({"n1": 5.0, "ghost": 1.0})  # an unknown node is harmless
     hb = store.list_nodes()[0]["last_heartbeat"]
     assert store.db_time() - hb == pytest.approx(5.0, abs=2.0)
@@ -911,6 +924,7 @@ def test_register_heartbeat_down_and_back(store: Store) -> None:
 def test_the_failure_detector_reads_only_silent_nodes(store: Store) -> None:
     for name in ("quiet", "fresh", "gone"):
         add_node(store, name)
+        heard(store, name, 600.0)  # a stamp only moves forward: start from long ago
     store.record_heartbeats({"quiet": 60.0, "fresh": 1.0, "gone": 60.0})  # seconds ago
     assert store.mark_down("gone", "no heartbeat", None)
     rows = store.silent_node_rows(store.db_time() - 30.0)

@@ -733,7 +733,13 @@ class Controller:
             fence = self._judging_fence()
             if fence is None:
                 return "lost the right to judge nodes mid-cycle; nothing more applied"
-            if self.store.mark_down(name, reason, fence):  # its tasks fail in the same write
+            with self._beats_lock:
+                if name in self._beats:  # heard from since the read: alive
+                    continue
+            # its tasks fail in the same write, which checks the silence again (another
+            # controller may have written a heartbeat of the node since the read)
+            silent = self.timing.node_down_timeout
+            if self.store.mark_down(name, reason, fence, silent_for=silent):
                 said.append(f"{name} DOWN")
                 self.kick()
         for name in self.store.down_nodes_with_tasks():
@@ -763,17 +769,21 @@ class Controller:
             self._beats[node] = time.monotonic()
 
     def flush_heartbeats(self) -> str:
+        """Write the heartbeats heard since the last flush. They stay in `_beats` until the
+        write commits: the failure detector counts them as heard (`heard_recently`), so a
+        node is never judged silent while its heartbeat is on its way to the store."""
         with self._beats_lock:
-            beats, self._beats = self._beats, {}
+            beats = dict(self._beats)
         if not beats:
             return "idle"
         now = time.monotonic()
         try:
             back = self.store.record_heartbeats({n: now - t for n, t in beats.items()})
-        except StoreUnavailable:
             with self._beats_lock:
                 for n, t in beats.items():
-                    self._beats.setdefault(n, t)
+                    if self._beats.get(n) == t:  # not heard again meanwhile
+                        del self._beats[n]
+        except StoreUnavailable:
             if self._cluster_since is not None:
                 self._cluster_since = time.monotonic()  # see cluster_tick
             raise

@@ -1401,22 +1401,46 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
         because it stopped answering is back in service as soon as it is heard from again
         (its jobs were requeued and its agent is told to stop the old attempts); an operator's
         drain is untouched. Returns the nodes that came back.
+
+        A node's stamp never moves back. A controller that was paused (or slow) between
+        answering a heartbeat and writing it flushes an older stamp than another controller
+        already wrote for the node's later heartbeats: moving the stamp back would make the
+        failure detector count the node silent since then, and declare it DOWN while its
+        agent's fence (freshened by those later replies) still lets its jobs run. Such a stale
+        heartbeat brings no DOWN node back either: it says nothing about the node since.
         """
         if not ages:
             return []
+        n = s.nodes.c
         # urgent (engine.WriterQueue): a flush that fails restarts the failure detector's
         # grace, so it must not wait behind bulk writes; one small row per node heard from
         with self.db.begin(urgent=True) as conn:
             db_now = float(conn.execute(select(self.db.db_now_sql())).scalar_one())
-            conn.execute(
-                update(s.nodes)
-                .where(s.nodes.c.name == bindparam("b_name"))
-                .values(last_heartbeat=bindparam("b_t")),
-                [{"b_name": n, "b_t": db_now - age} for n, age in ages.items()],
-            )
+            stamps = {name: db_now - age for name, age in ages.items()}
+            rows = conn.execute(
+                select(n.name, n.down, n.last_heartbeat).where(n.name.in_(sorted(ages)))
+            ).all()
+            newer = [
+                r.name
+                for r in rows
+                if r.last_heartbeat is None or r.last_heartbeat <= stamps[r.name]
+            ]
+            if newer:
+                # the filter again in the update: on PostgreSQL another controller's flush
+                # may commit between the read and this write
+                conn.execute(
+                    update(s.nodes)
+                    .where(
+                        n.name == bindparam("b_name"),
+                        or_(n.last_heartbeat.is_(None), n.last_heartbeat <= bindparam("b_t")),
+                    )
+                    .values(last_heartbeat=bindparam("b_t")),
+                    [{"b_name": name, "b_t": stamps[name]} for name in newer],
+                )
             back = conn.execute(
-                select(s.nodes.c.name, s.nodes.c.down_reason).where(
-                    s.nodes.c.name.in_(sorted(ages)), s.nodes.c.down.is_(True)
+                select(n.name, n.down_reason).where(
+                    n.name.in_([r.name for r in rows if r.down and r.name in newer]),
+                    n.down.is_(True),
                 )
             ).all()
             if back:
@@ -2251,18 +2275,27 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
             )
             self._event(conn, "node.resume", f"resumed by {actor}", node=name, actor=actor)
 
-    def mark_down(self, name: str, reason: str, fence: Fence | None) -> bool:
+    def mark_down(
+        self, name: str, reason: str, fence: Fence | None, *, silent_for: float | None = None
+    ) -> bool:
         """Declare a node DOWN and, in the same transaction, fail every task it runs (LOST;
         each attempt requeued or ended by its policy). One transaction, so no controller
         death, lost lease or store error between the two can leave a DOWN node with RUNNING
-        tasks that nothing would ever fail. False (nothing written) when it already was DOWN."""
+        tasks that nothing would ever fail. False (nothing written) when it already was DOWN.
+
+        `silent_for` (the failure detector's verdict): only if the node's last heartbeat is
+        still older than this many seconds (database clock) when the write happens. The
+        detector reads the silent nodes first; a heartbeat another controller writes between
+        that read and this write (a slow tick, a busy database) must keep the node up, as its
+        agent's fence was freshened by that heartbeat's reply."""
+        n = s.nodes.c
         with self.db.begin() as conn:
             self._check_fence(conn, fence)
-            res = conn.execute(
-                update(s.nodes)
-                .where(s.nodes.c.name == name, s.nodes.c.down.is_(False))
-                .values(down=True, down_reason=reason)
-            )
+            q = update(s.nodes).where(n.name == name, n.down.is_(False))
+            if silent_for is not None:
+                db_now = float(conn.execute(select(self.db.db_now_sql())).scalar_one())
+                q = q.where(n.last_heartbeat < db_now - silent_for)
+            res = conn.execute(q.values(down=True, down_reason=reason))
             if res.rowcount != 1:
                 return False
             self._event(
