@@ -1,6 +1,6 @@
 """Encoding a heartbeat reply (issue 12: placements): Starlette's JSONResponse, which uses the
 standard library's encoder, beside the orjson response the controller now makes
-(`controller.api._fast_json`).
+(`controller.api_context.fast_json`).
 
     python bench/reply_json.py --runs 5 --loops 2000
 
@@ -24,7 +24,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from phalanx.controller.api import _fast_json
+from phalanx.controller.api_context import fast_json as _fast_json
 
 ENV = {f"VAR_{i:02d}": "x" * 60 for i in range(45)}  # about 3 KB, as an exported environment
 

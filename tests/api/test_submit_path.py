@@ -14,7 +14,7 @@ import pytest
 from api_auth import ADMIN, ANONYMOUS, as_agent, as_user
 from fastapi.testclient import TestClient
 
-from phalanx.controller.api import HeartbeatIn
+from phalanx.controller.api_models import HeartbeatIn
 from phalanx.controller.runtime import Controller
 from phalanx.domain import placement
 

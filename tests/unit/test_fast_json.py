@@ -1,4 +1,4 @@
-"""Replies made ready as JSON by orjson (controller.api._fast_json): the heartbeat's, and
+"""Replies made ready as JSON by orjson (controller.api_context.fast_json): the heartbeat's, and
 submissions'. The JSON must be what the standard encoder (Starlette's JSONResponse, used
 before) writes, and a value orjson cannot take must fall back to FastAPI's encoder, never fail.
 """
@@ -9,7 +9,7 @@ import json
 
 from starlette.responses import JSONResponse, Response
 
-from phalanx.controller.api import _fast_json
+from phalanx.controller.api_context import fast_json as _fast_json
 
 
 def test_the_json_is_the_standard_encoders() -> None:

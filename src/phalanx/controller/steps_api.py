@@ -1,0 +1,117 @@
+"""Job steps (srun inside a job): create one, wake its nodes, show, signal and cancel."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from fastapi import APIRouter, Depends
+
+from phalanx.auth.tokens import Identity
+from phalanx.controller.api_context import ApiContext, caller
+from phalanx.controller.api_models import StepCancelIn, StepIn, StepSignalIn, StepWakeIn
+from phalanx.controller.launch import job_layout
+from phalanx.domain.steps import StepRequest
+from phalanx.errors import InvalidSpec
+
+
+def router(api: ApiContext) -> APIRouter:
+    """The /v1/jobs/{ref}/steps routes."""
+    ctl = api.ctl
+    r = APIRouter()
+
+    @r.post("/v1/jobs/{ref}/steps", status_code=201)
+    def create_step(ref: str, body: StepIn, ident: Identity = Depends(caller)) -> dict[str, Any]:
+        row = api.own_job(ref, ident, "srun")
+        req = StepRequest(
+            nodes=body.nodes,
+            ntasks=body.ntasks,
+            ntasks_per_node=body.ntasks_per_node,
+            cpus_per_task=body.cpus_per_task,
+            gpus_per_task=body.gpus_per_task,
+            gpus_per_node=body.gpus_per_node,
+            nodelist=tuple(body.nodelist),
+            job_ntasks_per_node=tuple(job_layout(row["spec"], len(row["nodelist_run"] or [None]))),
+        )
+        spec = {
+            "argv": body.argv,
+            "env": body.env,
+            "cwd": body.cwd,
+            "cpus_per_task": body.cpus_per_task,
+            "output": body.output,
+            "error": body.error,
+            "label": body.label,
+            "open_mode": body.open_mode,
+            "io": {
+                "host": body.host,
+                "port": body.port,
+                "cookie": body.cookie,
+                "stdout": body.output is None,
+                "stderr": body.error is None,
+                **({"pty": True} if body.pty else {}),
+            },
+        }
+        name = body.name or os.path.basename(body.argv[0])
+        direct = body.direct and ctl.config.steps.direct
+        step = ctl.store.create_step(
+            int(row["id"]), req, spec, name, ident.actor, launch_rows=direct
+        )
+        gens: dict[str, int] = step.pop("work_gens")
+        rows = step.pop("launch_rows")
+        if direct:
+            # srun hands the launches over itself (Slurm's model): no long-poll is woken for
+            # them, and the nodes whose agents have told no address yet are woken now
+            step["launch"], unknown = ctl.direct_launches(rows, api.keys.signing)
+            step["push_timeout"] = ctl.config.steps.push_timeout
+            ctl.seen_gens(gens)
+            if unknown:
+                ctl.woke({n: gens[n] for n in unknown if n in gens})
+        else:
+            # this controller's long-polling agents start it at once (SQLite has no NOTIFY,
+            # and the work_gen poll would cost up to GEN_POLL per step); the poll is told, so
+            # it does not wake them a second time for the same step
+            ctl.woke(gens)
+        return step
+
+    @r.post("/v1/jobs/{ref}/steps/{step_id}/wake")
+    def wake_step_nodes(
+        ref: str, step_id: int, body: StepWakeIn, ident: Identity = Depends(caller)
+    ) -> dict[str, Any]:
+        """The nodes of a step whose direct launch srun could not hand over: their agents'
+        long-polls on this controller answer with it now (the others' controllers have
+        woken them already: the step bumped their work generation)."""
+        row = api.own_job(ref, ident, "srun")
+        if not 0 <= step_id < 2**31:
+            raise InvalidSpec(f"invalid step id {step_id}")
+        step = ctl.store.get_step(int(row["id"]), step_id)
+        nodes = sorted(set(body.nodes) & set(step["nodes"]))
+        ctl.waiters.notify(nodes)
+        return {"step_id": step_id, "woken": nodes}
+
+    @r.get("/v1/jobs/{ref}/steps/{step_id}")
+    def show_step(ref: str, step_id: int, ident: Identity = Depends(caller)) -> dict[str, Any]:
+        row = api.own_job(ref, ident, "show a step")
+        if not 0 <= step_id < 2**31:
+            raise InvalidSpec(f"invalid step id {step_id}")
+        return ctl.store.get_step(int(row["id"]), step_id)
+
+    @r.post("/v1/jobs/{ref}/steps/signal")
+    def signal_steps(
+        ref: str, body: StepSignalIn, ident: Identity = Depends(caller)
+    ) -> dict[str, Any]:
+        row = api.own_job(ref, ident, "signal")
+        done = ctl.store.signal_steps(int(row["id"]), body.signal, body.step_id, ident.actor)
+        ctl.waiters.notify(ctl.waiters.waiting_nodes())
+        return {"steps": done}
+
+    @r.post("/v1/jobs/{ref}/steps/cancel")
+    def cancel_steps(
+        ref: str, body: StepCancelIn, ident: Identity = Depends(caller)
+    ) -> dict[str, Any]:
+        row = api.own_job(ref, ident, "cancel a step")
+        reason = body.reason or f"cancelled by {ident.actor}"
+        done = ctl.store.cancel_steps(int(row["id"]), body.step_id, reason, ident.actor)
+        ctl.waiters.notify(ctl.waiters.waiting_nodes())
+        return {"steps": done}
+
+    return r
