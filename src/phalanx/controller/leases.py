@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from phalanx.clock import Clock, SystemClock
 from phalanx.domain.spread import handoff, preferred
 from phalanx.errors import PhalanxError
-from phalanx.store.store import Fence, Store
+from phalanx.store.store import Fence
+from phalanx.store.surface import LeaseStore
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ class _Held:
 class LeaseKeeper:
     def __init__(
         self,
-        store: Store,
+        store: LeaseStore,  # only its leases: the keeper writes nothing else
         holder: str,
         names: list[str],
         *,
