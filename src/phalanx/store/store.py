@@ -1418,13 +1418,13 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
             db_now = float(conn.execute(select(self.db.db_now_sql())).scalar_one())
             stamps = {name: db_now - age for name, age in ages.items()}
             rows = conn.execute(
-                select(n.name, n.down, n.last_heartbeat).where(n.name.in_(sorted(ages)))
+                select(n.name, n.last_heartbeat).where(n.name.in_(sorted(ages)))
             ).all()
-            newer = [
+            newer = {
                 r.name
                 for r in rows
                 if r.last_heartbeat is None or r.last_heartbeat <= stamps[r.name]
-            ]
+            }
             if newer:
                 # the filter again in the update: on PostgreSQL another controller's flush
                 # may commit between the read and this write
@@ -1435,13 +1435,12 @@ class Store(JobSteps, MaintenanceWindows, MetricsQueries, FairShareUsage, Preemp
                         or_(n.last_heartbeat.is_(None), n.last_heartbeat <= bindparam("b_t")),
                     )
                     .values(last_heartbeat=bindparam("b_t")),
-                    [{"b_name": name, "b_t": stamps[name]} for name in newer],
+                    [{"b_name": name, "b_t": stamps[name]} for name in sorted(newer)],
                 )
+            # read after the update (which waited for any concurrent writer of these rows):
+            # a node declared DOWN meanwhile comes back with this newer heartbeat
             back = conn.execute(
-                select(n.name, n.down_reason).where(
-                    n.name.in_([r.name for r in rows if r.down and r.name in newer]),
-                    n.down.is_(True),
-                )
+                select(n.name, n.down_reason).where(n.name.in_(sorted(newer)), n.down.is_(True))
             ).all()
             if back:
                 conn.execute(
