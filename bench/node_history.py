@@ -38,7 +38,8 @@ from phalanx.config import load_config
 from phalanx.controller.runtime import partition_rows
 from phalanx.domain.states import TERMINAL
 from phalanx.store import schema as s
-from phalanx.store.store import _NODE_WORK, Store, TaskReport
+from phalanx.store.exchange import _NODE_WORK
+from phalanx.store.store import Store, TaskReport
 
 sys.path.insert(0, str(Path(__file__).parent))
 from snapshot import item

@@ -39,7 +39,8 @@ from phalanx.controller.runtime import partition_rows
 from phalanx.domain.spec import JobSpec, normalize
 from phalanx.domain.states import JobState
 from phalanx.store import schema as s
-from phalanx.store.store import _PENDING_COLUMNS, Store
+from phalanx.store.scheduling import _PENDING_COLUMNS
+from phalanx.store.store import Store
 
 
 def log(msg: str) -> None:

@@ -20,7 +20,8 @@ from test_store_contract import (  # the contract suite's helpers and `store` fi
 from phalanx.config import load_config
 from phalanx.controller.runtime import Controller
 from phalanx.store import schema as s
-from phalanx.store.store import JOB_ROWS, Store
+from phalanx.store.history import JOB_ROWS
+from phalanx.store.store import Store
 
 __all__ = ["store"]  # the fixture, imported for pytest
 

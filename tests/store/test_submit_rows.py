@@ -20,10 +20,11 @@ from phalanx.controller.runtime import partition_rows
 from phalanx.domain.spec import JobSpec, normalize
 from phalanx.errors import StoreUnavailable
 from phalanx.store import schema as s
-from phalanx.store import store as store_module
+from phalanx.store import submission
 from phalanx.store.engine import WAL_BACKSTOP_PAGES
 from phalanx.store.rowinsert import RowInsert
-from phalanx.store.store import _JOB_ROW, Store
+from phalanx.store.store import Store
+from phalanx.store.submission import _JOB_ROW
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 20.0) -> Any:
@@ -202,7 +203,7 @@ def test_driver_path_writes_what_the_general_path_writes(
     """SQLite's plain submissions (Store._submit_plain_sqlite, on the driver) store the same
     job and event rows as the SQLAlchemy path, several submitters in one transaction."""
     st = sqlite_store(tmp_path)
-    monkeypatch.setattr(store_module, "_now", lambda: 1234.5)  # one submit time for both
+    monkeypatch.setattr(submission, "_now", lambda: 1234.5)  # one submit time for both
     try:
         items = [(*item(st, hold=True, name=f"j{i}"), u) for i, u in enumerate(["al", "bo"])]
         fast = [ids[0] for ids in st.submit_each(items)]

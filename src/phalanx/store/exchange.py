@@ -1,0 +1,359 @@
+"""The agents' hot path: heartbeats, the work a node should run, and the reports it sends.
+
+Every agent calls here every heartbeat, so the statements are built once and read only the
+columns they compare. A heartbeat stamp never moves back (a paused controller's late flush
+cannot make a live node look silent); a report with a wrong attempt token is ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    bindparam,
+    func,
+    or_,
+    select,
+    update,
+)
+
+from phalanx.domain import efficiency, job_reports
+from phalanx.domain.states import (
+    AttemptState,
+    TaskState,
+)
+from phalanx.store import schema as s
+from phalanx.store.attempts import AttemptProgress
+from phalanx.store.prebuilt import Prebuilt, update_where
+from phalanx.store.sqlbits import NODE_WORK_COLUMNS
+from phalanx.store.sqlbits import active_tasks as _active_tasks
+from phalanx.store.sqlbits import now as _now
+
+
+@dataclass
+class TaskReport:
+    """What an agent says about one task (one attempt on its node)."""
+
+    attempt_id: int
+    token: str
+    state: str  # "starting" | "running" | "exited" | "lost"
+    started_at: float | None = None
+    exit: dict[str, Any] | None = None
+    checkpoint: dict[str, Any] | None = None  # the job's latest checkpoint marker on this node
+    progress: dict[str, Any] | None = None  # the job's latest progress report on this node
+    # the highest signal seq (scancel --signal) the agent delivered to this attempt; None from
+    # agents that do not know signals
+    signals_done: int | None = None
+
+
+# What `apply_reports` compares a heartbeat's reports with: only the columns it reads. Every
+# held task of the node is read on every heartbeat, and whole rows decoded their JSON columns
+# (gpu_ids, detail, usage) each time, which cost more than the rest of an "exited" report.
+_REPORTED_TASKS = Prebuilt(
+    _active_tasks(
+        s.tasks.c.attempt_id,
+        s.tasks.c.rank,
+        s.tasks.c.state,
+        s.tasks.c.started_at,
+        s.attempts.c.token,
+        s.attempts.c.state.label("attempt_state"),
+    ).where(s.tasks.c.node == bindparam("node"), s.tasks.c.spare.is_(False))
+)
+
+
+# Store.node_work's query, built once with the node as a parameter: every heartbeat runs it,
+# and building a statement of this size (and its cache key) costs about as much as running it
+# on SQLite.
+_NODE_WORK = Prebuilt(
+    _active_tasks(
+        s.tasks.c.attempt_id,
+        s.tasks.c.state.label("task_state"),
+        *NODE_WORK_COLUMNS,
+        s.jobs.c.checkpoint.label("job_checkpoint"),
+        s.attempts.c.progress.label("attempt_progress"),
+        s.attempts.c.signals.label("attempt_signals"),
+    )
+    .join(s.jobs, s.jobs.c.id == s.attempts.c.job_id)
+    .where(
+        s.tasks.c.node == bindparam("node"),
+        s.tasks.c.spare.is_(False),  # a hot spare runs nothing: the agent never sees it
+    )
+)
+
+
+_CLEAR_LAUNCH_FAILURES = Prebuilt(
+    update(s.nodes)
+    .where(s.nodes.c.name == bindparam("node"), s.nodes.c.launch_failures > 0)
+    .values(launch_failures=0)
+)
+
+
+class AgentReports(AttemptProgress):
+    """The agents' hot path."""
+
+    def record_heartbeats(self, ages: dict[str, float]) -> list[str]:
+        """One transaction for a batch of heartbeats: node -> seconds since it was seen.
+
+        Stamped with the database's clock (now - age), so controllers on hosts whose clocks
+        disagree still agree on when a node was last heard from. A node that was DOWN only
+        because it stopped answering is back in service as soon as it is heard from again
+        (its jobs were requeued and its agent is told to stop the old attempts); an operator's
+        drain is untouched. Returns the nodes that came back.
+
+        A node's stamp never moves back. A controller that was paused (or slow) between
+        answering a heartbeat and writing it flushes an older stamp than another controller
+        already wrote for the node's later heartbeats: moving the stamp back would make the
+        failure detector count the node silent since then, and declare it DOWN while its
+        agent's fence (freshened by those later replies) still lets its jobs run. Such a stale
+        heartbeat brings no DOWN node back either: it says nothing about the node since.
+        """
+        if not ages:
+            return []
+        n = s.nodes.c
+        # urgent (engine.WriterQueue): a flush that fails restarts the failure detector's
+        # grace, so it must not wait behind bulk writes; one small row per node heard from
+        with self.db.begin(urgent=True) as conn:
+            db_now = float(conn.execute(select(self.db.db_now_sql())).scalar_one())
+            stamps = {name: db_now - age for name, age in ages.items()}
+            rows = conn.execute(
+                select(n.name, n.last_heartbeat).where(n.name.in_(sorted(ages)))
+            ).all()
+            newer = {
+                r.name
+                for r in rows
+                if r.last_heartbeat is None or r.last_heartbeat <= stamps[r.name]
+            }
+            if newer:
+                # the filter again in the update: on PostgreSQL another controller's flush
+                # may commit between the read and this write
+                conn.execute(
+                    update(s.nodes)
+                    .where(
+                        n.name == bindparam("b_name"),
+                        or_(n.last_heartbeat.is_(None), n.last_heartbeat <= bindparam("b_t")),
+                    )
+                    .values(last_heartbeat=bindparam("b_t")),
+                    [{"b_name": name, "b_t": stamps[name]} for name in sorted(newer)],
+                )
+            # read after the update (which waited for any concurrent writer of these rows):
+            # a node declared DOWN meanwhile comes back with this newer heartbeat
+            back = conn.execute(
+                select(n.name, n.down_reason).where(n.name.in_(sorted(newer)), n.down.is_(True))
+            ).all()
+            if back:
+                conn.execute(
+                    update(s.nodes)
+                    .where(s.nodes.c.name.in_([r.name for r in back]))
+                    .values(down=False, down_reason=None)
+                )
+                self._events_many(
+                    conn,
+                    [
+                        {
+                            "kind": "node.up",
+                            "node": r.name,
+                            "actor": r.name,
+                            "message": f"node {r.name} answers again (was DOWN: {r.down_reason})",
+                        }
+                        for r in back
+                    ],
+                )
+            return [r.name for r in back]
+
+    def db_time(self) -> float:
+        with self.db.begin(write=False) as conn:
+            return float(conn.execute(select(self.db.db_now_sql())).scalar_one())
+
+    def node_gens_total(self) -> int:
+        """The sum of every node's work generation: gens only grow, so an unchanged sum means
+        no node got work since it was last read, and a poll of 10,000 nodes reads one number
+        instead of 10,000 rows (`Controller.gen_tick`)."""
+        with self.db.begin(write=False) as conn:
+            return int(
+                conn.execute(select(func.coalesce(func.sum(s.nodes.c.work_gen), 0))).scalar_one()
+            )
+
+    def node_gens(self) -> dict[str, int]:
+        with self.db.begin(write=False) as conn:
+            return {
+                r.name: int(r.work_gen)
+                for r in conn.execute(select(s.nodes.c.name, s.nodes.c.work_gen))
+            }
+
+    def node_work(self, node: str, conn: Connection | None = None) -> list[dict[str, Any]]:
+        """Every task of a not-yet-ended attempt on this node, with its job, for the agent."""
+        if conn is not None:
+            return _NODE_WORK.rows(conn, {"node": node})
+        with self.db.begin(write=False) as c:
+            return _NODE_WORK.rows(c, {"node": node})
+
+    def node_all_work(
+        self, node: str, needs_steps: Callable[[list[dict[str, Any]]], bool]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The node's task work and, when ``needs_steps(task work)`` says the heartbeat can
+        use it (exchange.steps_to_decide: not for an idle node), its step work
+        (JobSteps.node_step_work), in one read transaction: on SQLite a transaction of its
+        own costs about as much as the query."""
+        with self.db.begin(write=False) as conn:
+            work = self.node_work(node, conn)
+            return work, self.node_step_work(node, conn) if needs_steps(work) else []
+
+    def finished_attempts(self, attempt_ids: Sequence[int]) -> set[int]:
+        """Which of these attempts the store has fully recorded (ENDED) or never heard of."""
+        if not attempt_ids:
+            return set()
+        with self.db.begin(write=False) as conn:
+            live = {
+                int(r.id)
+                for r in conn.execute(
+                    select(s.attempts.c.id).where(
+                        s.attempts.c.id.in_(list(attempt_ids)),
+                        s.attempts.c.state != AttemptState.ENDED.value,
+                    )
+                )
+            }
+        return set(attempt_ids) - live
+
+    def apply_reports(
+        self, node: str, reports: Sequence[TaskReport], taken_at: float | None
+    ) -> None:
+        """Record what an agent says about its tasks; finish attempts whose every task is done.
+
+        Reports about attempts that are not the job's current one, or with a wrong token, are
+        ignored (the agent is told to stop those by the reply). A task that the store believes
+        RUNNING on this node and that the agent no longer knows, although it started before the
+        report was taken, is LOST.
+        """
+        now = _now()
+        with self.db.begin() as conn:
+            mine = {r["attempt_id"]: r for r in _REPORTED_TASKS.rows(conn, {"node": node})}
+            touched: set[int] = set()
+            reported = {r.attempt_id for r in reports}
+            for rep in reports:
+                task = mine.get(rep.attempt_id)
+                if task is None or task["token"] != rep.token:
+                    continue
+                self._record_job_reports(conn, node, rep, task)
+                if rep.state in ("starting", "running"):
+                    if task["state"] == TaskState.STARTING.value and rep.state == "running":
+                        update_where(
+                            conn,
+                            s.tasks,
+                            {"attempt_id": rep.attempt_id, "node": node},
+                            {"state": TaskState.RUNNING.value, "started_at": rep.started_at or now},
+                        )
+                        touched.add(rep.attempt_id)
+                elif rep.state in ("exited", "lost") and task["state"] not in (
+                    TaskState.EXITED.value,
+                    TaskState.LOST.value,
+                ):
+                    ex = rep.exit or {}
+                    update_where(
+                        conn,
+                        s.tasks,
+                        {"attempt_id": rep.attempt_id, "node": node},
+                        {
+                            "state": (
+                                TaskState.EXITED if rep.state == "exited" else TaskState.LOST
+                            ).value,
+                            "started_at": task["started_at"] or ex.get("started_at"),
+                            "ended_at": ex.get("ended_at") or now,
+                            "exit_code": ex.get("exit_code"),
+                            "exit_signal": ex.get("signal"),
+                            "detail": ex,
+                            **efficiency.task_usage(ex),
+                        },
+                    )
+                    touched.add(rep.attempt_id)
+            if taken_at is not None:
+                for aid, task in mine.items():
+                    if (
+                        aid not in reported
+                        and task["state"] == TaskState.STARTING.value
+                        and task["attempt_state"] == AttemptState.STOPPING.value
+                    ):
+                        # stopped before the agent ever launched it: nothing to kill
+                        conn.execute(
+                            update(s.tasks)
+                            .where(s.tasks.c.attempt_id == aid, s.tasks.c.node == node)
+                            .values(
+                                state=TaskState.EXITED.value,
+                                ended_at=now,
+                                detail={"cancelled": True, "never_started": True},
+                            )
+                        )
+                        touched.add(aid)
+                    elif (
+                        aid not in reported
+                        and task["state"] == TaskState.RUNNING.value
+                        and (task["started_at"] or now) < taken_at
+                    ):
+                        conn.execute(
+                            update(s.tasks)
+                            .where(s.tasks.c.attempt_id == aid, s.tasks.c.node == node)
+                            .values(
+                                state=TaskState.LOST.value,
+                                ended_at=now,
+                                detail={"error": f"node {node} no longer knows this task"},
+                            )
+                        )
+                        touched.add(aid)
+            if any(
+                r.state == "running" or (r.state == "exited" and (r.exit or {}).get("started_at"))
+                for r in reports
+            ):
+                # a job started here: the node's failed launches are no longer "in a row"
+                _CLEAR_LAUNCH_FAILURES.run(conn, {"node": node})
+            for aid in sorted(touched):
+                self._advance_attempt(conn, aid)
+
+    def _record_job_reports(
+        self, conn: Connection, node: str, rep: TaskReport, task: Mapping[Any, Any]
+    ) -> None:
+        """Record a task's new checkpoint (event + jobs.checkpoint) and progress (throttled)."""
+        if rep.checkpoint is None and rep.progress is None:
+            return
+        row = (
+            conn.execute(
+                select(
+                    s.attempts.c.job_id,
+                    s.attempts.c.seq,
+                    s.attempts.c.progress,
+                    s.jobs.c.checkpoint,
+                )
+                .join(s.jobs, s.jobs.c.id == s.attempts.c.job_id)
+                .where(s.attempts.c.id == rep.attempt_id)
+            )
+            .mappings()
+            .first()
+        )
+        if row is None:
+            return
+        seq = int(row["seq"])
+        if rep.checkpoint is not None and job_reports.is_new_checkpoint(
+            row["checkpoint"], rep.checkpoint, seq=seq, rank=int(task["rank"])
+        ):
+            record = job_reports.checkpoint_record(rep.checkpoint, seq=seq, node=node)
+            conn.execute(
+                update(s.jobs).where(s.jobs.c.id == row["job_id"]).values(checkpoint=record)
+            )
+            took = record["duration_s"]
+            self._event(
+                conn,
+                "job.checkpoint",
+                f"checkpoint {record['path']}"
+                + (f" took {took:.1f}s" if took is not None else "")
+                + f" (restart {seq}, {node})",
+                job_id=int(row["job_id"]),
+                node=node,
+                data=record,
+            )
+        if job_reports.progress_due(row["progress"], rep.progress, rank=int(task["rank"])):
+            conn.execute(
+                update(s.attempts)
+                .where(s.attempts.c.id == rep.attempt_id)
+                .values(progress={**(rep.progress or {}), "node": node})
+            )

@@ -1,0 +1,283 @@
+"""Submission: a checked job spec becomes job rows (one per array task) in one transaction.
+
+The hot path of `sbatch`: its statements are built once at import, and SQLite takes a plainer
+path for a single job. Dependencies are resolved to job ids here (a reference to a job that
+does not exist is refused at submit, as Slurm does). Partitions live here too: a submission is
+checked against them, and the controller syncs them from its configuration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    insert,
+    select,
+    update,
+)
+
+from phalanx.domain.spec import PartitionInfo, ResolvedJob
+from phalanx.domain.states import (
+    JobState,
+)
+from phalanx.errors import InvalidSpec
+from phalanx.store import schema as s
+from phalanx.store.arrayinsert import insert_array_tasks
+from phalanx.store.base import _EVENT_ROW, StoreBase
+from phalanx.store.rowinsert import RowInsert
+from phalanx.store.sqlbits import now as _now
+
+# Submission's statements, built once: SQLAlchemy caches a statement's compiled form, but
+# building one (and its cache key) costs a submission more than the SQLite insert itself.
+_JOB_ROW = RowInsert(s.jobs)
+
+
+_INSERT_JOBS_IDS = insert(s.jobs).returning(s.jobs.c.id, sort_by_parameter_order=True)
+
+
+MAX_ID = 2**63 - 1  # the largest id an INTEGER column holds (SQLite and PostgreSQL)
+
+
+def _submit_event(job_id: int, row: dict[str, Any], user: str, now: float) -> dict[str, Any]:
+    held = " (held)" if row["state"] == JobState.HELD.value else ""
+    return {
+        "kind": "job.submit",
+        "job_id": job_id,
+        "actor": user,
+        "message": f"submitted by {user} to {row['partitions']}{held}",
+        "ts": now,
+    }
+
+
+HOLD_USER, HOLD_ADMIN = "user", "admin"  # jobs.hold_kind (migration 0013)
+
+
+def _hold_columns(actor: str, admin: bool, held: bool = True) -> dict[str, Any]:
+    """jobs.held_by/hold_kind for a hold `actor` places (`admin`: an operator or admin), or
+    cleared (`held` false: a release, a requeue that does not hold)."""
+    if not held:
+        return {"held_by": None, "hold_kind": None}
+    return {"held_by": actor, "hold_kind": HOLD_ADMIN if admin else HOLD_USER}
+
+
+class Submission(StoreBase):
+    """Submission."""
+
+    def sync_partitions(self, parts: Sequence[dict[str, Any]]) -> None:
+        """Make the partitions table match the controller's configuration."""
+        with self.db.begin() as conn:
+            existing = {r.name for r in conn.execute(select(s.partitions.c.name))}
+            for p in parts:
+                if p["name"] in existing:
+                    conn.execute(
+                        update(s.partitions).where(s.partitions.c.name == p["name"]).values(**p)
+                    )
+                else:
+                    conn.execute(insert(s.partitions).values(**p))
+            gone = existing - {p["name"] for p in parts}
+            if gone:
+                conn.execute(s.partitions.delete().where(s.partitions.c.name.in_(sorted(gone))))
+
+    def partitions(self) -> dict[str, dict[str, Any]]:
+        with self.db.begin(write=False) as conn:
+            return {r["name"]: dict(r) for r in conn.execute(select(s.partitions)).mappings()}
+
+    def partition_infos(self) -> dict[str, PartitionInfo]:
+        return {
+            n: PartitionInfo(
+                name=n,
+                default=bool(p["is_default"]),
+                default_time_s=p["default_time_s"],
+                max_time_s=p["max_time_s"],
+            )
+            for n, p in self.partitions().items()
+        }
+
+    def submit(
+        self, items: Sequence[tuple[ResolvedJob, dict[str, Any]]], user: str
+    ) -> list[list[int]]:
+        """Insert jobs (arrays expand to one row per task); return the ids per item.
+
+        One transaction for the whole request. Plain jobs are inserted with one multi-row
+        statement and their events with another, so a batch of thousands costs a few
+        statements, not thousands.
+        """
+        return self.submit_each([(resolved, spec, user) for resolved, spec in items])
+
+    def submit_each(
+        self, items: Sequence[tuple[ResolvedJob, dict[str, Any], str]]
+    ) -> list[list[int]]:
+        """`submit` where each item names its own submitter: several users' requests
+        committed in one transaction (the API's group commit, controller/submitq.py)."""
+        now = _now()
+        if self.dialect == "sqlite" and all(
+            r.array_indices is None and not r.dependency for r, _, _ in items
+        ):
+            return self._submit_plain_sqlite(items, now)
+        out: list[list[int]] = [[] for _ in items]
+        with self.db.begin() as conn:
+            plain: list[tuple[int, dict[str, Any]]] = []  # consecutive plain jobs, not yet inserted
+            events: list[dict[str, Any]] = []
+
+            def flush() -> None:
+                if not plain:
+                    return
+                if len(plain) == 1:  # `sbatch`: one row, straight to the driver (rowinsert.py)
+                    idx, row = plain[0]
+                    jid = _JOB_ROW(conn, row)
+                    out[idx] = [jid]
+                    events.append(_submit_event(jid, row, row["user"], now))
+                    plain.clear()
+                    return
+                res = conn.execute(_INSERT_JOBS_IDS, [row for _, row in plain])
+                for (idx, row), r in zip(plain, res, strict=True):
+                    out[idx] = [int(r[0])]
+                    events.append(_submit_event(int(r[0]), row, row["user"], now))
+                plain.clear()
+
+            for idx, (resolved, spec, user) in enumerate(items):
+                base = self._job_row(conn, resolved, spec, user, now)
+                if resolved.array_indices is None:
+                    plain.append((idx, base))
+                    continue
+                flush()  # ids follow the order of the request
+                first, *rest = resolved.array_indices
+                jid = conn.execute(
+                    insert(s.jobs).values({**base, "array_task_id": first}).returning(s.jobs.c.id)
+                ).scalar_one()
+                conn.execute(update(s.jobs).where(s.jobs.c.id == jid).values(array_job_id=jid))
+                ids = [int(jid)]
+                if rest:
+                    ids.extend(insert_array_tasks(conn, {**base, "array_job_id": jid}, rest))
+                out[idx] = ids
+                events.extend(_submit_event(i, base, user, now) for i in ids)
+            flush()
+            self._events_many(conn, events)
+        return out
+
+    def _submit_plain_sqlite(
+        self, items: Sequence[tuple[ResolvedJob, dict[str, Any], str]], now: float
+    ) -> list[list[int]]:
+        """`submit_each` of plain jobs without dependencies (every `sbatch` of a script) on
+        SQLite: each job row and its event straight to the driver, in one transaction of the
+        driver's own (Engines.driver_write), the rows exactly as the general path writes them
+        (the same RowInsert plans and bind processors)."""
+        dialect = self.db.write.dialect
+        out: list[list[int]] = []
+        with self.db.driver_write() as driver:
+            for resolved, spec, user in items:
+                row = self._job_values(resolved, spec, user, now, [])
+                jid = _JOB_ROW.on_driver(driver, dialect, row)
+                event = self._event_values(_submit_event(jid, row, user, now))
+                _EVENT_ROW.on_driver(driver, dialect, event)
+                out.append([jid])
+        return out
+
+    def _job_row(
+        self, conn: Connection, resolved: ResolvedJob, spec: dict[str, Any], user: str, now: float
+    ) -> dict[str, Any]:
+        deps = self._resolve_dependencies(conn, resolved.dependency)
+        return self._job_values(resolved, spec, user, now, deps)
+
+    def _job_values(
+        self,
+        resolved: ResolvedJob,
+        spec: dict[str, Any],
+        user: str,
+        now: float,
+        dependency: list[dict[str, Any]],
+    ) -> dict[str, Any]:
+        state = JobState.HELD if resolved.hold else JobState.PENDING
+        held = {"held_by": user, "hold_kind": HOLD_USER} if resolved.hold else {}
+        return {
+            **held,  # sbatch -H: a user hold (only then: an ordinary row keeps its columns)
+            "name": resolved.name,
+            "user": user,
+            "partitions": ",".join(resolved.partitions),
+            "partition": resolved.partitions[0],
+            "state": state.value,
+            "reason": "held by user" if resolved.hold else None,
+            "priority": resolved.priority,
+            "submit_time": now,
+            "time_limit_s": resolved.time_limit_s,
+            "nodes": resolved.nodes,
+            "cpus_per_node": resolved.cpus_per_node,
+            "mem_per_node_mb": resolved.mem_per_node_mb,
+            "gpus_per_node": resolved.gpus_per_node,
+            "gpu_type": resolved.gpu_type,
+            "exclusive": resolved.exclusive,
+            "constraint_expr": resolved.constraint,
+            "nodelist": resolved.nodelist,
+            "exclude": resolved.exclude,
+            "dependency": dependency,
+            "requeue": resolved.requeue,
+            "spec": {
+                **spec,
+                "signal_parsed": resolved.signal,
+                "checkpoint_parsed": resolved.checkpoint,
+                "workdir": resolved.workdir,
+            },
+            "restart_count": 0,
+            "array_limit": resolved.array_limit,
+            "array_job_id": None,
+            "array_task_id": None,
+            "account": spec.get("account"),
+            "qos": spec.get("qos"),
+            "nice": int(spec.get("nice") or 0),
+        }
+
+    def _resolve_dependencies(
+        self, conn: Connection, deps: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Turn `123` / `123_4` references into concrete job ids; unknown jobs are refused."""
+        out = []
+        for dep in deps:
+            ids: list[int] = []
+            for ref in dep.get("jobs", []):
+                found = self._refs(conn, [str(ref)])
+                if not found:
+                    raise InvalidSpec(
+                        f"dependency: job {ref} does not exist", field="dependency", job=str(ref)
+                    )
+                ids.extend(found)
+            out.append({"type": dep["type"], "jobs": ids})
+        return out
+
+    def _refs(self, conn: Connection, refs: Sequence[str]) -> list[int]:
+        ids: list[int] = []
+        for ref in refs:
+            ref = str(ref).strip()
+            if "_" in ref:
+                a, _, t = ref.partition("_")
+                if not (a.isdecimal() and t.isdecimal()):
+                    raise InvalidSpec(f"invalid job id '{ref}': use 123 or 123_4")
+                if int(a) > MAX_ID or int(t) > MAX_ID:
+                    continue  # larger than any id a job can have: no such job
+                row = conn.execute(
+                    select(s.jobs.c.id).where(
+                        s.jobs.c.array_job_id == int(a), s.jobs.c.array_task_id == int(t)
+                    )
+                ).first()
+                if row:
+                    ids.append(int(row.id))
+                continue
+            if not ref.isdecimal():
+                raise InvalidSpec(f"invalid job id '{ref}': use 123 or 123_4")
+            jid = int(ref)
+            if jid > MAX_ID:
+                continue
+            rows = conn.execute(
+                select(s.jobs.c.id).where(s.jobs.c.array_job_id == jid).order_by(s.jobs.c.id)
+            ).all()
+            if rows:
+                ids.extend(int(r.id) for r in rows)
+            elif conn.execute(select(s.jobs.c.id).where(s.jobs.c.id == jid)).first():
+                ids.append(jid)
+        return ids
+
+    def resolve_refs(self, refs: Sequence[str]) -> list[int]:
+        """Job references as users type them: `123` (a job, or a whole array) or `123_4`."""
+        with self.db.begin(write=False) as conn:
+            return self._refs(conn, refs)
