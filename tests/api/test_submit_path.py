@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from phalanx.controller.api_models import HeartbeatIn
 from phalanx.controller.runtime import Controller
-from phalanx.domain import placement
+from phalanx.domain import placement_reasons
 
 ALICE = as_user("alice")
 
@@ -46,13 +46,13 @@ def test_verdicts_per_node_view(
     client: TestClient, ctl: Controller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[Any] = []
-    real = placement.unsatisfiable_reason
+    real = placement_reasons.unsatisfiable_reason
 
     def counting(*args: Any, **kw: Any) -> str | None:
         calls.append(args[0])
         return real(*args, **kw)
 
-    monkeypatch.setattr(placement, "unsatisfiable_reason", counting)
+    monkeypatch.setattr(placement_reasons, "unsatisfiable_reason", counting)
     register(client, "n1", cpus=4)
     big = {"argv": ["/bin/true"], "cpus_per_task": 8, "hold": True}
     for _ in range(2):  # refused both times, judged once

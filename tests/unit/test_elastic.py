@@ -14,7 +14,8 @@ import pytest
 
 from phalanx.domain import scheduling
 from phalanx.domain.elastic import restart_layout
-from phalanx.domain.placement import Allocation, JobRequest, NodeView, place
+from phalanx.domain.placement import place
+from phalanx.domain.placement_types import Allocation, JobRequest, NodeView
 from phalanx.domain.spec import JobSpec, PartitionInfo, normalize
 from phalanx.errors import InvalidSpec
 
@@ -251,7 +252,7 @@ def test_spec_refuses_what_a_range_cannot_mean(kw: dict[str, Any], field: str) -
 
 
 def test_submit_check_counts_spares() -> None:
-    from phalanx.domain.placement import unsatisfiable_reason
+    from phalanx.domain.placement_reasons import unsatisfiable_reason
 
     why = unsatisfiable_reason(job(1, 2, spares=1), nodes(2))
     assert why is not None and "2 nodes and 1 spare" in why, why
@@ -259,7 +260,7 @@ def test_submit_check_counts_spares() -> None:
 
 
 def test_elastic_nodelist_may_name_up_to_max_nodes() -> None:
-    from phalanx.domain.placement import unsatisfiable_reason
+    from phalanx.domain.placement_reasons import unsatisfiable_reason
 
     req = job(1, 2, nodes_max=4, nodelist=("n01", "n02", "n03"))
     assert unsatisfiable_reason(req, nodes(4)) is None

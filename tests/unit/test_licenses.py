@@ -15,7 +15,8 @@ from test_scheduling import node as scheduling_node
 from phalanx.config import ConfigError, load_config
 from phalanx.domain import licenses
 from phalanx.domain.directives import parse_submission
-from phalanx.domain.placement import JobRequest, NodeView, place
+from phalanx.domain.placement import place
+from phalanx.domain.placement_types import JobRequest, NodeView
 from phalanx.domain.scheduling import plan
 from phalanx.domain.spec import JobSpec, PartitionInfo, normalize
 from phalanx.store.store import SchedSnapshot

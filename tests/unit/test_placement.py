@@ -9,14 +9,9 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phalanx.domain.placement import (
-    Allocation,
-    JobRequest,
-    NodeView,
-    Placement,
-    place,
-    unsatisfiable_reason,
-)
+from phalanx.domain.placement import place
+from phalanx.domain.placement_reasons import unsatisfiable_reason
+from phalanx.domain.placement_types import Allocation, JobRequest, NodeView, Placement
 
 NOW = 1000.0
 

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from phalanx.domain import placement as pl
-from phalanx.domain import values
-from phalanx.domain.placement import Allocation, JobRequest, NodeView, place
+from phalanx.domain import placement_backfill, placement_fit, placement_state, values
+from phalanx.domain.placement import place
+from phalanx.domain.placement_types import Allocation, JobRequest, NodeView
 
 NOW = 1_000_000.0
 EXPRS = (None, None, "ib", "avx512", "ib|avx512")
@@ -127,18 +127,18 @@ def test_per_node_reservation_is_the_replay(seed: int) -> None:
     """`_reserve_by_node` gives the start and shadow state the full replay gives."""
     rng = random.Random(10_000 + seed)
     nodes, allocs, jobs = random_case(rng)
-    cluster = pl._Cluster(nodes)
-    state = pl._State()
+    cluster = placement_state.Cluster(nodes)
+    state = placement_state.State()
     holds = []
     for a in allocs:
-        h = pl._Hold(a.node, a.cpus, a.mem_mb, a.gpu_ids, a.exclusive, a.expected_end)
+        h = placement_state.Hold(a.node, a.cpus, a.mem_mb, a.gpu_ids, a.exclusive, a.expected_end)
         state.add(h)
         holds.append(h)
     for job in jobs:
-        if pl._try(job, cluster, state) is not None:
+        if placement_fit.try_partitions(job, cluster, state) is not None:
             continue  # fits now: not a head
-        fast = pl._reserve(job, cluster, state, holds, NOW)
-        plain = pl._reserve(job, cluster, state, holds, NOW, fast=False)
+        fast = placement_backfill.reserve(job, cluster, state, holds, NOW)
+        plain = placement_backfill.reserve(job, cluster, state, holds, NOW, fast=False)
         assert (fast is None) == (plain is None)
         if fast is not None and plain is not None:
             assert fast.start == plain.start
@@ -160,17 +160,19 @@ def test_cases_exercise_the_fast_paths() -> None:
     for seed in range(100):
         nodes, allocs, jobs = random_case(random.Random(seed))
         starts += len(place(jobs, nodes, allocs, NOW))
-        cluster = pl._Cluster(nodes)
-        state = pl._State()
+        cluster = placement_state.Cluster(nodes)
+        state = placement_state.State()
         holds = []
         for a in allocs:
-            h = pl._Hold(a.node, a.cpus, a.mem_mb, a.gpu_ids, a.exclusive, a.expected_end)
+            h = placement_state.Hold(
+                a.node, a.cpus, a.mem_mb, a.gpu_ids, a.exclusive, a.expected_end
+            )
             state.add(h)
             holds.append(h)
         heads += sum(
             1
             for j in jobs
-            if pl._try(j, cluster, state) is None
-            and pl._reserve(j, cluster, state, holds, NOW) is not None
+            if placement_fit.try_partitions(j, cluster, state) is None
+            and placement_backfill.reserve(j, cluster, state, holds, NOW) is not None
         )
     assert starts > 100 and heads > 60, (starts, heads)

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from phalanx.domain import preemption
-from phalanx.domain.placement import Allocation, JobRequest, NodeView
+from phalanx.domain.placement_types import Allocation, JobRequest, NodeView
 from phalanx.domain.preemption import Mode, Running, Tiers
 
 NOW = 10_000.0

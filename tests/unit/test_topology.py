@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from phalanx.config import ConfigError, load_config
 from phalanx.domain import topology
-from phalanx.domain.placement import Allocation, JobRequest, NodeView, place
+from phalanx.domain.placement import place
+from phalanx.domain.placement_types import Allocation, JobRequest, NodeView
 from phalanx.domain.scheduling import plan, switch_wait_over
 from phalanx.domain.spec import JobSpec, PartitionInfo, normalize
 from phalanx.domain.topology import Layout

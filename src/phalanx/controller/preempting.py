@@ -19,7 +19,7 @@ from typing import Any
 
 from phalanx.config import Config
 from phalanx.domain import preemption, scheduling
-from phalanx.domain.placement import Allocation
+from phalanx.domain.placement_types import Allocation
 from phalanx.errors import PhalanxError
 from phalanx.store.preemption import victims_of
 from phalanx.store.store import Fence, Store

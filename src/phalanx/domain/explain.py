@@ -24,17 +24,15 @@ from typing import Any
 from phalanx.domain import maintenance, scheduling
 from phalanx.domain.deps import DepVerdict, evaluate
 from phalanx.domain.hostlist import compress_hostlist
-from phalanx.domain.placement import (
-    Allocation,
-    JobRequest,
-    NodeView,
+from phalanx.domain.placement_fit import statically_eligible
+from phalanx.domain.placement_reasons import (
     earliest_start,
     fits_now,
     node_free_at,
     node_shortfall,
-    statically_eligible,
     usable_nodes,
 )
+from phalanx.domain.placement_types import Allocation, JobRequest, NodeView
 from phalanx.domain.states import JobState
 
 __all__ = ["Explanation", "display_id", "explain_history", "explain_pending"]

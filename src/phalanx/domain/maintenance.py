@@ -27,7 +27,8 @@ from typing import Any
 
 from phalanx.domain import values
 from phalanx.domain.hostlist import compress_hostlist
-from phalanx.domain.placement import Allocation, JobRequest, NodeView, Placement, place
+from phalanx.domain.placement import place
+from phalanx.domain.placement_types import Allocation, JobRequest, NodeView, Placement
 
 __all__ = [
     "DrainPlan",

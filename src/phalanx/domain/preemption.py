@@ -28,7 +28,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from phalanx.domain.placement import Allocation, JobRequest, NodeView, Placement, place
+from phalanx.domain.placement import place
+from phalanx.domain.placement_types import Allocation, JobRequest, NodeView, Placement
 
 
 class Mode(StrEnum):

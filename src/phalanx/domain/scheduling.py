@@ -18,7 +18,8 @@ from typing import Any
 
 from phalanx.domain import licenses, maintenance, topology, values
 from phalanx.domain.deps import DepVerdict, evaluate
-from phalanx.domain.placement import Allocation, JobRequest, NodeView, Placement, place
+from phalanx.domain.placement import place
+from phalanx.domain.placement_types import Allocation, JobRequest, NodeView, Placement
 from phalanx.domain.priority import Queue, QueuePolicy
 
 # How many pending jobs, in queue order, one pass examines for a start (Slurm's
