@@ -527,7 +527,7 @@ class Controller:
             raise Unsatisfiable("--switches: this cluster has no topology levels configured")
 
     def _check_satisfiable(self, resolved: Any, views: list[Any]) -> None:
-        from phalanx.domain.placement import unsatisfiable_reason
+        from phalanx.domain.placement_reasons import unsatisfiable_reason
 
         if not views:
             return  # no node has registered yet: nothing to judge against
