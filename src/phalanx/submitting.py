@@ -9,12 +9,11 @@ from typing import Any, BinaryIO
 
 from phalanx.domain.directives import (
     COMMAND_LINE,
-    OPTIONS,
-    Effect,
     parse_options,
     parse_submission,
     split_cli_args,
 )
+from phalanx.domain.sbatch_options import OPTIONS, Effect
 from phalanx.errors import InvalidSpec
 
 # The longest batch script read: what a controller stores (domain/spec.py refuses longer

@@ -7,15 +7,12 @@ from pathlib import Path
 import pytest
 
 from phalanx.domain.directives import (
-    OPTIONS,
-    Arg,
-    Effect,
-    find_option,
     parse_options,
     parse_submission,
     script_directives,
     split_cli_args,
 )
+from phalanx.domain.sbatch_options import OPTIONS, Arg, Effect, find_option
 from phalanx.domain.spec import JobSpec
 from phalanx.errors import InvalidSpec
 from phalanx.submitting import build_spec
