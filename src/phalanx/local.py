@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from phalanx.agent import cgroup_roots, shepherd
+from phalanx.agent import cgroup_roots, shepherd_control
 from phalanx.auth.credentials import LocalService
 from phalanx.client import Client
 from phalanx.errors import PhalanxError
@@ -72,7 +72,7 @@ def _stop_shepherds(state_dir: Path) -> None:
     for tasks in sorted((state_dir / "nodes").glob("*/tasks")):
         for d in tasks.iterdir():
             if d.is_dir():
-                shepherd.request_stop(d)
+                shepherd_control.request_stop(d)
 
 
 def _remove_node_cgroups(state_dir: Path, timeout: float = JOBS_END_TIMEOUT) -> None:

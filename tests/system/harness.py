@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from phalanx.agent import cgroup_roots, cgroups, shepherd
+from phalanx.agent import cgroup_roots, cgroups, shepherd_control, shepherd_files
 from phalanx.auth import keys as keyfiles
 from phalanx.auth.tokens import mint_token
 from phalanx.client import Client
@@ -491,7 +491,7 @@ class Cluster:
 
     @staticmethod
     def shepherd_of(task_dir: Path) -> tuple[int, int | None] | None:
-        info = read_json(task_dir / shepherd.PID_FILE)
+        info = read_json(task_dir / shepherd_files.PID_FILE)
         if not info or not isinstance(info.get("pid"), int):
             return None
         st = info.get("starttime")
@@ -541,7 +541,7 @@ class Cluster:
                     killed.append(pid)
         for d in [*self.task_dirs(), *self.step_dirs()]:
             with contextlib.suppress(Exception):
-                shepherd.request_stop(d)
+                shepherd_control.request_stop(d)
             info = read_json(d / "job.json")
             if info and isinstance(info.get("pgid"), int) and _owned_by(info["pgid"], d):
                 with contextlib.suppress(ProcessLookupError, PermissionError):

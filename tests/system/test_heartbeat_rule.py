@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.agent import shepherd
+from phalanx.agent import shepherd_files
 from system.harness import Cluster, read_json, wait_for
 
 pytestmark = pytest.mark.system
@@ -52,7 +52,7 @@ def test_agents_take_longer_timings_when_the_cluster_outgrows_its_budget(
     job = cluster.submit_script(tmp_path, "long", "#!/bin/sh\nsleep 300\n")
     cluster.wait_state(job, "RUNNING")
     (task_dir,) = cluster.task_dirs_of(job)
-    spec = read_json(task_dir / shepherd.SPEC_FILE)
+    spec = read_json(task_dir / shepherd_files.SPEC_FILE)
     assert spec is not None
     assert spec["fence"]["timeout_s"] == 10.0  # the scaled fence, not the configured 5 s
     cluster.client().cancel([job])

@@ -69,7 +69,7 @@ def test_a_reply_that_only_repeats_a_stop_is_not_news(tmp_path: Path) -> None:
     `repeats_only` so its poller waits out the interval instead of spinning."""
     import signal as _signal
 
-    from phalanx.agent import shepherd
+    from phalanx.agent import shepherd_control
 
     client = Client("http://127.0.0.1:9")  # never called: apply() is local
     agent = Agent(
@@ -93,7 +93,7 @@ def test_a_reply_that_only_repeats_a_stop_is_not_news(tmp_path: Path) -> None:
         agent.apply({"start": [start]})
         assert agent.repeats_only is False
         deadline = time.monotonic() + 30
-        while shepherd.read_status(d)["state"] != "running":
+        while shepherd_control.read_status(d)["state"] != "running":
             assert time.monotonic() < deadline, "the job did not start"
             time.sleep(0.02)
         agent.apply({"stop": [stop]})
@@ -103,10 +103,10 @@ def test_a_reply_that_only_repeats_a_stop_is_not_news(tmp_path: Path) -> None:
         agent.apply({"stop": [stop], "start": [launch_item(tmp_path, 9, tmp_path / "r9")]})
         assert agent.repeats_only is False
         deadline = time.monotonic() + 30
-        while shepherd.read_status(d)["state"] != "exited":
+        while shepherd_control.read_status(d)["state"] != "exited":
             assert time.monotonic() < deadline, "the job did not stop"
             time.sleep(0.02)
     finally:
         for aid in ("8", "9"):
-            shepherd.request_stop(agent.tasks_dir / aid)
+            shepherd_control.request_stop(agent.tasks_dir / aid)
         client.close()

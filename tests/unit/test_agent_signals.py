@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from phalanx.agent import shepherd
+from phalanx.agent import shepherd_control, shepherd_files
 from phalanx.agent.agent import Agent, signals_done
 from phalanx.agent.resources import NodeResources
 from phalanx.client import Client
@@ -91,8 +91,8 @@ def test_each_signal_is_delivered_once_even_across_an_agent_restart(tmp_path: Pa
         assert _lines(marker) == 2, marker.read_text()
         assert signals_done(task) == 3
     finally:
-        shepherd.request_stop(task, reason="test over")
-        _wait(lambda: (task / shepherd.EXIT_FILE).exists(), "the job to stop")
+        shepherd_control.request_stop(task, reason="test over")
+        _wait(lambda: (task / shepherd_files.EXIT_FILE).exists(), "the job to stop")
         client.close()
 
 
@@ -105,7 +105,7 @@ def test_a_signal_for_a_job_that_has_exited_is_done_without_delivery(tmp_path: P
     item["command"] = {"argv": ["/bin/true"]}
     try:
         agent.apply({"start": [item]})
-        _wait(lambda: (task / shepherd.EXIT_FILE).exists(), "the job to exit")
+        _wait(lambda: (task / shepherd_files.EXIT_FILE).exists(), "the job to exit")
         agent.apply({"signal": [{"attempt_id": 9, "seq": 1, "signum": 10, "target": "batch"}]})
         assert signals_done(task) == 1
         # and one for an attempt this node does not have is ignored

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from phalanx.agent import shepherd
+from phalanx.agent import checkpoint_requests, shepherd_control, shepherd_files, shepherd_launch
 from phalanx.agent.agent import checkpoint_due, read_job_reports
 from phalanx.controller.exchange import checkpoint_items, needs_write, stop_item
 from phalanx.controller.launch import build_launch, job_environment
@@ -264,21 +264,31 @@ def test_periodic_checkpoint_due() -> None:
 
 
 def test_agent_reads_the_control_files(tmp_path: Path) -> None:
-    control = tmp_path / shepherd.CONTROL_DIR
+    control = tmp_path / shepherd_files.CONTROL_DIR
     assert read_job_reports(tmp_path) == {}
     control.mkdir()
-    (control / shepherd.CHECKPOINT_MARKER_FILE).write_text("/ck/x\n")
-    (control / shepherd.PROGRESS_FILE).write_text(json.dumps({"step": 3, "ts": 1.0}))
+    (control / shepherd_files.CHECKPOINT_MARKER_FILE).write_text("/ck/x\n")
+    (control / shepherd_files.PROGRESS_FILE).write_text(json.dumps({"step": 3, "ts": 1.0}))
     got = read_job_reports(tmp_path)
     assert got["checkpoint"]["path"] == "/ck/x" and got["progress"] == {"step": 3, "ts": 1.0}
 
 
 # ---------------------------------------------------------------------- request file
 def test_request_seq_grows_and_the_file_is_complete(tmp_path: Path) -> None:
-    assert shepherd.read_checkpoint_request(tmp_path) is None
-    assert shepherd.write_checkpoint_request(tmp_path, "interval", deadline=None, stop=False) == 1
-    assert shepherd.write_checkpoint_request(tmp_path, "requeue: x", deadline=9.0, stop=True) == 2
-    req = shepherd.read_checkpoint_request(tmp_path)
+    assert checkpoint_requests.read_checkpoint_request(tmp_path) is None
+    assert (
+        checkpoint_requests.write_checkpoint_request(
+            tmp_path, "interval", deadline=None, stop=False
+        )
+        == 1
+    )
+    assert (
+        checkpoint_requests.write_checkpoint_request(
+            tmp_path, "requeue: x", deadline=9.0, stop=True
+        )
+        == 2
+    )
+    req = checkpoint_requests.read_checkpoint_request(tmp_path)
     assert req is not None
     assert {k: req[k] for k in ("seq", "reason", "deadline", "stop")} == {
         "seq": 2,
@@ -286,7 +296,7 @@ def test_request_seq_grows_and_the_file_is_complete(tmp_path: Path) -> None:
         "deadline": 9.0,
         "stop": True,
     }
-    env = shepherd.control_environment(tmp_path)
+    env = checkpoint_requests.control_environment(tmp_path)
     assert env["PHX_CHECKPOINT_REQUEST"] == str(tmp_path / "control" / "checkpoint-request.json")
 
 
@@ -308,7 +318,7 @@ def launched(tmp_path: Path) -> Iterator[Callable[..., Path]]:
 
     def launch(body: str, **spec: Any) -> Path:
         td = tmp_path / f"task{len(dirs)}"
-        (td / shepherd.CONTROL_DIR).mkdir(parents=True)
+        (td / shepherd_files.CONTROL_DIR).mkdir(parents=True)
         script = tmp_path / f"job{len(dirs)}.sh"
         script.write_text("#!/bin/bash\n" + body)
         script.chmod(0o755)
@@ -319,7 +329,7 @@ def launched(tmp_path: Path) -> Iterator[Callable[..., Path]]:
             "node": "node01",
             "rank": 0,
             "argv": [str(script)],
-            "env": {"PATH": JOB_PATH, **shepherd.control_environment(td)},
+            "env": {"PATH": JOB_PATH, **checkpoint_requests.control_environment(td)},
             "cwd": str(tmp_path),
             "stdout": str(td / "out"),
             "stderr": str(td / "out"),
@@ -332,7 +342,7 @@ def launched(tmp_path: Path) -> Iterator[Callable[..., Path]]:
         }
         (td / "spec.json").write_text(json.dumps(full))
         dirs.append(td)
-        shepherd.launch(td)
+        shepherd_launch.launch(td)
         return td
 
     yield launch
@@ -342,7 +352,7 @@ def launched(tmp_path: Path) -> Iterator[Callable[..., Path]]:
             os.killpg(job["pgid"], signal.SIGKILL)
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             info = json.loads((td / "shepherd.pid").read_text())
-            if shepherd._is_alive(info["pid"], info["starttime"]):
+            if shepherd_files._is_alive(info["pid"], info["starttime"]):
                 os.kill(info["pid"], signal.SIGKILL)
 
 
@@ -377,7 +387,9 @@ def test_time_limit_request_comes_its_grace_before_the_limit(
     assert req["seq"] == 1 and req["reason"] == "time limit" and req["stop"] is True
     assert 0.5 <= req["requested_at"] - job["started_at"] <= 2.5  # limit 3 s - grace 2 s
     assert abs(req["deadline"] - (job["started_at"] + 3)) < 1.0
-    result = wait_for(lambda: (s := shepherd.read_status(td))["state"] == "exited" and s, "exit")
+    result = wait_for(
+        lambda: (s := shepherd_control.read_status(td))["state"] == "exited" and s, "exit"
+    )
     assert result["timed_out"] is True
 
 
@@ -386,7 +398,9 @@ def test_no_time_limit_request_without_a_checkpoint_spec(
 ) -> None:
     out, ready = tmp_path / "got", tmp_path / "ready"
     td = launched(COPY_ON_USR1.format(out=out, ready=ready), time_limit_s=2)
-    result = wait_for(lambda: (s := shepherd.read_status(td))["state"] == "exited" and s, "exit")
+    result = wait_for(
+        lambda: (s := shepherd_control.read_status(td))["state"] == "exited" and s, "exit"
+    )
     assert result["timed_out"] is True and not out.exists()
 
 
@@ -396,17 +410,17 @@ def test_planned_stop_and_periodic_requests_write_the_file_before_the_signal(
     out, ready = tmp_path / "got", tmp_path / "ready"
     td = launched(COPY_ON_USR1.format(out=out, ready=ready))
     wait_for(ready.exists, "job ready")
-    wait_for(lambda: shepherd.read_status(td)["state"] == "running", "running")
-    assert shepherd.request_checkpoint(td, "interval", int(signal.SIGUSR1)) == 1
+    wait_for(lambda: shepherd_control.read_status(td)["state"] == "running", "running")
+    assert shepherd_control.request_checkpoint(td, "interval", int(signal.SIGUSR1)) == 1
     req = json.loads(wait_for(lambda: out.exists() and out.read_text(), "periodic request"))
     assert (req["seq"], req["reason"], req["stop"], req["deadline"]) == (1, "interval", False, None)
     out.unlink()
     before = time.time()
-    assert shepherd.request_stop(
+    assert shepherd_control.request_stop(
         td, checkpoint_signal=int(signal.SIGUSR1), checkpoint_grace=1.0, reason="requeue: drain"
     )
     req = json.loads(wait_for(lambda: out.exists() and out.read_text(), "stop request"))
     assert (req["seq"], req["reason"], req["stop"]) == (2, "requeue: drain", True)
     assert before <= req["deadline"] - 1.0 <= time.time()
-    wait_for(lambda: shepherd.read_status(td)["state"] == "exited", "exit")
-    assert shepherd.request_checkpoint(td, "interval", int(signal.SIGUSR1)) is None  # over
+    wait_for(lambda: shepherd_control.read_status(td)["state"] == "exited", "exit")
+    assert shepherd_control.request_checkpoint(td, "interval", int(signal.SIGUSR1)) is None  # over

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from test_shepherd import Tasks, tasks
 
-from phalanx.agent.shepherd import launch
+from phalanx.agent.shepherd_launch import launch
 
 __all__ = ["tasks"]
 

@@ -32,7 +32,17 @@ from typing import Any
 
 import pytest
 
-from phalanx.agent import files, gpu_usage, jobfiles, shepherd
+from phalanx.agent import (
+    checkpoint_requests,
+    files,
+    gpu_usage,
+    jobfiles,
+    shepherd,
+    shepherd_control,
+    shepherd_files,
+    shepherd_hang,
+    shepherd_state,
+)
 from phalanx.agent.agent import read_job_reports, signals_done
 from phalanx.agent.steps import StepRunner
 
@@ -65,7 +75,7 @@ class Node:
         self.root_secret.chmod(0o600)
         self.task = tasks / "7"
         self.task.mkdir(mode=0o711)
-        self.control = self.task / shepherd.CONTROL_DIR
+        self.control = self.task / shepherd_files.CONTROL_DIR
         self.control.mkdir(mode=0o700)
         os.chown(self.control, JOB_UID, JOB_UID)
         old = time.time() - 3600  # long idle, for hang detection
@@ -208,12 +218,18 @@ def test_node_side_writes_replace_links_and_never_write_through_them(node: Node)
 def test_agent_heartbeat_reports_ignore_hostile_control_files(
     node: Node, kind: str, which: str, refusals: pytest.LogCaptureFixture
 ) -> None:
-    name = shepherd.CHECKPOINT_MARKER_FILE if which == "checkpoint" else shepherd.PROGRESS_FILE
+    name = (
+        shepherd_files.CHECKPOINT_MARKER_FILE
+        if which == "checkpoint"
+        else shepherd_files.PROGRESS_FILE
+    )
     hostile = node.control / name
     node.plant(kind, hostile)
     other = "progress" if which == "checkpoint" else "checkpoint"
     good = node.control / (
-        shepherd.PROGRESS_FILE if which == "checkpoint" else shepherd.CHECKPOINT_MARKER_FILE
+        shepherd_files.PROGRESS_FILE
+        if which == "checkpoint"
+        else shepherd_files.CHECKPOINT_MARKER_FILE
     )
     good.write_text('{"path": "/ck/1", "step": 4}')
     os.chown(good, JOB_UID, JOB_UID)
@@ -234,11 +250,13 @@ def test_the_checkpoint_request_read_and_written_whatever_the_job_put_there(
     no request (seq starts again at 1) and is replaced, never written through.  (A root-owned
     file there may be the node side's own request: the hard link is not refused, and nothing
     of it is shown anywhere but its seq.)"""
-    path = node.control / shepherd.CHECKPOINT_REQUEST_FILE
+    path = node.control / shepherd_files.CHECKPOINT_REQUEST_FILE
     node.plant(kind, path)
-    assert prompt(lambda: shepherd.read_checkpoint_request(node.task), path) is None
+    assert prompt(lambda: checkpoint_requests.read_checkpoint_request(node.task), path) is None
     seq = prompt(
-        lambda: shepherd.write_checkpoint_request(node.task, "interval", deadline=None, stop=False),
+        lambda: checkpoint_requests.write_checkpoint_request(
+            node.task, "interval", deadline=None, stop=False
+        ),
         path,
     )
     assert seq == 1
@@ -246,7 +264,7 @@ def test_the_checkpoint_request_read_and_written_whatever_the_job_put_there(
     assert OTHER_JOB_KEY in node.other_spec.read_text()
     st = path.lstat()
     assert stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
-    req = shepherd.read_checkpoint_request(node.task)
+    req = checkpoint_requests.read_checkpoint_request(node.task)
     assert req is not None and req["seq"] == 1
     no_secret(req, refusals.text)
     refused_once(refusals, path)
@@ -260,12 +278,14 @@ def test_the_request_lock_is_the_nodes_so_a_job_cannot_hold_it(node: Node) -> No
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         seq = prompt(
-            lambda: shepherd.write_checkpoint_request(node.task, "x", deadline=None, stop=False)
+            lambda: checkpoint_requests.write_checkpoint_request(
+                node.task, "x", deadline=None, stop=False
+            )
         )
         assert seq == 1
     finally:
         os.close(fd)
-    lock = node.task / shepherd.REQUEST_LOCK_FILE
+    lock = node.task / shepherd_files.REQUEST_LOCK_FILE
     assert stat.S_IMODE(lock.stat().st_mode) == 0o600  # nobody else may open it to flock
 
 
@@ -274,10 +294,10 @@ def job_shepherd(node: Node) -> shepherd._Shepherd:
     """A shepherd object for the job (its user JOB_UID), not started: its readers are called
     directly, as its supervision loop calls them."""
     sh = shepherd._Shepherd(str(node.task))
-    sh.user = shepherd._User("job", JOB_UID, JOB_UID, [JOB_UID], "/")
+    sh.user = shepherd_state._User("job", JOB_UID, JOB_UID, [JOB_UID], "/")
     sh.spec = {
         "progress_timeout_s": 1,
-        "env": {"PHX_PROGRESS_FILE": str(node.control / shepherd.PROGRESS_FILE)},
+        "env": {"PHX_PROGRESS_FILE": str(node.control / shepherd_files.PROGRESS_FILE)},
     }
     return sh
 
@@ -288,7 +308,7 @@ def test_the_shepherd_ignores_a_hostile_checkpoint_marker(
 ) -> None:
     """A planned stop's grace ends early once the job reports its checkpoint: a hostile
     marker is no report (and cannot block the shepherd, which must still stop its job)."""
-    marker = node.control / shepherd.CHECKPOINT_MARKER_FILE
+    marker = node.control / shepherd_files.CHECKPOINT_MARKER_FILE
     sh = job_shepherd(node)
     sh.marker_before = sh._marker_stamp()  # none yet, at the request
     sh.checkpoint_sent_at = time.time() - 7200
@@ -309,7 +329,7 @@ def test_hang_detection_ignores_a_hostile_progress_file(
     """--progress-timeout watches the progress file's mtime and reads its step once the job
     looks hung: only a regular file of the job's user counts (an old link target, a FIFO or
     another's file is no progress), and its step is never read from anything else."""
-    progress = node.control / shepherd.PROGRESS_FILE
+    progress = node.control / shepherd_files.PROGRESS_FILE
     node.plant(kind, progress)
     sh = job_shepherd(node)
     now = time.monotonic()
@@ -318,7 +338,7 @@ def test_hang_detection_ignores_a_hostile_progress_file(
         assert sh.hung is not None and sh.hung["step"] is None
     else:
         assert sh.hung is None and again is not None and again > now
-    step = prompt(lambda: shepherd._progress_step(str(progress), (JOB_UID,)), progress)
+    step = prompt(lambda: shepherd_hang._progress_step(str(progress), (JOB_UID,)), progress)
     assert step is None
     no_secret(sh.hung, refusals.text)
     refused_once(refusals, progress)
@@ -340,7 +360,7 @@ def test_task_dir_records_are_read_only_from_the_agents_own_regular_files(
     node: Node, kind: str, refusals: pytest.LogCaptureFixture
 ) -> None:
     """spec.json, meta.json, exit.json, gpu-usage.json and signals-done.json through
-    files.read_json and the readers built on it; shepherd.read_status and its JSON."""
+    files.read_json and the readers built on it; shepherd_control.read_status and its JSON."""
     for name in ("meta.json", gpu_usage.USAGE_FILE, "signals-done.json", "exit.json"):
         plant_node_file(node, kind, node.task / name)
     assert prompt(lambda: files.read_json(node.task / "meta.json"), node.task / "meta.json") is None
@@ -348,7 +368,7 @@ def test_task_dir_records_are_read_only_from_the_agents_own_regular_files(
     assert prompt(lambda: gpu_usage.read(node.task), usage) is None
     done = node.task / "signals-done.json"
     assert prompt(lambda: signals_done(node.task), done) == 0
-    status = prompt(lambda: shepherd.read_status(node.task), node.task / "exit.json")
+    status = prompt(lambda: shepherd_control.read_status(node.task), node.task / "exit.json")
     assert status == {"state": "absent"}  # no exit record, no shepherd: never launched
     no_secret(refusals.text)
     for name in ("meta.json", gpu_usage.USAGE_FILE, "signals-done.json", "exit.json"):

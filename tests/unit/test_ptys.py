@@ -8,7 +8,7 @@ import socket
 import threading
 from pathlib import Path
 
-from phalanx.agent import ptys, shepherd
+from phalanx.agent import ptys, shepherd_files, shepherd_stop
 
 
 def frame(kind: bytes, payload: bytes) -> bytes:
@@ -95,16 +95,16 @@ def test_steps_running_rule(tmp_path: Path) -> None:
     steps.mkdir()
     job.mkdir(parents=True)
     spec = {"attempt_id": 7, "steps_dir": str(steps)}
-    assert not shepherd._steps_running(spec, str(job))
+    assert not shepherd_stop._steps_running(spec, str(job))
     (steps / "8.0.0").mkdir()  # another attempt's step
-    assert not shepherd._steps_running(spec, str(job))
+    assert not shepherd_stop._steps_running(spec, str(job))
     (steps / "7.0.0").mkdir()  # ours, not ended (starting or running)
-    assert shepherd._steps_running(spec, str(job))
-    (steps / "7.0.0" / shepherd.EXIT_FILE).write_text("{}")
-    assert not shepherd._steps_running(spec, str(job))
+    assert shepherd_stop._steps_running(spec, str(job))
+    (steps / "7.0.0" / shepherd_files.EXIT_FILE).write_text("{}")
+    assert not shepherd_stop._steps_running(spec, str(job))
     # a step task that got the signal itself (and may have exited on it) says so
-    shepherd._mark_steps_signalled({"job_dir": str(job)})
-    assert shepherd._steps_running(spec, str(job))
+    shepherd_stop._mark_steps_signalled({"job_dir": str(job)})
+    assert shepherd_stop._steps_running(spec, str(job))
     # a step task never defers to anything (it is a step); a spec without steps_dir neither
-    assert not shepherd._steps_running({**spec, "step_id": 0}, str(job))
-    assert not shepherd._steps_running({"attempt_id": 7}, str(job))
+    assert not shepherd_stop._steps_running({**spec, "step_id": 0}, str(job))
+    assert not shepherd_stop._steps_running({"attempt_id": 7}, str(job))

@@ -23,8 +23,9 @@ from typing import Any
 
 import pytest
 
-from phalanx.agent import shepherd
-from phalanx.agent.shepherd import forward_signal, launch, read_status, request_stop
+from phalanx.agent import checkpoint_requests, shepherd_files, shepherd_launch
+from phalanx.agent.shepherd_control import forward_signal, read_status, request_stop
+from phalanx.agent.shepherd_launch import launch
 
 WAIT_S = 30.0
 SRC_DIR = Path(__file__).resolve().parents[2] / "src"
@@ -133,7 +134,7 @@ class Tasks:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(job["pgid"], signal.SIGKILL)
             info = _load(td / "shepherd.pid")
-            if info and shepherd._is_alive(info["pid"], info["starttime"]):
+            if info and shepherd_files._is_alive(info["pid"], info["starttime"]):
                 os.kill(info["pid"], signal.SIGKILL)
 
 
@@ -580,7 +581,7 @@ def test_shepherd_survives_sigkill_of_launching_process(tasks: Tasks) -> None:
     td = tasks.task(tasks.script(f"while [ ! -e {go} ]; do sleep 0.05; done\necho done\n"))
     code = (
         "import sys, time\n"
-        "from phalanx.agent.shepherd import launch\n"
+        "from phalanx.agent.shepherd_launch import launch\n"
         "print(launch(sys.argv[1]), flush=True)\n"
         "time.sleep(1000)\n"
     )
@@ -618,13 +619,13 @@ def test_missing_script_is_a_launch_failure(tasks: Tasks) -> None:
     assert result["error"] == f"cannot execute {missing}: No such file or directory"
     assert result["error"] in (td / "err").read_text()  # also where the user looks
     # and in the shepherd's own log, made for its first line
-    assert f"launch failed: cannot execute {missing}" in (td / shepherd.LOG_FILE).read_text()
+    assert f"launch failed: cannot execute {missing}" in (td / shepherd_files.LOG_FILE).read_text()
 
 
 def test_a_shepherd_with_nothing_to_say_makes_no_log(tasks: Tasks) -> None:
     td = tasks.launch(["/bin/true"])
     assert tasks.wait_exited(td)["exit_code"] == 0
-    assert not (td / shepherd.LOG_FILE).exists()
+    assert not (td / shepherd_files.LOG_FILE).exists()
 
 
 def test_non_executable_script_is_a_launch_failure(tasks: Tasks) -> None:
@@ -670,7 +671,7 @@ def test_missing_spec_still_yields_exit_record(tasks: Tasks) -> None:
 
 
 def test_launch_raises_when_task_dir_is_unusable(tmp_path: Path) -> None:
-    with pytest.raises(shepherd.ShepherdLaunchError, match="cannot set up shepherd"):
+    with pytest.raises(shepherd_launch.ShepherdLaunchError, match="cannot set up shepherd"):
         launch(tmp_path / "does-not-exist")
 
 
@@ -808,12 +809,12 @@ def test_json_helpers_match_stdlib() -> None:
         "b": {"nested": []},
         "c": 1e-9,
     }
-    text = shepherd._dumps(value)
+    text = shepherd_files._dumps(value)
     assert json.loads(text) == value
-    assert shepherd._loads(json.dumps(value)) == value
-    assert shepherd._loads("  {}\n") == {}
+    assert shepherd_files._loads(json.dumps(value)) == value
+    assert shepherd_files._loads("  {}\n") == {}
     with pytest.raises(ValueError):
-        shepherd._loads("{bad")
+        shepherd_files._loads("{bad")
 
 
 # -- pre-forked launcher ------------------------------------------------------------------------
@@ -840,7 +841,7 @@ def open_pipes(pid: int) -> set[str]:
     return pipes
 
 
-def helper_pid(launcher: shepherd.Launcher) -> int:
+def helper_pid(launcher: shepherd_launch.Launcher) -> int:
     pid = launcher.pid
     assert pid is not None
     return pid
@@ -853,8 +854,8 @@ def kill_quietly(pid: int | None) -> None:
 
 
 @pytest.fixture
-def launcher() -> Iterator[shepherd.Launcher]:
-    lau = shepherd.Launcher()
+def launcher() -> Iterator[shepherd_launch.Launcher]:
+    lau = shepherd_launch.Launcher()
     lau.start()
     try:
         yield lau
@@ -867,7 +868,7 @@ def _run_and_collect(td: Path, tasks: Tasks) -> tuple[dict[str, Any], str, str]:
     return result, read_text(td / "out"), read_text(td / "err")
 
 
-def test_launcher_runs_jobs_like_launch(tasks: Tasks, launcher: shepherd.Launcher) -> None:
+def test_launcher_runs_jobs_like_launch(tasks: Tasks, launcher: shepherd_launch.Launcher) -> None:
     job = tasks.script('echo "out $1"\necho "err $1" >&2\nexit 5\n')
     plain, forked = tasks.task([str(job), "x"]), tasks.task([str(job), "x"])
     assert launch(plain) > 0
@@ -882,7 +883,7 @@ def test_launcher_runs_jobs_like_launch(tasks: Tasks, launcher: shepherd.Launche
     assert r2["exit_code"] == 5 and r2["launch_failed"] is False
 
 
-def test_launcher_many_launches_in_a_row(tasks: Tasks, launcher: shepherd.Launcher) -> None:
+def test_launcher_many_launches_in_a_row(tasks: Tasks, launcher: shepherd_launch.Launcher) -> None:
     job = tasks.script('echo "n=$N"\n')
     tds = [tasks.task(job, env={"PATH": JOB_PATH, "N": str(i)}) for i in range(40)]
     pids = [launcher.launch(td) for td in tds]
@@ -894,7 +895,7 @@ def test_launcher_many_launches_in_a_row(tasks: Tasks, launcher: shepherd.Launch
     assert not _zombie_children()
 
 
-def test_launcher_is_thread_safe(tasks: Tasks, launcher: shepherd.Launcher) -> None:
+def test_launcher_is_thread_safe(tasks: Tasks, launcher: shepherd_launch.Launcher) -> None:
     import threading
 
     job = tasks.script('echo "n=$N"\n')
@@ -923,7 +924,7 @@ def test_launcher_is_thread_safe(tasks: Tasks, launcher: shepherd.Launcher) -> N
 
 
 def test_launcher_shepherd_is_detached_and_holds_no_helper_pipe(
-    tasks: Tasks, launcher: shepherd.Launcher
+    tasks: Tasks, launcher: shepherd_launch.Launcher
 ) -> None:
     go = tasks.root / "go"
     td = tasks.task(tasks.script(f"while [ ! -e {go} ]; do sleep 0.05; done\n"))
@@ -944,7 +945,9 @@ def test_launcher_shepherd_is_detached_and_holds_no_helper_pipe(
     assert tasks.wait_exited(td)["exit_code"] == 0
 
 
-def test_launching_a_task_twice_runs_it_once(tasks: Tasks, launcher: shepherd.Launcher) -> None:
+def test_launching_a_task_twice_runs_it_once(
+    tasks: Tasks, launcher: shepherd_launch.Launcher
+) -> None:
     """Idempotent launch is what makes retrying after a helper died mid-request safe."""
     go = tasks.root / "go"
     marker = tasks.root / "runs"
@@ -961,10 +964,10 @@ def test_launching_a_task_twice_runs_it_once(tasks: Tasks, launcher: shepherd.La
 
 
 def test_launcher_reports_task_errors_and_keeps_its_helper(
-    tasks: Tasks, launcher: shepherd.Launcher
+    tasks: Tasks, launcher: shepherd_launch.Launcher
 ) -> None:
     helper = helper_pid(launcher)
-    with pytest.raises(shepherd.ShepherdLaunchError, match="cannot set up shepherd"):
+    with pytest.raises(shepherd_launch.ShepherdLaunchError, match="cannot set up shepherd"):
         launcher.launch(tasks.root / "does-not-exist")
     assert launcher.pid == helper
     td = tasks.task(tasks.script("exit 0\n"))
@@ -974,7 +977,7 @@ def test_launcher_reports_task_errors_and_keeps_its_helper(
 
 
 def test_shepherd_survives_helper_sigkill_and_launcher_restarts(
-    tasks: Tasks, launcher: shepherd.Launcher
+    tasks: Tasks, launcher: shepherd_launch.Launcher
 ) -> None:
     go = tasks.root / "go"
     job = tasks.script(f"while [ ! -e {go} ]; do sleep 0.05; done\necho done\n")
@@ -988,7 +991,7 @@ def test_shepherd_survives_helper_sigkill_and_launcher_restarts(
     started = time.monotonic()
     assert launcher.launch(second) > 0
     # A dead helper is noticed at once (nothing holds its pipes), not after the reply timeout.
-    assert time.monotonic() - started < shepherd._LAUNCHER_REPLY_TIMEOUT_S / 2
+    assert time.monotonic() - started < shepherd_launch._LAUNCHER_REPLY_TIMEOUT_S / 2
     assert launcher.pid not in (None, old_helper)
     tasks.wait_state(first, "running")
     go.touch()
@@ -999,13 +1002,13 @@ def test_shepherd_survives_helper_sigkill_and_launcher_restarts(
 
 
 def test_launcher_times_out_on_a_hung_helper_then_recovers(tasks: Tasks) -> None:
-    lau = shepherd.Launcher(reply_timeout=1.0)
+    lau = shepherd_launch.Launcher(reply_timeout=1.0)
     lau.start()
     hung = helper_pid(lau)
     try:
         os.kill(hung, signal.SIGSTOP)
         started = time.monotonic()
-        with pytest.raises(shepherd.ShepherdLaunchError, match="did not answer"):
+        with pytest.raises(shepherd_launch.ShepherdLaunchError, match="did not answer"):
             lau.launch(tasks.task(tasks.script("exit 0\n")))
         assert time.monotonic() - started < 5.0
         assert proc_state(hung) is None  # killed and reaped
@@ -1017,7 +1020,7 @@ def test_launcher_times_out_on_a_hung_helper_then_recovers(tasks: Tasks) -> None
         lau.close()
 
 
-class _DeadOnArrivalLauncher(shepherd.Launcher):
+class _DeadOnArrivalLauncher(shepherd_launch.Launcher):
     """A launcher whose helper is a real process that exits at once (a broken interpreter)."""
 
     starts = 0
@@ -1048,7 +1051,7 @@ def test_launcher_falls_back_to_plain_launch(tasks: Tasks) -> None:
 
 
 def test_launcher_helper_exits_when_closed(tasks: Tasks) -> None:
-    lau = shepherd.Launcher()
+    lau = shepherd_launch.Launcher()
     lau.start()
     helper = helper_pid(lau)
     try:
@@ -1057,7 +1060,9 @@ def test_launcher_helper_exits_when_closed(tasks: Tasks) -> None:
         pid = lau.launch(td)
         started = time.monotonic()
         lau.close()
-        assert time.monotonic() - started < shepherd._LAUNCHER_CLOSE_TIMEOUT_S  # exited on EOF
+        assert (
+            time.monotonic() - started < shepherd_launch._LAUNCHER_CLOSE_TIMEOUT_S
+        )  # exited on EOF
         assert proc_state(helper) is None and lau.pid is None
         assert not proc_dead(pid)  # its shepherd keeps running
         td2 = tasks.task(tasks.script("exit 0\n"))
@@ -1076,7 +1081,7 @@ def test_launcher_helper_exits_when_its_owner_dies(tasks: Tasks) -> None:
     td = tasks.task(tasks.script(f"while [ ! -e {go} ]; do sleep 0.05; done\necho done\n"))
     code = (
         "import sys, time\n"
-        "from phalanx.agent.shepherd import Launcher\n"
+        "from phalanx.agent.shepherd_launch import Launcher\n"
         "lau = Launcher()\n"
         "print(lau.launch(sys.argv[1]), lau.pid, flush=True)\n"
         "time.sleep(1000)\n"
@@ -1211,7 +1216,7 @@ def test_checkpoint_stop_grace_ends_when_the_job_reports_its_checkpoint(tasks: T
         "while :; do sleep 0.05; done\n"
     )
     env = {"PATH": JOB_PATH, "MARK": str(marker)}
-    env.update(shepherd.control_environment(tasks.root / f"task{tasks._n + 1}"))
+    env.update(checkpoint_requests.control_environment(tasks.root / f"task{tasks._n + 1}"))
     td = tasks.launch(job, kill_grace_s=1.0, env=env)
     wait_for(lambda: "ready" in read_text(marker), "job ready")
     assert request_stop(td, checkpoint_signal=signal.SIGUSR1, checkpoint_grace=30.0, reason="x")
@@ -1224,7 +1229,7 @@ def test_checkpoint_stop_grace_ends_when_the_job_reports_its_checkpoint(tasks: T
 
 
 def test_request_kind_names_a_preemption() -> None:
-    from phalanx.agent.shepherd import request_kind
+    from phalanx.agent.checkpoint_requests import request_kind
 
     assert request_kind("requeue: preempted by job 12 (tier 1 over tier 0)", True) == "preempted"
     assert request_kind("cancel: preempted by job 3 (tier 2 over tier 1)", True) == "preempted"
@@ -1276,9 +1281,9 @@ def _step_dir(steps_dir: Path, attempt: int, task: int) -> Path:
     test process: alive, and never the job)."""
     d = steps_dir / f"{attempt}.0.{task}"
     d.mkdir(parents=True)
-    st = shepherd._proc_stat("self")
+    st = shepherd_files._proc_stat("self")
     assert st is not None
-    (d / shepherd.PID_FILE).write_text(json.dumps({"pid": os.getpid(), "starttime": st[2]}))
+    (d / shepherd_files.PID_FILE).write_text(json.dumps({"pid": os.getpid(), "starttime": st[2]}))
     return d
 
 
@@ -1296,10 +1301,10 @@ def test_a_holder_stops_once_the_steps_on_its_node_have_ended(tasks: Tasks) -> N
         lambda: "for the job's steps here" in read_text(td / "shepherd.log"), "the holder to wait"
     )
     # the holder's checkpoint request tells ranks on its node that poll rather than trap
-    request = shepherd.read_checkpoint_request(td)
+    request = checkpoint_requests.read_checkpoint_request(td)
     assert request is not None and request["stop"] is True
     assert read_status(td)["state"] == "running"
-    (rank / shepherd.EXIT_FILE).write_text("{}")  # the rank saved and exited
+    (rank / shepherd_files.EXIT_FILE).write_text("{}")  # the rank saved and exited
     result = tasks.wait_exited(td)
     assert result["cancelled"] is True and result["ended_at"] - result["started_at"] < 60.0
     assert "steps on this node have ended" in read_text(td / "shepherd.log")

@@ -26,7 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from phalanx import __version__
-from phalanx.agent import cgroup_roots, cgroups, gpu_usage, jobfiles, shepherd
+from phalanx.agent import (
+    cgroup_roots,
+    cgroups,
+    checkpoint_requests,
+    gpu_usage,
+    jobfiles,
+    shepherd_control,
+    shepherd_files,
+    shepherd_launch,
+)
 from phalanx.agent.cgroup_roots import cgroup_name
 from phalanx.agent.files import read_json as _read_json
 from phalanx.agent.files import write_json as _write_json
@@ -269,8 +278,8 @@ class Agent:
         self._task_cpus = {}
         if self.tasks_dir.is_dir():
             for d in self.tasks_dir.iterdir():
-                spec = _read_json(d / shepherd.SPEC_FILE)
-                if spec and not (d / shepherd.EXIT_FILE).exists():
+                spec = _read_json(d / shepherd_files.SPEC_FILE)
+                if spec and not (d / shepherd_files.EXIT_FILE).exists():
                     self._task_cpus[d.name] = [int(c) for c in spec.get("cpus") or []]
         self.sweep_cgroups()
         if layout.usable:
@@ -305,7 +314,7 @@ class Agent:
     def _pick_cpus(self, attempt: str, count: int) -> list[int]:
         """Host CPUs for a new attempt, away from those of running ones (cgroups.pick_cpus)."""
         for aid in list(self._task_cpus):
-            if (self.tasks_dir / aid / shepherd.EXIT_FILE).exists() or not (
+            if (self.tasks_dir / aid / shepherd_files.EXIT_FILE).exists() or not (
                 self.tasks_dir / aid
             ).is_dir():
                 del self._task_cpus[aid]
@@ -367,7 +376,7 @@ class Agent:
         when the loop ends and falls back to plain launches by itself if it breaks.
         """
         self.prepare()
-        self._launcher: shepherd.Launcher | None = shepherd.Launcher()
+        self._launcher: shepherd_launch.Launcher | None = shepherd_launch.Launcher()
         try:
             self._launcher.start()
         except OSError as e:
@@ -480,7 +489,9 @@ class Agent:
         return sum(
             1
             for d in self.tasks_dir.iterdir()
-            if d.is_dir() and not d.name.startswith(".") and not (d / shepherd.EXIT_FILE).exists()
+            if d.is_dir()
+            and not d.name.startswith(".")
+            and not (d / shepherd_files.EXIT_FILE).exists()
         )
 
     def summary(self) -> str:
@@ -553,11 +564,11 @@ class Agent:
         }
 
     def _launch_shepherd(self, d: Path) -> None:
-        launcher: shepherd.Launcher | None = getattr(self, "_launcher", None)
+        launcher: shepherd_launch.Launcher | None = getattr(self, "_launcher", None)
         if launcher is not None:
             launcher.launch(d)
         else:  # apply() used without run()
-            shepherd.launch(d)
+            shepherd_launch.launch(d)
 
     def _hold_step_exits(self) -> None:
         """Before the poller's next heartbeat: if the last reply started step tasks here, wait
@@ -582,7 +593,7 @@ class Agent:
             deadline = time.monotonic() + STEP_EXIT_WAIT_S
             left = list(names)
             while True:
-                left = [n for n in left if not (steps_dir / n / shepherd.EXIT_FILE).exists()]
+                left = [n for n in left if not (steps_dir / n / shepherd_files.EXIT_FILE).exists()]
                 if not left or time.monotonic() >= deadline or self._stop.is_set():
                     break
                 time.sleep(STEP_EXIT_POLL_S)
@@ -737,7 +748,7 @@ class Agent:
             meta = _read_json(d / "meta.json")
             if meta is None:
                 continue
-            status = shepherd.read_status(d)
+            status = shepherd_control.read_status(d)
             st = status.get("state")
             rep: dict[str, Any] = {"attempt_id": meta["attempt_id"], "token": meta["token"]}
             if st == "exited":
@@ -781,13 +792,13 @@ class Agent:
         self._deliver_signals(reply.get("signal") or [])
         for stop in reply.get("stop", []):
             d = self.tasks_dir / str(stop["attempt_id"])
-            if d.is_dir() and not (d / shepherd.STOP_FILE).exists():
+            if d.is_dir() and not (d / shepherd_files.STOP_FILE).exists():
                 news = True
                 log.info("stopping attempt %s: %s", stop["attempt_id"], stop.get("reason"))
             if d.is_dir():
                 holder = bool((_read_json(d / "spec.json") or {}).get("holder"))
                 planned = stop.get("checkpoint_signal") is not None
-                shepherd.request_stop(
+                shepherd_control.request_stop(
                     d,
                     # a holder gets no signal, but keeps the job's cgroup here until the
                     # steps in it have checkpointed and ended, or the grace is over
@@ -816,7 +827,7 @@ class Agent:
         if item is None:
             return
         marker = read_job_reports(d).get("checkpoint") or {}
-        request = shepherd.read_checkpoint_request(d) or {}
+        request = checkpoint_requests.read_checkpoint_request(d) or {}
         if not checkpoint_due(
             time.time(),
             item.get("interval_s"),
@@ -826,7 +837,7 @@ class Agent:
         ):
             return
         try:
-            seq = shepherd.request_checkpoint(
+            seq = shepherd_control.request_checkpoint(
                 d, "interval", int(item["signal"]), batch_only=bool(item.get("batch_only"))
             )
         except (OSError, ValueError) as e:
@@ -865,10 +876,10 @@ class Agent:
     def _signal_batch(d: Path, signum: int, target: str) -> bool:
         """Signal the batch shell (``batch``) or its process group (``full``) through its
         shepherd; True when done with it (delivered, or the job has already exited)."""
-        if (d / shepherd.EXIT_FILE).exists():
+        if (d / shepherd_files.EXIT_FILE).exists():
             return True
-        sent = shepherd.forward_signal(d, signum, batch_only=target == "batch")
-        return sent or (d / shepherd.EXIT_FILE).exists()
+        sent = shepherd_control.forward_signal(d, signum, batch_only=target == "batch")
+        return sent or (d / shepherd_files.EXIT_FILE).exists()
 
     def _signal_steps(self, attempt_id: int, signum: int) -> None:
         """Signal every job step (srun) of this attempt running on this node: each step task's
@@ -900,16 +911,16 @@ class Agent:
         env = node_environment(launch["env"], self.job_env, self.srun_dir)
         env["PHX_TASK_DIR"] = str(d)
         # the checkpoint protocol's control files (docs/checkpoints.md)
-        (tmp / shepherd.CONTROL_DIR).mkdir(mode=0o700)
+        (tmp / shepherd_files.CONTROL_DIR).mkdir(mode=0o700)
         if owner:  # the job writes checkpoint.json and progress.json there
-            os.chown(tmp / shepherd.CONTROL_DIR, *owner)
+            os.chown(tmp / shepherd_files.CONTROL_DIR, *owner)
         # a TMPDIR of the job's own on this node, for its batch step and its steps; it goes
         # with the task directory when the attempt is over
         (tmp / "tmp").mkdir(mode=0o700)
         if owner:
             os.chown(tmp / "tmp", *owner)
         env["TMPDIR"] = str(d / "tmp")
-        env.update(shepherd.control_environment(d))
+        env.update(checkpoint_requests.control_environment(d))
         cpus = self._pick_cpus(str(launch["attempt_id"]), int(launch.get("cpus") or 1))
         stdout = launch["stdout"]
         stderr = launch["stderr"]
@@ -954,12 +965,12 @@ class Agent:
             },
         )
         os.replace(tmp, d)
-        launcher: shepherd.Launcher | None = getattr(self, "_launcher", None)
+        launcher: shepherd_launch.Launcher | None = getattr(self, "_launcher", None)
         try:
             if launcher is not None:
                 launcher.launch(d)
             else:  # apply() used without run()
-                shepherd.launch(d)
+                shepherd_launch.launch(d)
             log.info(
                 "started job %s attempt %s rank %s",
                 launch["job_id"],
@@ -1116,7 +1127,7 @@ def read_job_reports(task_dir: Path) -> dict[str, Any]:
     following a link or blocking on a FIFO (agent/jobfiles.py); anything else is absent, and
     the reason (never the content) is logged once."""
     out: dict[str, Any] = {}
-    control = task_dir / shepherd.CONTROL_DIR
+    control = task_dir / shepherd_files.CONTROL_DIR
     try:
         owner = jobfiles.dir_owner(control)
     except jobfiles.Refused as e:  # the task dir is root's: never expected, said if so
@@ -1125,8 +1136,8 @@ def read_job_reports(task_dir: Path) -> dict[str, Any]:
     except OSError:
         return out
     for key, name, parse in (
-        ("checkpoint", shepherd.CHECKPOINT_MARKER_FILE, job_reports.parse_checkpoint_marker),
-        ("progress", shepherd.PROGRESS_FILE, job_reports.parse_progress),
+        ("checkpoint", shepherd_files.CHECKPOINT_MARKER_FILE, job_reports.parse_checkpoint_marker),
+        ("progress", shepherd_files.PROGRESS_FILE, job_reports.parse_progress),
     ):
         got = jobfiles.read_or_none(control / name, (owner,), jobfiles.MAX_JOB_FILE)
         if got is None:

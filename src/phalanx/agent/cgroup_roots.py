@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from phalanx.agent import cgroups, shepherd
+from phalanx.agent import cgroups, shepherd_control
 from phalanx.agent.files import read_json, write_json
 
 ROOTS_FILE = "cgroup-roots.json"
@@ -77,7 +77,7 @@ def ended_attempts(node_dirs: Iterable[str], tasks_dir: Path) -> dict[str, list[
     ended: dict[str, list[str]] = {}
     for aid, dirs in found.items():
         td = tasks_dir / aid
-        if td.is_dir() and shepherd.read_status(td)["state"] not in ("exited", "lost"):
+        if td.is_dir() and shepherd_control.read_status(td)["state"] not in ("exited", "lost"):
             continue
         ended[aid] = dirs
     return ended
@@ -99,7 +99,7 @@ def _tasks_running(tasks_dir: Path) -> bool:
         dirs = [d for d in tasks_dir.iterdir() if d.is_dir() and not d.name.startswith(".")]
     except OSError:
         return False
-    return any(shepherd.read_status(d)["state"] in ("running", "starting") for d in dirs)
+    return any(shepherd_control.read_status(d)["state"] in ("running", "starting") for d in dirs)
 
 
 def teardown(state_dir: Path, name: str, timeout: float = 0.0) -> list[str]:

@@ -58,7 +58,7 @@ _WARNED_MAX = 4096  # (path, reason) pairs already reported, at most
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
-# Where refusals are reported: the shepherd process sets its own log (shepherd._log); None
+# Where refusals are reported: the shepherd process sets its own log (shepherd_files._log); None
 # means the ``phalanx.agent`` logger (the agent, tests).
 warn: Callable[[str], None] | None = None
 _warned: dict[tuple[str, str], None] = {}

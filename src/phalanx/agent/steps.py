@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from phalanx.agent import jobfiles, shepherd
+from phalanx.agent import checkpoint_requests, jobfiles, shepherd_control, shepherd_files
 from phalanx.agent.files import read_json as _read_json
 from phalanx.agent.files import write_json as _write_json
 from phalanx.agent.files import write_private_json
@@ -92,7 +92,7 @@ class StepRunner:
             if meta is None:
                 continue
             key = (int(meta["attempt_id"]), int(meta["step_id"]))
-            groups.setdefault(key, []).append((meta, shepherd.read_status(d)))
+            groups.setdefault(key, []).append((meta, shepherd_control.read_status(d)))
         out = []
         for (aid, sid), items in groups.items():
             states = [st.get("state") for _meta, st in items]
@@ -147,8 +147,8 @@ class StepRunner:
         for d in self._dirs(attempt_id, step_id):
             if (d / "exit.json").exists():
                 continue
-            new += not (d / shepherd.STOP_FILE).exists()
-            shepherd.request_stop(
+            new += not (d / shepherd_files.STOP_FILE).exists()
+            shepherd_control.request_stop(
                 d,
                 checkpoint_signal=None if batch_only else signum,
                 checkpoint_grace=float(item.get("checkpoint_grace") or 0.0),
@@ -162,7 +162,7 @@ class StepRunner:
         return sum(
             1
             for d in self._dirs(attempt_id)
-            if shepherd.forward_signal(d, signum, batch_only=False)
+            if shepherd_control.forward_signal(d, signum, batch_only=False)
         )
 
     def deliver(self, attempt_id: int, step_id: int, signals: list[dict[str, Any]]) -> None:
@@ -178,7 +178,7 @@ class StepRunner:
             for sig in sorted(signals, key=lambda x: int(x["seq"])):
                 if int(sig["seq"]) <= done:
                     continue
-                shepherd.forward_signal(d, int(sig["signum"]), batch_only=False)
+                shepherd_control.forward_signal(d, int(sig["signum"]), batch_only=False)
                 done = int(sig["seq"])
             jobfiles.replace_file(done_file, str(done).encode())
 
@@ -201,7 +201,7 @@ class StepRunner:
         plan = job_spec.get("cgroup")
         cgroup = {**plan, "join_only": True} if isinstance(plan, dict) else None
         base_env = node_environment(item["env"], self.job_env, self.srun_dir)
-        base_env.update(shepherd.control_environment(job_dir))
+        base_env.update(checkpoint_requests.control_environment(job_dir))
         tmpdir = job_dir / "tmp"
         if tmpdir.is_dir():
             base_env["TMPDIR"] = str(tmpdir)
