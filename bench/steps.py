@@ -127,7 +127,7 @@ def _cluster_processes(state: Path) -> dict[str, list[int]]:
             found["controller"].append(int(d))
         elif " agent " in cmd:
             found["agents"].append(int(d))
-        elif "phalanx.slurm.srund" in cmd:
+        elif "phalanx.slurm.srun.helper" in cmd:
             found["srun helper"].append(int(d))
     return found
 

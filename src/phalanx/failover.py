@@ -1,5 +1,5 @@
 """Which controller a client asks next: one policy, pure, for both of Phalanx's clients (the
-full `phalanx.client.Client` and the standard-library `slurm.lean.LeanClient` that `srun` uses
+full `phalanx.client.Client` and the standard-library `lean_client.LeanClient` that `srun` uses
 inside jobs), so the two cannot drift apart (tests/unit/test_failover.py holds them equal).
 
 A request goes to the controller that answered last, then to the others in turn. It moves on

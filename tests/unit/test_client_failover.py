@@ -1,6 +1,6 @@
 """Client failover over real HTTP, for both clients: which answers move on to the next
 controller and which surface. The full client (`phalanx.client.Client`, httpx) and the lean one
-`srun` uses inside jobs (`slurm.lean.LeanClient`, http.client) share one policy
+`srun` uses inside jobs (`lean_client.LeanClient`, http.client) share one policy
 (`phalanx.failover`); every scenario here runs against both and must end the same way.
 
 Tiny HTTP servers on loopback stand in for controllers: one that lost its database mid-commit
@@ -23,7 +23,7 @@ import pytest
 from phalanx import failover
 from phalanx.client import Client
 from phalanx.errors import ControllerUnavailable, PhalanxError, StoreOutcomeUnknown
-from phalanx.slurm.lean import LeanClient
+from phalanx.lean_client import LeanClient
 
 OUTCOME_UNKNOWN = (
     504,

@@ -1,4 +1,4 @@
-"""srun through the job's resident helper (srund.py), with real processes and a real socket:
+"""srun through the job's resident helper (srun/helper.py), with real processes and a real socket:
 the thin srun passes its arguments, environment, directory and stdout/stderr to the helper,
 which runs the step as the full srun does; anything the helper should not run falls back to
 the full srun before a step exists.
@@ -28,11 +28,11 @@ import psutil
 import pytest
 
 from phalanx.agent import native_srun as native
-from phalanx.slurm import srun_fast
+from phalanx.slurm.srun import thin as srun_fast
 
-# imported by the full srun only (srun.py itself is loaded by importlib.import_module, which
+# imported by the full srun only (srun/command.py itself is loaded by importlib.import_module, which
 # -X importtime does not list)
-FULL_SRUN = "phalanx.slurm.lean"
+FULL_SRUN = "phalanx.lean_client"
 
 
 class FakeController:
@@ -100,7 +100,8 @@ def job_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     left = [
         p
         for p in psutil.process_iter(["cmdline"])
-        if path is not None and (p.info["cmdline"] or [])[-2:] == ["phalanx.slurm.srund", path]
+        if path is not None
+        and (p.info["cmdline"] or [])[-2:] == ["phalanx.slurm.srun.helper", path]
     ]
     for p in left:
         p.terminate()
@@ -111,7 +112,7 @@ def start_helper(env: dict[str, str]) -> subprocess.Popen[bytes]:
     path = srun_fast.socket_path(env)
     assert path is not None
     helper = subprocess.Popen(
-        [sys.executable, "-m", "phalanx.slurm.srund", path],
+        [sys.executable, "-m", "phalanx.slurm.srun.helper", path],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -180,7 +181,7 @@ def test_the_helper_runs_the_step_for_a_thin_srun(job_env: dict[str, str], tmp_p
         assert r.returncode == 3
         # the thin srun never loaded the full srun, its HTTP client or argparse
         mods = imported(r.stderr)
-        assert "phalanx.slurm.srun_fast" in mods
+        assert "phalanx.slurm.srun.thin" in mods
         assert not mods & {FULL_SRUN, "phalanx.slurm.common", "http.client", "argparse", "json"}
         # the step has the caller's command, directory and environment, not the helper's
         (body,) = ctl.bodies
@@ -261,7 +262,7 @@ def test_no_helper_outside_a_job_or_for_an_attached_batch_step(job_env: dict[str
 # ----------------------------------------------------------------- the compiled thin srun
 @pytest.fixture(scope="module")
 def compiled_srun(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """srun_thin.c built as the agents build it, falling back to this interpreter."""
+    """srun/thin.c built as the agents build it, falling back to this interpreter."""
     compiler = shutil.which(os.environ.get("CC") or "cc")
     if compiler is None:
         pytest.skip("no C compiler on this host: agents use the Python srun there")

@@ -1,4 +1,4 @@
-"""srun's hand-over of a step's launches to the agents (slurm/step_push.py), against real
+"""srun's hand-over of a step's launches to the agents (slurm/srun/push.py), against real
 sockets: the nodes whose agents did not take theirs come back, so srun can have their
 long-polls woken instead."""
 
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from phalanx.slurm import step_push
+from phalanx.slurm.srun import push as step_push
 
 
 class Answering:

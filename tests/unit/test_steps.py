@@ -13,7 +13,7 @@ from phalanx.controller.launch import build_step_launch, expand_step_pattern
 from phalanx.domain.steps import AllocNode, StepRequest, plan_step, step_outcome
 from phalanx.errors import InvalidSpec
 from phalanx.slurm.common import SlurmUsageError
-from phalanx.slurm.srun import open_mode, worst_exit
+from phalanx.slurm.srun.command import open_mode, worst_exit
 from phalanx.store.steps import StepReport
 
 ALLOC = [AllocNode("n1", 4, (0, 1)), AllocNode("n2", 4, (0, 1)), AllocNode("n3", 4, (0, 1))]
@@ -265,7 +265,7 @@ def test_a_stream_header_is_read_without_a_byte_of_the_stream() -> None:
     both came in one segment, the header in pieces, or no header at all."""
     import socket
 
-    from phalanx.slurm.srun import _read_line
+    from phalanx.slurm.srun.command import _read_line
 
     a, b = socket.socketpair()
     with a, b:

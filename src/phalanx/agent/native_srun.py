@@ -1,4 +1,4 @@
-"""The compiled thin srun (slurm/srun_thin.c): built by the agent once per installation, put on
+"""The compiled thin srun (slurm/srun/thin.c): built by the agent once per installation, put on
 jobs' PATH.
 
 A loop of ``srun`` in a job starts one srun process per step; as a Python program that start
@@ -28,7 +28,7 @@ from pathlib import Path
 
 log = logging.getLogger("phalanx.agent.native_srun")
 
-SOURCE = Path(__file__).parent.parent / "slurm" / "srun_thin.c"  # the srun it builds
+SOURCE = Path(__file__).parent.parent / "slurm" / "srun" / "thin.c"  # the srun it builds
 PACKAGE_CACHE = Path(__file__).with_name("_native")
 BUILD_TIMEOUT_S = 120.0
 
@@ -75,7 +75,7 @@ def thin_srun_dir(state_dir: Path, python: str = sys.executable) -> Path | None:
 
 
 def build(compiler: str, python: str, target: Path) -> None:
-    """Compile srun_thin.c to `target` (atomically: concurrent agents may race; one wins)."""
+    """Compile srun/thin.c to `target` (atomically: concurrent agents may race; one wins)."""
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     cmd = [compiler, "-O2", "-Wall", f'-DPHX_PYTHON="{python}"', "-o", str(tmp), str(SOURCE)]
     try:

@@ -33,12 +33,15 @@ def run(command: str, argv: list[str], *, fast: bool = True) -> int:
         return 1
     if command == "srun" and fast:
         # the job's resident helper runs the step when it can: no heavy imports here
-        from phalanx.slurm import srun_fast
+        from phalanx.slurm.srun import thin as srun_fast
 
         code = srun_fast.main(argv)
         if code is not None:
             return code
-    module = importlib.import_module(f"phalanx.slurm.{command}")
+    # srun is a package (its in-job pieces beside it); its command is srun.command
+    module = importlib.import_module(
+        "phalanx.slurm.srun.command" if command == "srun" else f"phalanx.slurm.{command}"
+    )
     return int(module.main(argv) or 0)
 
 
@@ -53,7 +56,7 @@ def main() -> None:
     else:
         command, argv = sys.argv[1], sys.argv[2:]
     if command == "srun":
-        from phalanx.slurm import srun_fast
+        from phalanx.slurm.srun import thin as srun_fast
 
         code = srun_fast.main(argv)
         if code is not None:

@@ -1,4 +1,4 @@
-"""The thin ``srun``: hand the step to the job's resident helper (srund.py) when there is one.
+"""The thin ``srun``: hand the step to the job's resident helper (srun/helper.py) when there is one.
 
 A loop of ``srun true`` pays srun's start-up on every step, and most of it is imports (the
 HTTP client, ``json``, ``argparse``, ``ssl`` through ``http.client``: ~100 ms of CPU a step on
@@ -119,7 +119,7 @@ def _talk(sock: object, argv: list[str]) -> int | None:
     try:
         sock.sendmsg([head], [(1, 1, rights)])  # type: ignore[attr-defined]  # SCM_RIGHTS
         sock.sendall(payload)  # type: ignore[attr-defined]
-    except OSError:  # the helper closed: refused us (srund.py), or is going away
+    except OSError:  # the helper closed: refused us (srun/helper.py), or is going away
         try:
             line = sock.recv(4096).split(b"\n", 1)[0]  # type: ignore[attr-defined]
         except OSError:
@@ -149,7 +149,7 @@ def _talk(sock: object, argv: list[str]) -> int | None:
                     accepted = True
                 elif line == b"fallback":
                     return None
-                elif line.startswith(b"refused "):  # not this user's helper (srund.py)
+                elif line.startswith(b"refused "):  # not this user's helper (srun/helper.py)
                     os.write(2, b"srun: error: the job's srun helper " + line + b"\n")
                     return None
                 elif line.startswith(b"exit "):
@@ -165,7 +165,7 @@ def _talk(sock: object, argv: list[str]) -> int | None:
 
 def start_helper() -> None:
     """Start this job's helper on this node (no-op where srun runs without one): a detached
-    ``python -m phalanx.slurm.srund``, in the job's process group so it ends with the job,
+    ``python -m phalanx.slurm.srun.helper``, in the job's process group so it ends with the job,
     with none of this srun's descriptors (a caller's pipe would never see its end)."""
     path = socket_path()
     if path is None:
@@ -174,7 +174,7 @@ def start_helper() -> None:
 
     try:  # noqa: SIM105
         subprocess.Popen(
-            [sys.executable, "-m", "phalanx.slurm.srund", path],
+            [sys.executable, "-m", "phalanx.slurm.srun.helper", path],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

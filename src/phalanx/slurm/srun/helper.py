@@ -1,17 +1,17 @@
 """srun's resident helper: one per job per node, so that each ``srun`` in a job is a thin client.
 
-Started by the job's first full srun on this node (``python -m phalanx.slurm.srund PATH``) in
+Started by the job's first full srun on this node (``python -m phalanx.slurm.srun.helper PATH``) in
 the job's process group, so it ends with the job (the shepherd stops whatever the batch step
 leaves behind); it also exits after ``IDLE_S`` without a request, or once another helper has
 taken its socket's name.  It runs steps exactly as srun.py does (the same code: options,
-request body, step I/O, supervision, exit status) on behalf of the thin srun (srun_fast.py),
+request body, step I/O, supervision, exit status) on behalf of the thin srun (srun/thin.py),
 with the caller's environment and directory, writing the tasks' output to the caller's own
 stdout and stderr (passed over the socket), and forwarding the signals the caller relays.
 
 The socket lives in the job's own ``$TMPDIR``, is created mode 0600, and a connection whose
 peer (``SO_PEERCRED``) is another user than the job's or root is answered ``refused ...`` and
 closed before anything is read from it; the thin srun checks the same of the helper before it
-sends anything (srun_fast.py, srun_thin.c).  Anything the helper cannot do as the full srun would
+sends anything (srun/thin.py, srun/thin.c).  Anything the helper cannot do as the full srun would
 is answered ``fallback`` before a step is created, and the caller runs the full srun itself.
 """
 
@@ -28,10 +28,10 @@ import time
 from collections.abc import Callable
 
 from phalanx.errors import PhalanxError
-from phalanx.slurm import srun
+from phalanx.lean_client import LeanClient
 from phalanx.slurm.common import SlurmUsageError
-from phalanx.slurm.lean import LeanClient
-from phalanx.slurm.srun_fast import PROTOCOL, SAME_ENV, peer_uid
+from phalanx.slurm.srun import command as srun
+from phalanx.slurm.srun.thin import PROTOCOL, SAME_ENV, peer_uid
 
 IDLE_S = 300.0  # exit after this long without a request (a new srun starts another)
 CHECK_S = 1.0  # how often an idle helper checks that its socket is still its own
@@ -256,7 +256,7 @@ class SignalRelay:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        sys.stderr.write("usage: python -m phalanx.slurm.srund SOCKET_PATH\n")
+        sys.stderr.write("usage: python -m phalanx.slurm.srun.helper SOCKET_PATH\n")
         return 2
     # the job's signals are its tasks' business (srun forwards them); SIGTERM, the job's end
     # for everything it leaves behind, ends the helper too

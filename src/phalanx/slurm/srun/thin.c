@@ -1,18 +1,18 @@
 /*
- * The compiled thin srun: srun_fast.py in C, so that a loop of `srun` in a job does not pay an
+ * The compiled thin srun: srun/thin.py in C, so that a loop of `srun` in a job does not pay an
  * interpreter's start-up (~15-20 ms of every step, a third of a trivial step's path).
  *
- * Inside a job it hands the step to the job's resident helper (srund.py) on
- * $TMPDIR/.phx-srun-$SLURM_JOB_ID.sock exactly as srun_fast.py does: one message
+ * Inside a job it hands the step to the job's resident helper (srun/helper.py) on
+ * $TMPDIR/.phx-srun-$SLURM_JOB_ID.sock exactly as srun/thin.py does: one message
  * "srun1 LEN\n" carrying srun's stdout and stderr (SCM_RIGHTS), then LEN bytes of
  * "srun1\0CWD\0ARGC\0ARG...\0KEY=VALUE\0...", then it reads lines: "ok" (the helper took the
  * step), "fallback" (run the full srun), "exit N" (the step's exit status).  SIGINT, SIGTERM,
  * SIGUSR1 and SIGUSR2 are relayed as "sig N\n" lines.  Before sending anything it asks the
  * kernel who listens on the socket (SO_PEERCRED): a helper of another uid than the caller's
  * or root's (a socket planted in a TMPDIR shared with others) gets nothing, and a helper
- * that refuses the caller answers "refused REASON".  Wherever srun_fast.py would run the
+ * that refuses the caller answers "refused REASON".  Wherever srun/thin.py would run the
  * full srun (no job, no helper, the helper refuses or goes away before taking the step) this
- * program execs it: PHX_PYTHON -m phalanx.slurm.srun_full ARGS.
+ * program execs it: PHX_PYTHON -m phalanx.slurm.srun.full ARGS.
  *
  * Built by phalanx/agent/native_srun.py with -DPHX_PYTHON="..." (the interpreter of the
  * installation that built it); the agents put its directory first on their jobs' PATH.
@@ -43,7 +43,7 @@ static void full_srun(int argc, char **argv) {
     }
     args[0] = PHX_PYTHON;
     args[1] = "-m";
-    args[2] = "phalanx.slurm.srun_full";
+    args[2] = "phalanx.slurm.srun.full";
     for (int i = 1; i < argc; i++) args[i + 2] = argv[i];
     args[argc + 2] = NULL;
     execv(PHX_PYTHON, args);

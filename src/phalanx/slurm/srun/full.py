@@ -1,5 +1,5 @@
-"""``python -m phalanx.slurm.srun_full ARGS``: the full srun, without first trying the job's
-helper.  The compiled thin srun (srun_thin.c) execs this where it cannot hand the step over
+"""``python -m phalanx.slurm.srun.full ARGS``: the full srun, without first trying the job's
+helper.  The compiled thin srun (srun/thin.c) execs this where it cannot hand the step over
 (no job, no helper, or the helper answered ``fallback``): asking the helper again would only
 get the same answer."""
 

@@ -31,10 +31,11 @@ from typing import Any, Protocol
 
 from phalanx.domain import hostlist
 from phalanx.errors import ControllerUnavailable, PhalanxError
+from phalanx.lean_client import LeanClient
 from phalanx.netaddr import local_address
-from phalanx.slurm import pty_relay, step_push
 from phalanx.slurm.common import SlurmParser, SlurmUsageError, run_command
-from phalanx.slurm.lean import LeanClient
+from phalanx.slurm.srun import pty_relay
+from phalanx.slurm.srun import push as step_push
 
 PROG = "srun"
 ATTACH_ENV = "PHX_SRUN_ATTACH"  # host:port:cookie of the srun a job's inner srun reports to
@@ -151,7 +152,7 @@ def _main(argv: list[str]) -> int:
     with LeanClient() as client:
         if job:
             if not attached and not opts.jobid:  # (not on a host outside the job)
-                from phalanx.slurm import srun_fast
+                from phalanx.slurm.srun import thin as srun_fast
 
                 srun_fast.start_helper()  # later sruns of this job go through it
             with pty_relay.maybe(opts.pty and not attached) as term:
@@ -168,7 +169,7 @@ class Sink(Protocol):
 @dataclass
 class Caller:
     """Who runs a step: the srun process itself, or a thin srun served by the job's helper
-    (srund.py), which passes its environment, directory and stdout/stderr along."""
+    (srun/helper.py), which passes its environment, directory and stdout/stderr along."""
 
     env: Mapping[str, str]
     cwd: str
@@ -243,7 +244,7 @@ class StepIO:
 
     def close(self) -> None:
         """Stop listening and end the accept thread.  Closing the socket alone does not wake
-        a thread blocked in accept() on Linux: the resident helper (srund.py) would keep one
+        a thread blocked in accept() on Linux: the resident helper (srun/helper.py) would keep one
         thread, and one listening port, per step it ran.  shutdown() wakes it."""
         self._closing = True
         with contextlib.suppress(OSError):
@@ -428,7 +429,7 @@ def _step(
 
 def start_step(client: LeanClient, job: str, body: dict[str, Any]) -> dict[str, Any]:
     """Create the step and, where the controller answers with direct launches, hand them to
-    the nodes' agents (step_push.py); the nodes that did not take theirs are woken through
+    the nodes' agents (srun/push.py); the nodes that did not take theirs are woken through
     the controller, whose long-poll carries the same step."""
     step = client.post(f"/v1/jobs/{job}/steps", {**body, "direct": True})
     launches = step.pop("launch", None)
