@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from phalanx.agent import cgroups
-from phalanx.agent.agent import cgroup_name
+from phalanx.agent.cgroup_roots import cgroup_name
 from phalanx.cli import render
 from system.harness import Cluster, wait_for
 

@@ -15,7 +15,8 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from phalanx.agent.agent import Agent, fence_mark, reply_is_late
+from phalanx.agent.agent import Agent
+from phalanx.agent.agent_timing import fence_mark, reply_is_late
 from phalanx.agent.resources import NodeResources
 from phalanx.client import Client
 

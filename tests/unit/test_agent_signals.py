@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.agent import shepherd_control, shepherd_files
-from phalanx.agent.agent import Agent, signals_done
+from phalanx.agent.agent import Agent
+from phalanx.agent.agent_stops import signals_done
 from phalanx.agent.resources import NodeResources
 from phalanx.client import Client
 

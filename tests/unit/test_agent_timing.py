@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from phalanx.agent.agent import learned_timing
+from phalanx.agent.agent_timing import learned_timing
 
 START = {"heartbeat_interval": 1.0, "fence_timeout": 5.0, "fence_kill_grace": 2.0}
 

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from phalanx.agent import checkpoint_requests, shepherd_control, shepherd_files, shepherd_launch
-from phalanx.agent.agent import checkpoint_due, read_job_reports
+from phalanx.agent.agent_status import read_job_reports
+from phalanx.agent.agent_stops import checkpoint_due
 from phalanx.controller.exchange import checkpoint_items, needs_write, stop_item
 from phalanx.controller.launch import build_launch, job_environment
 from phalanx.domain import job_reports

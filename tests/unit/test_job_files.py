@@ -43,7 +43,8 @@ from phalanx.agent import (
     shepherd_hang,
     shepherd_state,
 )
-from phalanx.agent.agent import read_job_reports, signals_done
+from phalanx.agent.agent_status import read_job_reports
+from phalanx.agent.agent_stops import signals_done
 from phalanx.agent.steps import StepRunner
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="chown and mknod need root")

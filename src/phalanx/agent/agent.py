@@ -9,12 +9,17 @@ full list of tasks this node has; the reply says what to start, stop and forget.
 Two threads talk to the controllers: the poller (a long-poll heartbeat loop that also receives
 new work at once) and the watcher (which notices a task's exit file within ~50 ms and reports
 it immediately). Both apply replies under one lock, and launching is idempotent per attempt.
+
+This module holds the agent's loops and the protocol (registering, heartbeats, applying a
+reply, reporting exits, the fence file); the rest of :class:`Agent` comes from its parts:
+containment (agent_isolation.py), launching tasks (agent_launch.py), stops, signals and
+periodic checkpoints (agent_stops.py) and its reports on the node (agent_status.py); the
+protocol's timing rules are agent_timing.py.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import shutil
 import socket
@@ -26,22 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from phalanx import __version__
-from phalanx.agent import (
-    cgroup_roots,
-    cgroups,
-    checkpoint_requests,
-    gpu_usage,
-    jobfiles,
-    shepherd_control,
-    shepherd_files,
-    shepherd_launch,
-)
-from phalanx.agent.cgroup_roots import cgroup_name
+from phalanx.agent import cgroups, gpu_usage, shepherd_control, shepherd_files, shepherd_launch
+from phalanx.agent.agent_isolation import DEFAULT_ISOLATION
+from phalanx.agent.agent_launch import AgentLaunch
+from phalanx.agent.agent_status import AgentStatus, read_job_reports
+from phalanx.agent.agent_stops import AgentStops, signals_done
+from phalanx.agent.agent_timing import fence_mark, heartbeat_grace, learned_timing, reply_is_late
 from phalanx.agent.files import read_json as _read_json
-from phalanx.agent.files import write_json as _write_json
-from phalanx.agent.files import write_private_json
-from phalanx.agent.health import GpuCheck, HealthMonitor, IsolationCheck, Status
-from phalanx.agent.jobenv import node_environment
+from phalanx.agent.health import HealthMonitor, Status
 from phalanx.agent.metrics import AgentFigures
 from phalanx.agent.resources import NodeResources
 from phalanx.agent.step_listener import StepListener, render
@@ -50,7 +47,6 @@ from phalanx.auth import launchcred
 from phalanx.auth.keys import KeySet
 from phalanx.backoff import REGISTER_TIMEOUT_S, Backoff
 from phalanx.client import Client
-from phalanx.domain import job_reports
 from phalanx.errors import ControllerUnavailable, PhalanxError
 from phalanx.faulthooks import maybe_hold_reply, maybe_wedge
 from phalanx.watchdog import Beats
@@ -64,74 +60,12 @@ WATCH_INTERVAL = 0.05  # how often the watcher looks for new exit files (seconds
 STEP_EXIT_WAIT_S = 0.1
 STEP_EXIT_POLL_S = 0.002
 FORGOTTEN_MAX = 100_000  # forgotten attempt ids remembered (never launched again)
-HEARTBEAT_GRACE_MIN = 0.5  # seconds; see heartbeat_grace()
-MAX_GPU_EVENTS = 256  # GPU events one heartbeat carries (controller/runtime.py takes as many)
 CGROUP_SWEEP_INTERVAL = 5.0  # how often leftover cgroups of ended attempts are looked for (s)
-# the cluster's [isolation] settings until the first register reply (config.IsolationConfig)
-DEFAULT_ISOLATION: dict[str, Any] = {"pids_max": 4096, "require_cgroups": True}
 
 
-def heartbeat_grace(interval: float) -> float:
-    """How long a heartbeat may take beyond its long-poll before the agent fails over to the
-    next controller. Config checks 2 * interval + this < fence_timeout, so a frozen controller
-    is left in time for a healthy one to refresh the fence."""
-    return max(HEARTBEAT_GRACE_MIN, interval)
+class Agent(AgentLaunch, AgentStops, AgentStatus):
+    """The node agent: its state, its two loops, and the heartbeat protocol."""
 
-
-def reply_is_late(elapsed: float, timeout: float) -> bool:
-    """Whether a reply was read later than its request's own timeout allows.
-
-    A live agent never reads one (the HTTP timeout fires first), so a late reply means this
-    process was stopped or starved while the reply waited in its socket: the controller may
-    have declared the node DOWN and requeued the work the reply starts. It is dropped, as a
-    timed-out heartbeat would be; the protocol is level-triggered, so the next heartbeat gets
-    whatever still holds."""
-    return elapsed > timeout
-
-
-# what an agent takes from a controller's timings, and whether zero is allowed
-AGENT_TIMINGS = {"heartbeat_interval": False, "fence_timeout": False, "fence_kill_grace": True}
-
-
-def learned_timing(current: dict[str, Any], offered: Any) -> tuple[dict[str, Any], list[str]]:
-    """The agent's timings after a controller's reply offered `offered` (a register reply's
-    whole [timing], or a heartbeat reply's scaled fields: the heartbeat rule lengthens them as
-    the cluster grows), and the offered fields refused.
-
-    A field the agent acts on must be a finite number, positive (the kill grace may be 0); a
-    reply with any such field wrong changes none of them, since the interval and the fence
-    timeout are only safe together (2 * interval + grace < fence_timeout). Other fields are
-    kept as given (shown, never acted on)."""
-    if not isinstance(offered, dict):
-        return current, ([] if offered is None else ["timing"])
-    bad = []
-    for name, zero_ok in AGENT_TIMINGS.items():
-        if name not in offered:
-            continue
-        v = offered[name]
-        number = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-        if not number or v < 0 or (v == 0 and not zero_ok):
-            bad.append(name)
-    if bad:
-        return current, bad
-    return {**current, **offered}, []
-
-
-def fence_mark(wall_now: float, mono_now: float, sent_at: float, timeout: float) -> float:
-    """The time a controller's reply may write into the fence file (wall clock).
-
-    The controller counts a node's silence from when a heartbeat reached it, so a reply
-    vouches for the node only from its request's sending (`sent_at`, monotonic) plus the
-    longest a live exchange takes (`timeout`): never later, however late the reply is read.
-    A job that a stopped agent launches on waking is then fenced by the same deadline as
-    every other job of the node, ahead of the node being declared DOWN (config rule
-    fence_timeout + fence_kill_grace + heartbeat_interval + grace < node_down_timeout).
-    Read the wall clock before the monotonic one: a stop between the two then errs early."""
-    sent_wall = wall_now - (mono_now - sent_at)
-    return min(wall_now, sent_wall + timeout)
-
-
-class Agent:
     def __init__(
         self,
         *,
@@ -231,142 +165,6 @@ class Agent:
     def prepare(self) -> None:
         self.tasks_dir.mkdir(parents=True, exist_ok=True)
         self._prepare_isolation()
-
-    # ------------------------------------------------------------------ isolation
-    @property
-    def cgroup_name(self) -> str:
-        """This agent's directory under ``phalanx/``: the node name and a hash of the state dir.
-
-        Several agents share a host in a local cluster, and several local clusters (test runs)
-        may share one too, with the same node names: each must sweep only its own cgroups."""
-        return cgroup_name(self.name, self.state_dir)
-
-    @property
-    def isolation_file(self) -> Path:
-        return self.state_dir / "isolation.json"
-
-    def _prepare_isolation(self) -> None:
-        """Detect the cgroup backend, make this node's parent cgroups, learn the CPUs of the
-        running attempts (a restarted agent), sweep cgroups of attempts that ended, and add
-        the `isolation` health check."""
-        saved = _read_json(self.isolation_file)  # the last register reply's, across restarts
-        if saved:
-            self.isolation.update({k: saved[k] for k in DEFAULT_ISOLATION if k in saved})
-        try:
-            detected = cgroups.detect()
-        except OSError as e:
-            detected = cgroups.Layout(
-                "none", missing=cgroups.REQUIRED, problem=f"cannot detect: {e}"
-            )
-        if detected.usable:
-            # before making them: a half-made set (ensure_parents failing midway) is removed too
-            try:
-                cgroup_roots.record(self.state_dir, detected, self.cgroup_name)
-            except OSError as e:
-                log.warning("cannot remember this node's cgroups: %s", e)
-        try:
-            layout = cgroups.ensure_parents(detected, self.cgroup_name)
-        except OSError as e:
-            layout = cgroups.Layout("none", missing=cgroups.REQUIRED, problem=f"cannot detect: {e}")
-        self.layout = layout
-        try:
-            host = sorted(os.sched_getaffinity(0))
-        except OSError:
-            host = list(range(os.cpu_count() or 1))
-        self._cpu_pool = host[: max(1, self.resources.cpus)]
-        self._gpu_devices = gpu_device_files()
-        self._task_cpus = {}
-        if self.tasks_dir.is_dir():
-            for d in self.tasks_dir.iterdir():
-                spec = _read_json(d / shepherd_files.SPEC_FILE)
-                if spec and not (d / shepherd_files.EXIT_FILE).exists():
-                    self._task_cpus[d.name] = [int(c) for c in spec.get("cpus") or []]
-        self.sweep_cgroups()
-        if layout.usable:
-            log.info("isolation: %s; CPUs for jobs: %s", layout.describe(), self._cpu_pool)
-        else:
-            log.warning(
-                "isolation: %s: jobs cannot be contained (require_cgroups=%s)",
-                layout.describe(),
-                self.isolation["require_cgroups"],
-            )
-        if self.health is not None and not any(c.name == "isolation" for c in self.health.checks):
-            self.health.add_check(
-                IsolationCheck(
-                    lambda: (self.layout.usable, self.layout.describe()),
-                    lambda: bool(self.isolation["require_cgroups"]),
-                )
-            )
-
-    def _learn_isolation(self, settings: dict[str, Any] | None) -> None:
-        """The cluster's [isolation] settings from a register reply; kept for restarts."""
-        if not settings:
-            return
-        new = {k: settings[k] for k in DEFAULT_ISOLATION if k in settings}
-        if new and {**self.isolation, **new} != self.isolation:
-            self.isolation.update(new)
-            log.info("isolation settings: %s", self.isolation)
-            try:
-                _write_json(self.isolation_file, self.isolation)
-            except OSError as e:
-                log.warning("cannot save %s: %s", self.isolation_file, e)
-
-    def _pick_cpus(self, attempt: str, count: int) -> list[int]:
-        """Host CPUs for a new attempt, away from those of running ones (cgroups.pick_cpus)."""
-        for aid in list(self._task_cpus):
-            if (self.tasks_dir / aid / shepherd_files.EXIT_FILE).exists() or not (
-                self.tasks_dir / aid
-            ).is_dir():
-                del self._task_cpus[aid]
-        cpus = cgroups.pick_cpus(self._cpu_pool, list(self._task_cpus.values()), count)
-        self._task_cpus[attempt] = cpus
-        return cpus
-
-    def _cgroup_plan(self, launch: dict[str, Any], cpus: list[int]) -> dict[str, Any] | None:
-        mem_mb = int(launch.get("mem_mb") or 0)
-        return cgroups.plan(
-            self.layout,
-            self.cgroup_name,
-            launch["attempt_id"],
-            mem_bytes=mem_mb << 20 if mem_mb > 0 else None,
-            pids_max=int(self.isolation["pids_max"]),
-            cpus=cpus,
-            cpu_count=float(launch.get("cpus") or len(cpus) or 1),
-            gpu_deny=cgroups.gpu_denials(self._gpu_devices, list(launch.get("gpu_ids") or [])),
-            required=bool(self.isolation["require_cgroups"]),
-        )
-
-    def sweep_cgroups(self) -> list[str]:
-        """Remove the cgroups of attempts that are over (exited, lost, forgotten): normally
-        the shepherd removes its own, but it may have died, or the agent was down.  Returns
-        the attempt ids swept."""
-        self._swept_at = time.monotonic()
-        node_dirs = cgroups.node_dirs(self.layout, self.cgroup_name).values()
-        swept = []
-        for aid, dirs in cgroup_roots.ended_attempts(node_dirs, self.tasks_dir).items():
-            left = cgroups.remove({"dirs": dirs}, timeout=0.5)
-            swept.append(aid)
-            if left:
-                log.warning("cannot remove cgroups of attempt %s yet: %s", aid, left)
-            else:
-                log.info("removed the cgroups of ended attempt %s", aid)
-        return swept
-
-    def release_cgroups(self) -> list[str]:
-        """At a clean stop: sweep the cgroups of ended attempts, then remove this node's own
-        roots (``<base>/phalanx/<node>-<hash>``) where they are empty, so a stopped agent
-        leaves nothing behind.  Roots with running jobs beneath stay (the kernel refuses, and
-        nothing is killed): the restarted agent uses them again.  Returns the roots kept."""
-        try:
-            with self._lock:
-                self.sweep_cgroups()
-            kept = cgroup_roots.release(self.state_dir, self.cgroup_name)
-        except Exception:
-            log.exception("cannot remove this node's cgroups at stop; going on")
-            return []
-        if kept:
-            log.info("keeping this node's cgroups (jobs still run in them): %s", ", ".join(kept))
-        return kept
 
     def run(self) -> None:
         """Register (retrying forever), then heartbeat until stopped.
@@ -482,38 +280,6 @@ class Agent:
     def _beat(self, loop: str) -> None:
         self.beats.beat(loop, self.loop_deadline(loop))
 
-    def jobs_running(self) -> int:
-        """Task directories of this node whose job has not exited (batch steps and holders)."""
-        if not self.tasks_dir.is_dir():
-            return 0
-        return sum(
-            1
-            for d in self.tasks_dir.iterdir()
-            if d.is_dir()
-            and not d.name.startswith(".")
-            and not (d / shepherd_files.EXIT_FILE).exists()
-        )
-
-    def summary(self) -> str:
-        """One line for systemd's STATUS=: node state, jobs running, controller reachable."""
-        state = "registered" if self._registered else "registering"
-        if self.health is not None:
-            h = self.health.summary()
-            if h.get("status") not in (None, "ok"):
-                state += f", health {h['status']}: {h.get('check')}: {h.get('reason')}"
-            else:
-                state += ", health ok"
-        interval = float(self.timing["heartbeat_interval"])
-        seen = self.last_reply_at
-        if seen is not None and time.monotonic() - seen <= 2 * interval + heartbeat_grace(interval):
-            reach = "controller reachable"
-        else:
-            ago = f" for {time.monotonic() - seen:.0f}s" if seen is not None else ""
-            reach = f"controller UNREACHABLE{ago}" + (
-                f": {self.last_error}" if self.last_error else ""
-            )
-        return f"node {self.name} {state}; jobs running: {self.jobs_running()}; {reach}"
-
     def stop(self) -> None:
         # Only sets the event: stop() runs from a signal handler on the thread that may be
         # inside a launch (holding the launcher's lock); run() closes the launcher on its way out.
@@ -555,20 +321,6 @@ class Agent:
             r.mem_mb,
             len(r.gpus),
         )
-
-    def _fence_settings(self) -> dict[str, Any]:
-        return {
-            "heartbeat_file": str(self.fence_file),
-            "timeout_s": float(self.timing["fence_timeout"]),
-            "kill_grace_s": float(self.timing["fence_kill_grace"]),
-        }
-
-    def _launch_shepherd(self, d: Path) -> None:
-        launcher: shepherd_launch.Launcher | None = getattr(self, "_launcher", None)
-        if launcher is not None:
-            launcher.launch(d)
-        else:  # apply() used without run()
-            shepherd_launch.launch(d)
 
     def _hold_step_exits(self) -> None:
         """Before the poller's next heartbeat: if the last reply started step tasks here, wait
@@ -671,24 +423,6 @@ class Agent:
                 float(self.timing["fence_timeout"]),
             )
 
-    # ------------------------------------------------------------------ metrics
-    def _gpu_checks(self) -> list[GpuCheck]:
-        return [c for c in (self.health.checks if self.health else []) if isinstance(c, GpuCheck)]
-
-    def gpu_events(self) -> list[dict[str, Any]]:
-        """GPU events (XIDs, ECC increases) no controller has confirmed yet."""
-        return [e for c in self._gpu_checks() for e in c.pending_events()][:MAX_GPU_EVENTS]
-
-    def _confirm_gpu_events(self, keys: set[str]) -> None:
-        for c in self._gpu_checks():
-            c.confirm(keys)
-
-    def gpu_readings(self) -> dict[int, dict[str, float]]:
-        out: dict[int, dict[str, float]] = {}
-        for c in self._gpu_checks():
-            out.update(c.readings)
-        return out
-
     def _note_figures(self, tasks: list[dict[str, Any]], steps: list[dict[str, Any]]) -> None:
         states: dict[str, int] = {}
         for rep in tasks:
@@ -790,25 +524,7 @@ class Agent:
         for launch in reply.get("start", []):
             self._launch(launch)
         self._deliver_signals(reply.get("signal") or [])
-        for stop in reply.get("stop", []):
-            d = self.tasks_dir / str(stop["attempt_id"])
-            if d.is_dir() and not (d / shepherd_files.STOP_FILE).exists():
-                news = True
-                log.info("stopping attempt %s: %s", stop["attempt_id"], stop.get("reason"))
-            if d.is_dir():
-                holder = bool((_read_json(d / "spec.json") or {}).get("holder"))
-                planned = stop.get("checkpoint_signal") is not None
-                shepherd_control.request_stop(
-                    d,
-                    # a holder gets no signal, but keeps the job's cgroup here until the
-                    # steps in it have checkpointed and ended, or the grace is over
-                    checkpoint_signal=None if holder else stop.get("checkpoint_signal"),
-                    checkpoint_grace=float(stop.get("checkpoint_grace") or 0.0),
-                    reason=stop.get("reason"),
-                    wait=holder and planned,
-                )
-            # the job's steps here stop with it (a planned stop checkpoints them first)
-            news = self.steps.stop(int(stop["attempt_id"]), None, stop) > 0 or news
+        news = self._request_stops(reply.get("stop", [])) or news
         if reply.get("steps"):
             news = self.steps.apply(reply["steps"]) or news
         self.repeats_only = not news
@@ -820,197 +536,6 @@ class Agent:
             self._forgotten[str(aid)] = None
         while len(self._forgotten) > FORGOTTEN_MAX:
             del self._forgotten[next(iter(self._forgotten))]  # the oldest
-
-    def _periodic_checkpoint(self, d: Path, attempt_id: int, started_at: float | None) -> None:
-        """Ask a running job for a checkpoint when its interval in force has passed."""
-        item = self._intervals.get(int(attempt_id))
-        if item is None:
-            return
-        marker = read_job_reports(d).get("checkpoint") or {}
-        request = checkpoint_requests.read_checkpoint_request(d) or {}
-        if not checkpoint_due(
-            time.time(),
-            item.get("interval_s"),
-            started_at=started_at,
-            last_checkpoint_at=marker.get("finished_at"),
-            last_request_at=request.get("requested_at"),
-        ):
-            return
-        try:
-            seq = shepherd_control.request_checkpoint(
-                d, "interval", int(item["signal"]), batch_only=bool(item.get("batch_only"))
-            )
-        except (OSError, ValueError) as e:
-            log.warning("cannot request a checkpoint of attempt %s: %s", attempt_id, e)
-            return
-        if seq is not None:
-            log.info("periodic checkpoint request %d to attempt %s", seq, attempt_id)
-            if not item.get("batch_only"):
-                # the job's srun steps get it too: they are where training runs
-                self.steps.signal_attempt(int(attempt_id), int(item["signal"]))
-
-    def _deliver_signals(self, items: list[dict[str, Any]]) -> None:
-        """Deliver the signals the controller lists (scancel --signal), each seq once.
-
-        The highest seq handled is kept in the task dir (``signals-done``) and reported in
-        heartbeats, so a repeated reply or a restarted agent never sends one twice. Targets, as
-        Slurm's: ``batch`` the batch shell only, ``full`` the batch shell's whole process group
-        and every step, ``steps`` every step only. A signal that cannot be delivered yet (the
-        shepherd is still starting) is tried again with the next reply; one for a job that has
-        already exited is done.
-        """
-        for item in sorted(items, key=lambda i: (int(i["attempt_id"]), int(i["seq"]))):
-            aid, seq = int(item["attempt_id"]), int(item["seq"])
-            d = self.tasks_dir / str(aid)
-            if not d.is_dir() or seq <= signals_done(d):
-                continue
-            signum, target = int(item["signum"]), str(item["target"])
-            if target in ("batch", "full") and not self._signal_batch(d, signum, target):
-                continue  # not running yet (or its shepherd is gone): next reply
-            if target in ("steps", "full"):
-                self._signal_steps(aid, signum)
-            log.info("signal %d (%s, seq %d) delivered to attempt %s", signum, target, seq, aid)
-            _write_json(d / SIGNALS_DONE_FILE, {"seq": seq})
-
-    @staticmethod
-    def _signal_batch(d: Path, signum: int, target: str) -> bool:
-        """Signal the batch shell (``batch``) or its process group (``full``) through its
-        shepherd; True when done with it (delivered, or the job has already exited)."""
-        if (d / shepherd_files.EXIT_FILE).exists():
-            return True
-        sent = shepherd_control.forward_signal(d, signum, batch_only=target == "batch")
-        return sent or (d / shepherd_files.EXIT_FILE).exists()
-
-    def _signal_steps(self, attempt_id: int, signum: int) -> None:
-        """Signal every job step (srun) of this attempt running on this node: each step task's
-        process group, through its shepherd (agent/steps.py). A job without steps gets nothing,
-        exactly as Slurm's ``scancel --signal`` without ``--batch``/``--full``."""
-        sent = self.steps.signal_attempt(attempt_id, signum)
-        if sent:
-            log.info("signal %d to %d step task(s) of attempt %s", signum, sent, attempt_id)
-
-    def _launch(self, launch: dict[str, Any]) -> None:
-        d = self.tasks_dir / str(launch["attempt_id"])
-        if d.exists() or str(launch["attempt_id"]) in self._forgotten:
-            return  # already launched (replies may repeat), or already over and forgotten
-        tmp = self.tasks_dir / f".{launch['attempt_id']}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        tmp.chmod(0o711)  # the job's user reaches its script and control/, lists nothing
-        owner = job_owner(launch.get("user"))
-        cmd = launch["command"]
-        if "script" in cmd:
-            script = tmp / "script"
-            script.write_text(cmd["script"])
-            script.chmod(0o700)
-            if owner:
-                os.chown(script, *owner)
-            argv = [str(d / "script"), *cmd.get("args", [])]
-        else:
-            argv = list(cmd["argv"])
-        env = node_environment(launch["env"], self.job_env, self.srun_dir)
-        env["PHX_TASK_DIR"] = str(d)
-        # the checkpoint protocol's control files (docs/checkpoints.md)
-        (tmp / shepherd_files.CONTROL_DIR).mkdir(mode=0o700)
-        if owner:  # the job writes checkpoint.json and progress.json there
-            os.chown(tmp / shepherd_files.CONTROL_DIR, *owner)
-        # a TMPDIR of the job's own on this node, for its batch step and its steps; it goes
-        # with the task directory when the attempt is over
-        (tmp / "tmp").mkdir(mode=0o700)
-        if owner:
-            os.chown(tmp / "tmp", *owner)
-        env["TMPDIR"] = str(d / "tmp")
-        env.update(checkpoint_requests.control_environment(d))
-        cpus = self._pick_cpus(str(launch["attempt_id"]), int(launch.get("cpus") or 1))
-        stdout = launch["stdout"]
-        stderr = launch["stderr"]
-        open_mode = launch["open_mode"]
-        if launch.get("all_nodes") and int(env.get("PHX_NNODES", "1")) > 1:
-            open_mode = "append"  # every node writes the same file: never truncate a peer's lines
-        spec = {
-            "attempt_id": launch["attempt_id"],
-            "job_id": launch["job_id"],
-            "token": launch["token"],
-            "node": self.name,
-            "rank": launch["rank"],
-            "holder": bool(launch.get("holder")),
-            "argv": argv,
-            "env": env,
-            "cwd": launch["cwd"],
-            "stdout": stdout,
-            "stderr": stderr,
-            "open_mode": open_mode,
-            "time_limit_s": launch["time_limit_s"],
-            "kill_grace_s": launch["kill_grace_s"],
-            "progress_timeout_s": launch.get("progress_timeout_s"),
-            "signal": launch.get("signal"),
-            # --signal without B: goes to the job's running steps when it has any (shepherd)
-            "steps_dir": str(self.steps.steps_dir),
-            "checkpoint": launch.get("checkpoint"),
-            "fence": self._fence_settings(),
-            "user": launch.get("user"),
-            "cpus": cpus,
-            "cgroup": self._cgroup_plan(launch, cpus),
-        }
-        # the job's environment and the attempt's token are nobody else's business
-        write_private_json(tmp / "spec.json", spec)
-        write_private_json(
-            tmp / "meta.json",
-            {
-                "attempt_id": launch["attempt_id"],
-                "token": launch["token"],
-                "job_id": launch["job_id"],
-                "launched_at": time.time(),
-                "gpu_ids": list(launch.get("gpu_ids") or []),  # sampled for `eff`
-            },
-        )
-        os.replace(tmp, d)
-        launcher: shepherd_launch.Launcher | None = getattr(self, "_launcher", None)
-        try:
-            if launcher is not None:
-                launcher.launch(d)
-            else:  # apply() used without run()
-                shepherd_launch.launch(d)
-            log.info(
-                "started job %s attempt %s rank %s",
-                launch["job_id"],
-                launch["attempt_id"],
-                launch["rank"],
-            )
-        except Exception as e:
-            log.error("could not start a shepherd for attempt %s: %s", launch["attempt_id"], e)
-            _write_json(
-                d / "exit.json",
-                {
-                    "exit_code": None,
-                    "signal": None,
-                    "timed_out": False,
-                    "cancelled": False,
-                    "fenced": False,
-                    "launch_failed": True,
-                    "error": f"cannot start the shepherd: {e}",
-                    "started_at": None,
-                    "ended_at": time.time(),
-                },
-            )
-
-    def _sample_gpus(self) -> None:
-        """Sample the GPUs of running tasks every `gpu_sample_s` (agent/gpu_usage.py)."""
-        assert self.gpu_sampler is not None
-        while not self._stop.wait(self.gpu_sample_s):
-            try:
-                if not self.tasks_dir.is_dir():
-                    continue
-                tasks = []
-                for d in self.tasks_dir.iterdir():
-                    if d.name.startswith(".") or (d / "exit.json").exists():
-                        continue
-                    meta = _read_json(d / "meta.json")
-                    if meta and meta.get("gpu_ids") and (d / "job.json").exists():
-                        tasks.append((d, [int(i) for i in meta["gpu_ids"]]))
-                self.gpu_sampler.sample(tasks)
-            except Exception:
-                log.exception("GPU usage sampler error; going on")
 
     def _step_ends_can_wait(self) -> bool:
         """Whether the ends of step tasks may wait for a later heartbeat: until
@@ -1057,93 +582,3 @@ class Agent:
                 log.debug("exit report failed (the poller will retry): %s", e.message)
             except Exception:
                 log.exception("watcher error; going on")
-
-
-def job_owner(user: str | None) -> tuple[int, int] | None:
-    """(uid, gid) to give the job's own files to, when the agent is root and the user is known
-    (an unknown user is the shepherd's to report); None: leave them as they are."""
-    if not user or os.geteuid() != 0:
-        return None
-    import pwd
-
-    try:
-        pw = pwd.getpwnam(user)
-    except KeyError:
-        return None
-    return (pw.pw_uid, pw.pw_gid) if pw.pw_uid != 0 else None
-
-
-def gpu_device_files(dev: str = "/dev") -> list[tuple[int, int, int]]:
-    """(index, major, minor) of each /dev/nvidiaN character device here."""
-    out: list[tuple[int, int, int]] = []
-    try:
-        names = os.listdir(dev)
-    except OSError:
-        return out
-    for n in names:
-        if n.startswith("nvidia") and n[6:].isdigit():
-            try:
-                st = os.stat(os.path.join(dev, n))
-            except OSError:
-                continue
-            out.append((int(n[6:]), os.major(st.st_rdev), os.minor(st.st_rdev)))
-    return sorted(out)
-
-
-def checkpoint_due(
-    now: float,
-    interval_s: float | None,
-    *,
-    started_at: float | None,
-    last_checkpoint_at: float | None,
-    last_request_at: float | None,
-) -> bool:
-    """Whether a periodic checkpoint is due: the interval has passed since the attempt
-    started, its last checkpoint, or the last request (so a job that is slow to answer, or
-    ignores requests, is asked once per interval rather than on every heartbeat)."""
-    if not interval_s or interval_s <= 0 or started_at is None:
-        return False
-    times = [t for t in (started_at, last_checkpoint_at, last_request_at) if t is not None]
-    return now - max(times) >= interval_s
-
-
-SIGNALS_DONE_FILE = "signals-done.json"
-
-
-def signals_done(task_dir: Path) -> int:
-    """The highest signal seq delivered to this task (0: none)."""
-    data = _read_json(task_dir / SIGNALS_DONE_FILE) or {}
-    try:
-        return max(0, int(data.get("seq") or 0))
-    except (TypeError, ValueError):
-        return 0
-
-
-def read_job_reports(task_dir: Path) -> dict[str, Any]:
-    """The job's checkpoint marker and progress, as reported in heartbeats (absent: omitted).
-
-    The job's user owns ``control/`` and may put anything there: each file is read only when
-    it is a regular file of that user (the directory's owner), at most 64 KiB, without
-    following a link or blocking on a FIFO (agent/jobfiles.py); anything else is absent, and
-    the reason (never the content) is logged once."""
-    out: dict[str, Any] = {}
-    control = task_dir / shepherd_files.CONTROL_DIR
-    try:
-        owner = jobfiles.dir_owner(control)
-    except jobfiles.Refused as e:  # the task dir is root's: never expected, said if so
-        jobfiles.warn_once(e.path, e.reason)
-        return out
-    except OSError:
-        return out
-    for key, name, parse in (
-        ("checkpoint", shepherd_files.CHECKPOINT_MARKER_FILE, job_reports.parse_checkpoint_marker),
-        ("progress", shepherd_files.PROGRESS_FILE, job_reports.parse_progress),
-    ):
-        got = jobfiles.read_or_none(control / name, (owner,), jobfiles.MAX_JOB_FILE)
-        if got is None:
-            continue
-        data, st = got
-        value = parse(data.decode("utf-8", errors="replace"), st.st_mtime)
-        if value is not None:
-            out[key] = value
-    return out

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx import __version__
-from phalanx.agent.agent import learned_timing
+from phalanx.agent.agent_timing import learned_timing
 from phalanx.auth import keys as keyfiles
 from phalanx.auth.tokens import mint_agent
 from phalanx.backoff import Backoff
