@@ -110,8 +110,8 @@ def silence(store: Store, node: str, seconds: float) -> None:
 
 def judging(ctl: Controller) -> Controller:
     """The cluster duty, past the wait a new lease holder makes before judging any node."""
-    assert ctl._cluster_since is not None
-    ctl._cluster_since -= 10 * ctl.timing.node_down_timeout
+    assert ctl.cluster.since is not None
+    ctl.cluster.since -= 10 * ctl.timing.node_down_timeout
     return ctl
 
 
@@ -137,11 +137,11 @@ def test_the_detector_judges_by_the_count_it_reads_not_by_a_stale_one(
         silence(store, n, 0)
 
     silence(store, "n1", 15)
-    said = judging(b)._cluster_duty()
+    said = judging(b).cluster.judge_nodes()
     assert "n1 DOWN" not in said
     assert not store.get_node("n1")["down"]
     assert b.timing.node_down_timeout == 20
 
     silence(store, "n1", 21)
-    assert "n1 DOWN" in b._cluster_duty()
+    assert "n1 DOWN" in b.cluster.judge_nodes()
     assert store.get_node("n1")["down"]

@@ -16,7 +16,7 @@ from api_auth import as_user
 from fastapi.testclient import TestClient
 
 from phalanx.cli.render import cluster_summary, job_detail
-from phalanx.controller import runtime
+from phalanx.controller import intervals
 from phalanx.store.store import Store
 
 DAY = 86400.0
@@ -25,8 +25,8 @@ USER = as_user("alice", "operator")  # operators may drain nodes and add windows
 
 @pytest.fixture(autouse=True)
 def no_input_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runtime, "CHECKPOINT_INPUT_TTL", -1.0)
-    monkeypatch.setattr(runtime, "FAILURE_HISTORY_TTL", -1.0)
+    monkeypatch.setattr(intervals, "CHECKPOINT_INPUT_TTL", -1.0)
+    monkeypatch.setattr(intervals, "FAILURE_HISTORY_TTL", -1.0)
 
 
 def submit(client: TestClient, **spec: Any) -> int:

@@ -269,13 +269,13 @@ def test_the_failure_detector_fails_live_tasks_left_on_a_down_node(
         conn.execute(update(schema.nodes).where(schema.nodes.c.name == "n1").values(down=True))
     ctl = Controller(store, load_config(), cid="t")
     assert "took term" in ctl.leases.tick()
-    assert ctl._cluster_since is not None
-    ctl._cluster_since -= 10 * ctl.timing.node_down_timeout  # past a new holder's grace
-    assert "live tasks failed on DOWN node n1" in ctl._cluster_duty()
+    assert ctl.cluster.since is not None
+    ctl.cluster.since -= 10 * ctl.timing.node_down_timeout  # past a new holder's grace
+    assert "live tasks failed on DOWN node n1" in ctl.cluster.judge_nodes()
     job = store.get_job(ghost)
     assert job["state"] == "PENDING" and job["restart_count"] == 1
     assert store.down_nodes_with_tasks() == []
-    assert "live tasks failed" not in ctl._cluster_duty()  # once
+    assert "live tasks failed" not in ctl.cluster.judge_nodes()  # once
 
 
 def test_a_late_heartbeat_flush_never_moves_the_stamp_back(store: Store) -> None:

@@ -29,7 +29,7 @@ import pytest
 
 from phalanx.client import Client
 from phalanx.config import Timing
-from phalanx.controller.runtime import GEN_POLL_LISTENING
+from phalanx.controller.wakeups import GEN_POLL_LISTENING
 from phalanx.domain.spread import preferred
 from system.harness import Cluster, free_port, wait_for
 
