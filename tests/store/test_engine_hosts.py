@@ -20,12 +20,8 @@ from sqlalchemy import text
 
 from pgserver import PgServer
 from phalanx.errors import StoreUnavailable
-from phalanx.store.engine import (
-    HOST_CONNECT_TIMEOUT,
-    Engines,
-    HostChooser,
-    host_failures,
-)
+from phalanx.store.engine import Engines
+from phalanx.store.pghosts import HOST_CONNECT_TIMEOUT, HostChooser, host_failures
 
 TIMEOUT_MSG = (
     'connection failed: connection to server at "10.0.0.3", port 5432 failed: session is '

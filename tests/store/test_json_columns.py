@@ -11,7 +11,7 @@ from test_store_contract import add_node, store
 
 from phalanx.store import prebuilt
 from phalanx.store import schema as s
-from phalanx.store.engine import json_loads
+from phalanx.store.jsoncol import json_loads
 from phalanx.store.store import Store
 
 __all__ = ["store"]

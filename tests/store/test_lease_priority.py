@@ -12,8 +12,8 @@ import time
 from sqlalchemy import text
 
 from phalanx.controller.leases import LeaseKeeper
-from phalanx.store.engine import WriterQueue
 from phalanx.store.store import Fence, Store
+from phalanx.store.writers import WriterQueue
 
 URL = "sqlite:////x.db"
 

@@ -19,7 +19,8 @@ import pytest
 from sqlalchemy import event, text
 
 from phalanx.errors import StoreOutcomeUnknown, StoreUnavailable
-from phalanx.store.engine import Engines, Watchdog
+from phalanx.store.engine import Engines
+from phalanx.store.pgwatch import Watchdog
 from phalanx.store.store import Store
 
 OP_TIMEOUT = 0.5  # short, so the tests are quick; the cut must come well within LIMIT

@@ -9,7 +9,8 @@ import pytest
 from sqlalchemy import text
 
 from phalanx.errors import StoreUnavailable
-from phalanx.store.engine import Engines, WriterQueue
+from phalanx.store.engine import Engines
+from phalanx.store.writers import WriterQueue
 
 
 def test_many_threads_writing_at_once_all_commit(tmp_path: Path) -> None:

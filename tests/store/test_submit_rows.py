@@ -21,8 +21,8 @@ from phalanx.domain.spec import JobSpec, normalize
 from phalanx.errors import StoreUnavailable
 from phalanx.store import schema as s
 from phalanx.store import submission
-from phalanx.store.engine import WAL_BACKSTOP_PAGES
 from phalanx.store.rowinsert import RowInsert
+from phalanx.store.sqliteengine import WAL_BACKSTOP_PAGES
 from phalanx.store.store import Store
 from phalanx.store.submission import _JOB_ROW
 

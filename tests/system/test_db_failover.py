@@ -44,13 +44,9 @@ from sqlalchemy import text
 from pgcluster import PgCluster, PostgresNotAvailable
 from phalanx.client import Client
 from phalanx.errors import ControllerUnavailable
-from phalanx.store.engine import (
-    Engines,
-    _first_line,
-    describe_url,
-    idle_in_transaction_ms,
-    normalize_url,
-)
+from phalanx.store.dburl import describe_url, normalize_url
+from phalanx.store.engine import Engines, _first_line
+from phalanx.store.pgengine import idle_in_transaction_ms
 from system.dbclusters import running
 from system.harness import Cluster, free_port, read_json, wait_for
 from system.test_ha import TIMING, Stream, check_exactly_once, duties_held, first

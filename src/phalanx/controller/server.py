@@ -24,7 +24,7 @@ from phalanx.controller.runtime import Controller, partition_rows
 from phalanx.daemon import StartupError, check_state_dir, open_device, setup_logging
 from phalanx.errors import PhalanxError
 from phalanx.sdnotify import Notifier
-from phalanx.store.engine import describe_url
+from phalanx.store.dburl import describe_url
 from phalanx.store.store import Store
 from phalanx.watchdog import Watchdog
 

@@ -23,7 +23,7 @@ from sqlalchemy import Text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
-from phalanx.store.engine import json_loads
+from phalanx.store.jsoncol import json_loads
 
 
 class LazySpec(Mapping[str, Any]):

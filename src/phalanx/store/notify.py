@@ -31,7 +31,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from phalanx.store.engine import Watchdog
+from phalanx.store.pgwatch import Watchdog
 
 log = logging.getLogger(__name__)
 
