@@ -256,3 +256,28 @@ def test_driver_path_errors_keep_their_meaning(tmp_path: Path) -> None:
         assert st.submit_each([(resolved, spec, "al")])  # and it works again
     finally:
         st.close()
+
+
+@pytest.mark.postgres
+def test_a_postgres_store_first_leaves_sqlite_submissions_working(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """One process holding stores of both kinds (a backup copied between them, a test run
+    whose workers mix backends): the plans of the SQLite driver path are made with SQLite's
+    own bind processors, whichever store submitted first. Before, the first PostgreSQL
+    submission cached PostgreSQL's JSON processor for every later SQLite one, which failed
+    with "type 'Json' is not supported"."""
+    sqlite_url = f"sqlite:///{tmp_path}/phalanx.db"
+    stores = [Store(url, actor="ctl-t") for url in (pg_url, sqlite_url)]
+    cfg = load_config(overrides={"cluster": {"partitions": [{"name": "batch", "default": True}]}})
+    try:
+        for st in stores:
+            st.migrate()
+            st.sync_partitions(partition_rows(cfg))
+            # a fresh set of columns, so that no earlier test made its plan already
+            shape = {"comment": "both kinds", "name": f"mixed-{st.dialect}"}
+            (job,) = st.submit_each([(*item(st, **shape), "alice")])
+            assert st.get_job(job[0])["name"] == f"mixed-{st.dialect}"
+    finally:
+        for st in stores:
+            st.close()

@@ -43,19 +43,18 @@ class RowInsert:
             if not default.is_scalar:  # a callable or SQL default: not supported here
                 raise ValueError(f"{table.name}.{col.key}: only scalar defaults are supported")
             self.defaults[col.key] = default.arg  # type: ignore[attr-defined]
-        self._plans: dict[tuple[str, ...], _Plan] = {}
+        # per dialect and set of columns: the bind processors are the dialect's own (a plan
+        # made with PostgreSQL's, whose JSON processor wraps values for psycopg, hands SQLite
+        # objects it cannot bind), and one process may hold stores of both kinds
+        self._plans: dict[tuple[str, tuple[str, ...]], _Plan] = {}
 
     def __call__(self, conn: Connection, row: Mapping[str, Any]) -> int:
         values = {**self.defaults, **row}
-        keys = tuple(values)
-        plan = self._plans.get(keys)
-        if plan is None:
-            plan = self._plans[keys] = self._plan(keys, conn.dialect)
         if conn.dialect.name != "sqlite":
             pk = conn.execute(self.statement, values).inserted_primary_key
             assert pk is not None
             return int(pk[0])
-        return self._insert(driver_of(conn), plan, values)
+        return self._insert(driver_of(conn), self._plan_for(tuple(values), conn.dialect), values)
 
     def on_driver(
         self, driver: sqlite3.Connection, dialect: Dialect, row: Mapping[str, Any]
@@ -63,11 +62,13 @@ class RowInsert:
         """The same insert on a SQLite driver connection in a transaction the caller runs
         (Engines.driver_write): no SQLAlchemy Connection at all."""
         values = {**self.defaults, **row}
-        keys = tuple(values)
-        plan = self._plans.get(keys)
+        return self._insert(driver, self._plan_for(tuple(values), dialect), values)
+
+    def _plan_for(self, keys: tuple[str, ...], dialect: Dialect) -> _Plan:
+        plan = self._plans.get((dialect.name, keys))
         if plan is None:
-            plan = self._plans[keys] = self._plan(keys, dialect)
-        return self._insert(driver, plan, values)
+            plan = self._plans[(dialect.name, keys)] = self._plan(keys, dialect)
+        return plan
 
     @staticmethod
     def _insert(driver: sqlite3.Connection, plan: _Plan, values: dict[str, Any]) -> int:
