@@ -51,6 +51,7 @@ class RowInsert:
     def __call__(self, conn: Connection, row: Mapping[str, Any]) -> int:
         values = {**self.defaults, **row}
         if conn.dialect.name != "sqlite":
+            self._known(tuple(values))  # (SQLAlchemy would silently drop unknown columns)
             pk = conn.execute(self.statement, values).inserted_primary_key
             assert pk is not None
             return int(pk[0])
@@ -85,10 +86,13 @@ class RowInsert:
         assert rowid is not None
         return int(rowid)
 
-    def _plan(self, keys: tuple[str, ...], dialect: Dialect) -> _Plan:
+    def _known(self, keys: tuple[str, ...]) -> None:
         unknown = [k for k in keys if k not in self.table.columns]
-        if unknown:  # (SQLAlchemy would silently drop them)
+        if unknown:
             raise sa_exc.CompileError(f"unknown columns for {self.table.name}: {unknown}")
+
+    def _plan(self, keys: tuple[str, ...], dialect: Dialect) -> _Plan:
+        self._known(keys)  # (SQLAlchemy would silently drop unknown columns)
         prep = dialect.identifier_preparer
         cols = [self.table.columns[k] for k in keys]
         sql = (
