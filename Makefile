@@ -22,12 +22,18 @@ lint: install
 	$(BIN)/ruff format --check src tests bench scripts
 	$(BIN)/mypy
 
+# `make test` runs the suite in two parts (tests/conftest.py says why): all but the `serial`
+# modules on TEST_WORKERS parallel workers, each module whole on one worker, then the modules
+# that assert timing bounds, one at a time with nothing beside them.
+TEST_WORKERS ?= 2
+
 test: install lint
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-etcd.sh
 	bash scripts/ensure-netns-tools.sh
 	bash scripts/ensure-chromium.sh
-	$(BIN)/pytest -q --durations=30 -m "not soak"
+	$(BIN)/pytest -q --durations=20 -m "not soak and not serial" -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/pytest -q --durations=10 -m "serial and not soak"
 
 # The long runs kept out of `make test`: the 1,000-node simulation, the chaos runs (a few
 # rounds each; `make soak-chaos` is the hour-long one), Patroni's failover. CI runs both.

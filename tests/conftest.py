@@ -1,4 +1,5 @@
-"""Shared pytest fixtures: database URLs for SQLite and a throwaway PostgreSQL server.
+"""Shared pytest fixtures (database URLs for SQLite and a throwaway PostgreSQL server), and
+how `make test` spreads the suite over parallel workers.
 
 The store contract suite is written once against ``db_url`` and runs on both backends, because
 production HA deployments use PostgreSQL while single-node installs and most unit tests use
@@ -21,6 +22,66 @@ _SRC_DIR = _TESTS_DIR.parent / "src"
 for _path in (str(_TESTS_DIR), str(_SRC_DIR)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
+
+# `make test` runs the suite in two parts (Makefile): everything but `serial` on parallel
+# workers (pytest-xdist, `--dist loadgroup`), then the `serial` modules one at a time with
+# nothing beside them. A module is serial when it asserts that something does NOT happen
+# within a bound (no node declared DOWN across a failover or an outage, a wakeup or a watchdog
+# ping within its interval): on a 2-core machine another module's load beside it could turn
+# a pass into a false failure, and a flaky test is a failing test. A single test can say so
+# itself with `@pytest.mark.serial`.
+RUN_ALONE = frozenset(
+    (
+        "store/test_op_deadline.py",  # a cut round trip ends within 4 s
+        *(
+            f"system/{name}.py"
+            for name in (
+                "test_agent_restart",
+                "test_control_plane_outage",
+                "test_controller_restart",
+                "test_db_cutoff",
+                "test_db_failover",
+                "test_ha",
+                "test_heartbeat_rule",
+                "test_node_failure",
+                "test_partition",
+                "test_store_outage",
+                "test_systemd",
+                "test_wakeups",
+            )
+        ),
+    )
+)
+# Modules that change the same machine-wide state run one after another on one worker: these
+# create Unix users and make /root searchable for their length (system/unixusers.py), which
+# one module's cleanup would undo under another's feet.
+SHARED_STATE = {
+    f"system/{name}.py": "unix-users"
+    for name in (
+        "test_fairshare",
+        "test_hostile_users",
+        "test_isolation",
+        "test_job_files",
+        "test_multiuser",
+        "test_patroni",
+    )
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects and xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark RUN_ALONE modules `serial`; keep each module on one worker (its module-scoped
+    clusters are set up once), and SHARED_STATE modules on the same one."""
+    for item in items:
+        try:
+            rel = item.path.resolve().relative_to(_TESTS_DIR).as_posix()
+        except ValueError:  # a test outside tests/ (none today)
+            continue
+        if rel in RUN_ALONE:
+            item.add_marker(pytest.mark.serial)
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(SHARED_STATE.get(rel, rel)))
+
 
 from pgserver import PgServer, PostgresNotAvailable  # noqa: E402
 from pgserver import in_ci as _in_ci  # noqa: E402

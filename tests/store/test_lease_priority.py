@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from sqlalchemy import text
 
 from phalanx.controller.leases import LeaseKeeper
@@ -61,6 +62,7 @@ def test_an_urgent_turn_goes_before_every_ordinary_writer_waiting() -> None:
     assert q._urgent == 0
 
 
+@pytest.mark.serial  # each renewal within 1 s under 16 writers: alone, not beside other tests
 def test_a_controller_keeps_its_leases_under_its_own_bulk_writes(db_url: str) -> None:
     """Sixteen threads make fenced writes back to back (each transaction 80 ms, like a large
     report batch or scheduling pass) while the lease loop renews every 0.75 s with a 3 s TTL,
