@@ -114,10 +114,10 @@ def test_an_attempt_that_never_started_costs_nothing(store: Store) -> None:
 def test_a_backlog_is_charged_in_batches_and_nothing_is_lost(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """More uncharged attempts than one transaction takes (usage.CHARGE_BATCH, 2 here): each
+    """More uncharged attempts than one transaction takes (store/fairshare.py CHARGE_BATCH, 2 here): each
     charge takes the oldest batch, the next ones the rest, and the total is what one charge of
     everything would have given."""
-    from phalanx.store import usage
+    from phalanx.store import fairshare as usage
 
     monkeypatch.setattr(usage, "CHARGE_BATCH", 2)
     add_node(store, "n1", cpus=8, gpus=0)

@@ -284,7 +284,7 @@ def test_sacct_shows_preempted_and_scontrol_the_tier_mode_and_preempt_time() -> 
 def test_explain_says_whom_a_preempting_job_waits_for() -> None:
     import explain_cluster as ec
 
-    from phalanx.controller.preempting import waiting_reason
+    from phalanx.controller.preemption import waiting_reason
     from phalanx.domain.explain import explain_pending
 
     reason = waiting_reason([7])

@@ -16,7 +16,7 @@ from typing import Any
 
 import typer
 
-from phalanx.cli import auth, explain, maint, output, render, share, sim
+from phalanx.cli import auth, explain, fairshare, maintenance, output, render, sim
 from phalanx.cli.output import JsonOpt, UrlOpt, console
 from phalanx.client import Client
 from phalanx.domain.text import escape
@@ -579,14 +579,14 @@ def cluster(url: str | None = UrlOpt, as_json: bool = JsonOpt) -> None:
         console.print(render.cluster_summary(st), highlight=False)
 
 
-app.add_typer(maint.app, name="maint")
+app.add_typer(maintenance.app, name="maint")
 explain.register(app)
 app.add_typer(auth.token_app, name="token")
 app.add_typer(auth.keys_app, name="keys")
 app.command("whoami")(auth.whoami)
 app.command("authd")(auth.authd)
-app.command("share")(share.share)
-app.command("priority")(share.priority)
+app.command("share")(fairshare.share)
+app.command("priority")(fairshare.priority)
 app.command("sim")(sim.sim)
 
 

@@ -1,6 +1,6 @@
 """The REST API (`/v1`), served by every controller: the app, its credential check, its error
 replies and middleware; the routes live in one router per resource (submit_api, jobs_api,
-steps_api, nodes_api, agents_api, cluster_api, maint_api, share_api, dashboard). Errors
+steps_api, nodes_api, agents_api, cluster_api, maintenance_api, fairshare_api, dashboard). Errors
 mirror `phalanx.errors`:
 
 {"error": {"code": "invalid_spec", "message": "nodes: ...", "details": {...}}}
@@ -26,12 +26,12 @@ from phalanx.controller import (
     cluster_api,
     dashboard,
     docs_ui,
+    fairshare_api,
     guard,
     jobs_api,
-    maint_api,
+    maintenance_api,
     metrics,
     nodes_api,
-    share_api,
     steps_api,
     submit_api,
 )
@@ -158,9 +158,9 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         steps_api.router(api),
         nodes_api.router(api),
         agents_api.router(api),
-        maint_api.router(ctl),
+        maintenance_api.router(ctl),
         dashboard.router(ctl),
-        share_api.router(ctl),
+        fairshare_api.router(ctl),
     ):
         app.include_router(router)
     docs_ui.add_routes(app)

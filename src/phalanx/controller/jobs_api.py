@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query
 
 from phalanx.auth.tokens import Identity
-from phalanx.controller import access, explaining
+from phalanx.controller import access, explain
 from phalanx.controller.api_context import ApiContext, caller, user_may_release
 from phalanx.controller.api_models import RefsIn, RequeueIn, SignalIn, UpdateIn
 from phalanx.controller.views import allocation_view, job_view
@@ -227,12 +227,12 @@ def router(api: ApiContext) -> APIRouter:
         row = ctl.store.get_job(ids[0])
         if api.private(ident, row):
             raise Forbidden(
-                f"why job {explaining.display_id(row)} waits or ended is private to "
+                f"why job {explain.display_id(row)} waits or ended is private to "
                 f"{row['user']} (auth.private_data)",
                 job=str(ids[0]),
                 owner=row["user"],
             )
-        return explaining.explain_job(
+        return explain.explain_job(
             ctl.store,
             row,
             time.time(),

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 
 from phalanx.auth.tokens import Identity
-from phalanx.controller import maint_api
+from phalanx.controller import maintenance_api
 from phalanx.controller.api_context import ApiContext, caller
 from phalanx.controller.api_models import DrainIn
 from phalanx.controller.views import node_view
@@ -25,7 +25,7 @@ def router(api: ApiContext) -> APIRouter:
         rows = ctl.store.list_nodes()
         views = [api.node_for(ident, node_view(n)) for n in rows]
         for v, n in zip(views, rows, strict=True):
-            v["maintenance"] = maint_api.node_windows(v["name"], windows)
+            v["maintenance"] = maintenance_api.node_windows(v["name"], windows)
             v["topology"] = dict(ctl.topology.place(n["name"], n.get("topology")))
         return {"nodes": views}
 
@@ -33,7 +33,7 @@ def router(api: ApiContext) -> APIRouter:
     def node(name: str, ident: Identity = Depends(caller)) -> dict[str, Any]:
         row = ctl.store.get_node(name)
         view = api.node_for(ident, node_view(row))
-        view["maintenance"] = maint_api.node_windows(name, ctl.store.list_windows())
+        view["maintenance"] = maintenance_api.node_windows(name, ctl.store.list_windows())
         # the place placement uses: the config's [topology] rules, else what the agent reported
         view["topology"] = dict(ctl.topology.place(name, row.get("topology")))
         view["events"] = api.events_for(ident, ctl.store.events(node=name, limit=50, newest=True))

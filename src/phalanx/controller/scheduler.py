@@ -3,7 +3,7 @@
 `Scheduler.tick` runs one pass over the partitions whose `sched:<partition>` lease this
 controller holds: it reads the snapshot, plans with the pure domain/scheduling.py (the same
 options `phalanx explain` uses, `plan_options`), applies the starts in fenced writes (the fence
-asked for again before each partition's write), preempts (controller/preempting.py) and
+asked for again before each partition's write), preempts (controller/preemption.py) and
 records why the others wait. Its own module so that the pass reads top to bottom.
 """
 
@@ -23,7 +23,7 @@ from phalanx.controller.metrics import (
     SCHED_PASS_SECONDS,
     observe_placements,
 )
-from phalanx.controller.preempting import preempt_pass
+from phalanx.controller.preemption import preempt_pass
 from phalanx.controller.wakeups import Waiters
 from phalanx.domain import scheduling
 from phalanx.domain.states import JobState

@@ -39,7 +39,7 @@ __all__ = ["Explanation", "display_id", "explain_history", "explain_pending"]
 
 _AHEAD_CHECKS = 2000  # jobs ahead examined for "behind N jobs" (each costs one node scan)
 _WAITING = ("Resources", "Priority")
-PREEMPTING = "Preempting"  # the reason of a job waiting for its victims (controller/preempting)
+PREEMPTING = "Preempting"  # the reason of a job waiting for its victims (controller/preemption.py)
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The store's foundation: engines and configuration, migrations, and the helpers every
 transaction uses (events, fence checks, conditional job transitions, work wakeups).
 
-`Store` (store/store.py) is built on it, topic by topic (store/windows.py for maintenance).
+`Store` (store/store.py) is built on it, topic by topic (store/maintenance.py for maintenance windows).
 """
 
 from __future__ import annotations

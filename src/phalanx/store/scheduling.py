@@ -39,14 +39,14 @@ from phalanx.domain.states import (
 )
 from phalanx.store import schema as s
 from phalanx.store.attempts import _elastic_columns
+from phalanx.store.fairshare import FairShareUsage
+from phalanx.store.maintenance import MaintenanceWindows
 from phalanx.store.pending import Pending, PendingMirror
 from phalanx.store.sqlbits import JOB_SUMMARY as _JOB_SUMMARY
 from phalanx.store.sqlbits import Fence, attempt_holds
 from phalanx.store.sqlbits import active_tasks as _active_tasks
 from phalanx.store.sqlbits import chunks as _chunks
 from phalanx.store.sqlbits import now as _now
-from phalanx.store.usage import FairShareUsage
-from phalanx.store.windows import MaintenanceWindows
 
 
 @dataclass

@@ -13,9 +13,9 @@ methods as Protocols grouped by who calls them, and a test holds the two to the 
     nodes        register_node, drain, resume, mark_down(fence)    store/nodes.py
     history      get_job, list_jobs, events, purge_finished, ...   store/history.py
     steps        create_step, apply_step_reports, ...              store/steps.py
-    maintenance  add_window, start_window, end_window, ...         store/windows.py
+    maintenance  add_window, start_window, end_window, ...         store/maintenance.py
     preemption   preempt, preemption_rows                          store/preemption.py
-    fair share   charge_usage, usage_table, ...                    store/usage.py
+    fair share   charge_usage, usage_table, ...                    store/fairshare.py
     metrics      metrics_figures, carry_purged                     store/metrics.py
 
 Every method is one transaction; every state change appends `events` in it. Outcomes are kept
