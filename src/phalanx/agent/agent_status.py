@@ -22,7 +22,7 @@ from phalanx.domain import job_reports
 
 log = logging.getLogger("phalanx.agent")
 
-MAX_GPU_EVENTS = 256  # GPU events one heartbeat carries (controller/runtime.py takes as many)
+MAX_GPU_EVENTS = 256  # GPU events one heartbeat carries (controller/agentwork.py takes as many)
 
 
 class AgentStatus:

@@ -52,7 +52,7 @@ class StoreBase:
         policy: FailurePolicy | None = None,
         op_timeout: float = DEFAULT_OP_TIMEOUT,
     ) -> None:
-        # op_timeout: PostgreSQL round-trip deadline (timing.db_op_timeout; store/engine.py)
+        # op_timeout: PostgreSQL round-trip deadline (timing.db_op_timeout; store/pgwatch.py)
         self.db = Engines(url, connect_timeout=connect_timeout, op_timeout=op_timeout)
         self.actor = actor  # default actor/controller id stamped on events
         self.dialect = self.db.dialect

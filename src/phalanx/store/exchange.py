@@ -113,7 +113,7 @@ class AgentReports(AttemptProgress):
         if not ages:
             return []
         n = s.nodes.c
-        # urgent (engine.WriterQueue): a flush that fails restarts the failure detector's
+        # urgent (writers.WriterQueue): a flush that fails restarts the failure detector's
         # grace, so it must not wait behind bulk writes; one small row per node heard from
         with self.db.begin(urgent=True) as conn:
             db_now = float(conn.execute(select(self.db.db_now_sql())).scalar_one())
@@ -170,7 +170,7 @@ class AgentReports(AttemptProgress):
     def node_gens_total(self) -> int:
         """The sum of every node's work generation: gens only grow, so an unchanged sum means
         no node got work since it was last read, and a poll of 10,000 nodes reads one number
-        instead of 10,000 rows (`Controller.gen_tick`)."""
+        instead of 10,000 rows (`WorkWakeups.tick`, controller/wakeups.py)."""
         with self.db.begin(write=False) as conn:
             return int(
                 conn.execute(select(func.coalesce(func.sum(s.nodes.c.work_gen), 0))).scalar_one()

@@ -15,7 +15,7 @@ dialect and runs it on the transaction's own driver connection (part of the same
 `rowinsert.py` does the same for submission's inserts), converting parameters and results
 with the processors SQLAlchemy itself would use (JSON, Boolean). On PostgreSQL every round
 trip must pass through SQLAlchemy's cursor events, which arm the statement deadline
-(`engine.Watchdog`): there the statement runs as usual, and the rows are returned in the same
+(`pgwatch.Watchdog`): there the statement runs as usual, and the rows are returned in the same
 form. A statement whose rendering depends on its parameters (an expanding `IN`) runs as usual
 on both. A driver error is raised as SQLAlchemy would raise it, so the store's handling of
 "database unavailable" is unchanged.

@@ -11,7 +11,7 @@ transaction and commits or rolls back with it. A driver error is raised as SQLAl
 raise it, so the store's handling of "database unavailable" is unchanged.
 
 Only SQLite takes this path. On PostgreSQL each round trip must pass through SQLAlchemy's
-cursor events, which arm the statement deadline (`engine.Watchdog`); there the ordinary
+cursor events, which arm the statement deadline (`pgwatch.Watchdog`); there the ordinary
 statement runs.
 """
 
