@@ -16,6 +16,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 from test_api import Agent
 
+from grace import pass_the_grace
+from phalanx.clock import FakeClock
 from phalanx.config import Config, load_config
 from phalanx.controller.runtime import Controller
 from phalanx.store import schema
@@ -108,10 +110,9 @@ def silence(store: Store, node: str, seconds: float) -> None:
         )
 
 
-def judging(ctl: Controller) -> Controller:
+def judging(ctl: Controller, clock: FakeClock) -> Controller:
     """The cluster duty, past the wait a new lease holder makes before judging any node."""
-    assert ctl.cluster.since is not None
-    ctl.cluster.since -= 10 * ctl.timing.node_down_timeout
+    pass_the_grace(ctl, clock)
     return ctl
 
 
@@ -124,7 +125,8 @@ def test_the_detector_judges_by_the_count_it_reads_not_by_a_stale_one(
     requeued beside themselves), but must once it is silent past 20 s."""
     for n in ("n1", "n2"):
         add_node(store, n)
-    b = Controller(store, config, cid="b")
+    clock = FakeClock()
+    b = Controller(store, config, cid="b", clock=clock)
     b.rescale_timing()
     assert "took term" in b.leases.tick()
     assert b.timing.node_down_timeout == 10
@@ -137,11 +139,13 @@ def test_the_detector_judges_by_the_count_it_reads_not_by_a_stale_one(
         silence(store, n, 0)
 
     silence(store, "n1", 15)
-    said = judging(b).cluster.judge_nodes()
-    assert "n1 DOWN" not in said
+    assert b.cluster.judge_nodes() == "idle"  # a new holder's grace: no verdict yet
+    said = judging(b, clock).cluster.judge_nodes()
+    assert "n1 DOWN" not in said, said
     assert not store.get_node("n1")["down"]
     assert b.timing.node_down_timeout == 20
 
     silence(store, "n1", 21)
-    assert "n1 DOWN" in b.cluster.judge_nodes()
+    # (the grace is one timeout as it now stands, 20 s: the clock moves past that too)
+    assert "n1 DOWN" in judging(b, clock).cluster.judge_nodes()
     assert store.get_node("n1")["down"]

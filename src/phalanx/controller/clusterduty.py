@@ -9,10 +9,10 @@ plane never looks like a dead cluster. The fence is asked for again before every
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Protocol
 
+from phalanx.clock import Clock, SystemClock
 from phalanx.config import Config, Timing
 from phalanx.controller.fairshare import FairShare
 from phalanx.controller.heartbeats import Heartbeats
@@ -45,6 +45,7 @@ class ClusterDuty:
         fairshare: FairShare,
         rescale: Callable[[], str],
         kick: Callable[[], None],
+        clock: Clock | None = None,
     ) -> None:
         self.store = store
         self.config = config
@@ -55,6 +56,8 @@ class ClusterDuty:
         self.fairshare = fairshare
         self.rescale = rescale  # the heartbeat rule, from the node count read afresh
         self.kick = kick
+        # the detector's clock (its grace, the purge and charge periods): a test moves it
+        self.clock = clock or SystemClock()
         self.since: float | None = None  # monotonic time the cluster duty was taken
         self._last_purge: float | None = None  # monotonic time of the last retention purge
         self._last_charge: float | None = None  # monotonic time usage was last charged
@@ -65,13 +68,13 @@ class ClusterDuty:
 
     def lease_changed(self, term: int | None) -> None:
         """The `cluster` lease was taken (`term`) or lost (None)."""
-        self.since = time.monotonic() if term is not None else None
+        self.since = self.clock.monotonic() if term is not None else None
 
     def restart_grace(self) -> None:
         """Heartbeats could not be recorded: judge no node until a full timeout of fresh
         heartbeats has been seen again."""
         if self.since is not None:
-            self.since = time.monotonic()
+            self.since = self.clock.monotonic()
 
     def tick(self) -> str:
         """Failure detector, reaper and maintenance windows; only the holder of the `cluster`
@@ -98,11 +101,11 @@ class ClusterDuty:
         keep = self.config.accounting.keep_seconds()
         if keep is None or self.leases.fence(CLUSTER_LEASE) is None:
             return ""
-        mono = time.monotonic()
+        mono = self.clock.monotonic()
         if not force and self._last_purge is not None and mono - self._last_purge < PURGE_EVERY:
             return ""
         self._last_purge = mono
-        cutoff = (time.time() if now is None else now) - keep
+        cutoff = (self.clock.time() if now is None else now) - keep
         batch = self.config.accounting.purge_batch
         total = 0
         for _ in range(20):
@@ -119,7 +122,7 @@ class ClusterDuty:
         fence = self.leases.fence(CLUSTER_LEASE)
         if fence is None:
             return ""
-        mono = time.monotonic()
+        mono = self.clock.monotonic()
         period = self.config.priority.calc_period
         if not force and self._last_charge is not None and mono - self._last_charge < period:
             return ""
@@ -138,7 +141,7 @@ class ClusterDuty:
         since = self.since
         if fence is None or since is None:
             return None
-        if time.monotonic() - since < self.timing().node_down_timeout:
+        if self.clock.monotonic() - since < self.timing().node_down_timeout:
             return None
         return fence
 
@@ -183,7 +186,7 @@ class ClusterDuty:
         if fence is None:
             return ", ".join(said) or "idle"
         launch_timeout = self.timing().launch_timeout
-        for att in self.store.stale_starting_attempts(time.time() - launch_timeout):
+        for att in self.store.stale_starting_attempts(self.clock.time() - launch_timeout):
             if self.store.requeue_lost_launch(
                 att["id"],
                 f"no agent confirmed the launch within {launch_timeout:g}s",

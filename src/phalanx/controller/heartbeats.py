@@ -11,11 +11,11 @@ the flush that empties it share one lock and nothing else.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 
 from prometheus_client import Counter
 
+from phalanx.clock import Clock, SystemClock
 from phalanx.errors import StoreUnavailable
 from phalanx.store.surface import AgentExchange
 
@@ -29,18 +29,20 @@ class Heartbeats:
         *,
         kick: Callable[[], None],
         unrecorded: Callable[[], None],
+        clock: Clock | None = None,
     ) -> None:
         self.store = store
         self.kick = kick  # a node came back: the scheduler may place on it
         # a flush failed for want of the store: the failure detector restarts its grace
         self.unrecorded = unrecorded
+        self.clock = clock or SystemClock()  # when a node was heard (monotonic)
         self._beats: dict[str, float] = {}  # node -> monotonic time last seen
         self._lock = threading.Lock()
 
     def seen(self, node: str) -> None:
         HEARTBEATS.inc()
         with self._lock:
-            self._beats[node] = time.monotonic()
+            self._beats[node] = self.clock.monotonic()
 
     def unflushed(self) -> list[str]:
         """The nodes heard since the last flush that committed."""
@@ -60,7 +62,7 @@ class Heartbeats:
             beats = dict(self._beats)
         if not beats:
             return "idle"
-        now = time.monotonic()
+        now = self.clock.monotonic()
         try:
             back = self.store.record_heartbeats({n: now - t for n, t in beats.items()})
             with self._lock:

@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from phalanx.auth.keys import Key
+from phalanx.clock import Clock
 from phalanx.config import Config, Timing
 from phalanx.controller.agentwork import AgentDuty
 from phalanx.controller.clusterduty import CLUSTER_LEASE, ClusterDuty
@@ -52,7 +53,19 @@ log = logging.getLogger("phalanx.controller")
 
 
 class Controller:
-    def __init__(self, store: Store, config: Config, *, cid: str, url: str | None = None) -> None:
+    """One controller: its duties wired together (docs/architecture.md, the map). `clock`
+    is the clock of its leases and its failure detector (when a node was heard, a new lease
+    holder's grace, the purge and charge periods); tests pass a `FakeClock` to move it."""
+
+    def __init__(
+        self,
+        store: Store,
+        config: Config,
+        *,
+        cid: str,
+        url: str | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         self.store = store
         self.config = config
         # the timings in force: config's, scaled by the heartbeat rule to the cluster's size
@@ -70,6 +83,7 @@ class Controller:
             renew_interval=self.timing.renew_interval,
             on_change=self._lease_changed,
             peers=self.live_controllers,
+            clock=clock,
         )
         self.waiters = Waiters()
         # progress of every loop (and of the store, when watchdog.store_timeout asks), for the
@@ -79,7 +93,7 @@ class Controller:
         self.loops = LoopRunner(config, self._timing, self.beats)
         self.last_tick = self.loops.last_tick  # loop -> monotonic time of its last tick
         self.heartbeats = Heartbeats(
-            store, kick=self.kick, unrecorded=lambda: self.cluster.restart_grace()
+            store, kick=self.kick, unrecorded=lambda: self.cluster.restart_grace(), clock=clock
         )
         self.wakeups = WorkWakeups(store, self.waiters, self._timing)
         self.maintenance = MaintenanceDuty(
@@ -110,6 +124,7 @@ class Controller:
             fairshare=self.fairshare,
             rescale=self.rescale_timing,
             kick=self.kick,
+            clock=clock,
         )
         self.intervals = CheckpointIntervals(store, self._timing)
         self.agents = AgentDuty(
