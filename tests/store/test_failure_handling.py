@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
+from sqlalchemy import update
 from test_store_contract import (  # the contract suite's helpers and `store` fixture
     add_node,
     exited,
@@ -321,3 +323,75 @@ def test_the_detector_verdict_is_checked_again_in_its_write(store: Store) -> Non
     assert "node.down" not in [e["kind"] for e in store.events(node="n1")]
     assert store.mark_down("n2", "no heartbeat for 10s", None, silent_for=6.0)
     assert store.get_node("n2")["down"]
+
+
+def marks(store: Store) -> dict[str, float | None]:
+    return {c["id"]: c["flushed_through"] for c in store.list_controllers()}
+
+
+def lag(store: Store, cid: str, seconds: float) -> None:
+    """Controller `cid` last flushed `seconds` ago (its mark), as if it stopped flushing."""
+    with store.db.begin() as conn:
+        conn.execute(
+            update(schema.controllers)
+            .where(schema.controllers.c.id == cid)
+            .values(flushed_through=store.db_time() - seconds)
+        )
+
+
+def test_a_controller_that_has_not_flushed_holds_the_detector_back(store: Store) -> None:
+    """Controller c2 answered n1's heartbeats but has not written them (paused, slow, cut off
+    from the store): the store says n1 is silent, but no DOWN verdict may be written while c2
+    is behind, within the timeout. Once c2 flushes, or has been behind for longer than the
+    timeout (its agents fenced since), the verdict stands. A stopping controller's last flush
+    clears its mark."""
+    for cid in ("c1", "c2"):
+        store.register_controller(cid, None)
+    add_node(store, "n1")
+    heard(store, "n1", 10.0)
+    lag(store, "c2", 5.0)
+    store.record_heartbeats({}, controller="c1", flushed_age=0.0)
+    db_now, horizon = store.heard_horizon(8.0)
+    assert horizon == marks(store)["c2"] and horizon <= db_now - 5.0  # c2's mark, the earliest
+    assert not store.mark_down("n1", "no heartbeat for 10s", None, silent_for=8.0)
+    assert not store.get_node("n1")["down"]
+    store.record_heartbeats({}, controller="c2", flushed_age=0.0)  # c2 catches up
+    ahead = marks(store)["c2"]
+    store.record_heartbeats({}, controller="c2", flushed_age=30.0)  # an older batch, late
+    assert marks(store)["c2"] == ahead  # a mark never moves back
+    assert store.mark_down("n1", "no heartbeat for 10s", None, silent_for=8.0)
+
+    add_node(store, "n2")
+    heard(store, "n2", 10.0)
+    lag(store, "c2", 9.0)  # behind by longer than the timeout: it holds nothing back
+    store.record_heartbeats({}, controller="c1", flushed_age=0.0)
+    assert store.heard_horizon(8.0)[1] == marks(store)["c1"]
+    assert store.mark_down("n2", "no heartbeat for 10s", None, silent_for=8.0)
+
+    store.record_heartbeats({"n1": 0.0}, controller="c2", flushed_age=0.0, retire=True)
+    assert marks(store)["c2"] is None
+    assert not store.get_node("n1")["down"]  # its last batch was stored with it
+    store.register_controller("c2", None)  # a restart: nothing heard, nothing held back
+    assert marks(store)["c2"] is not None
+
+
+def test_a_flush_that_waited_for_its_turn_stamps_the_time_it_stands_for(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flush that waits 3 s for its turn to write (behind the process's bulk writes) must
+    not stamp a heartbeat, or its controller's mark, 3 s later than it was heard."""
+    store.register_controller("c1", None)
+    add_node(store, "n1")
+    begin = store.db.begin
+
+    def slow_begin(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(3.0)  # the wait for the write turn (what is measured, not a condition)
+        return begin(*args, **kwargs)
+
+    monkeypatch.setattr(store.db, "begin", slow_begin)
+    before = store.db_time()
+    store.record_heartbeats({"n1": 0.0}, controller="c1", flushed_age=0.0)
+    monkeypatch.undo()
+    assert store.get_node("n1")["last_heartbeat"] < before + 1.5
+    mark = marks(store)["c1"]
+    assert mark is not None and mark < before + 1.5

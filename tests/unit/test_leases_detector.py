@@ -9,7 +9,7 @@ import pytest
 
 from phalanx.clock import FakeClock
 from phalanx.controller.leases import LeaseKeeper
-from phalanx.domain.detector import silent_nodes
+from phalanx.domain.detector import heard_horizon, silent_nodes
 from phalanx.store.store import Store
 
 
@@ -88,6 +88,21 @@ def test_detector_names_only_registered_live_nodes_silent_too_long() -> None:
 def test_detector_boundary_is_strictly_longer_than_the_timeout() -> None:
     assert silent_nodes([node("n", 90.0)], 100.0, 10.0) == []
     assert silent_nodes([node("n", 89.9)], 100.0, 10.0)
+
+
+def test_the_heard_horizon_waits_for_a_lagging_controller_within_the_timeout() -> None:
+    """Silence counts only up to the earliest flushed-through mark of the live controllers:
+    one 4 s behind holds the horizon 4 s back; one behind by more than the window (stopped
+    or cut off that long: its agents have fenced) and one of an earlier release (no mark)
+    hold nothing back; with no one behind, the horizon is now."""
+    assert heard_horizon(100.0, [99.5, 96.0], window=10.0) == 96.0
+    assert heard_horizon(100.0, [99.5, 89.0, None], window=10.0) == 99.5
+    assert heard_horizon(100.0, [], window=10.0) == 100.0
+    assert heard_horizon(100.0, [100.3], window=10.0) == 100.0  # a mark is never past now
+    # a verdict that "now" would give is held while a controller lags
+    late = [node("n", 88.0)]
+    assert silent_nodes(late, 100.0, 10.0)
+    assert silent_nodes(late, heard_horizon(100.0, [97.0], window=10.0), 10.0) == []
 
 
 def test_an_unreachable_store_costs_one_call_per_tick_not_one_per_lease(

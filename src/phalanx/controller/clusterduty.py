@@ -154,12 +154,14 @@ class ClusterDuty:
         # the count afresh, before the silent nodes: at least what any reply they applied
         # was scaled for (Timings.rescale)
         self.rescale()
-        db_now = self.store.db_time()
-        unflushed = self.heartbeats.unflushed()
         timing = self.timing()
+        unflushed = self.heartbeats.unflushed()
+        # silence counts up to the time through which every live controller's heartbeats
+        # are stored, not up to now (domain/detector.py, heard_horizon)
+        _db_now, horizon = self.store.heard_horizon(timing.node_down_timeout)
         verdicts = silent_nodes(
-            self.store.silent_node_rows(db_now - timing.node_down_timeout),
-            db_now,
+            self.store.silent_node_rows(horizon - timing.node_down_timeout),
+            horizon,
             timing.node_down_timeout,
             heard_recently=unflushed,
         )

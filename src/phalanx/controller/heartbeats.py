@@ -26,12 +26,14 @@ class Heartbeats:
     def __init__(
         self,
         store: AgentExchange,  # only record_heartbeats
+        cid: str,
         *,
         kick: Callable[[], None],
         unrecorded: Callable[[], None],
         clock: Clock | None = None,
     ) -> None:
         self.store = store
+        self.cid = cid  # whose flushed_through mark each flush advances
         self.kick = kick  # a node came back: the scheduler may place on it
         # a flush failed for want of the store: the failure detector restarts its grace
         self.unrecorded = unrecorded
@@ -54,17 +56,28 @@ class Heartbeats:
         with self._lock:
             return node in self._beats
 
-    def flush(self) -> str:
+    def flush(self, *, final: bool = False) -> str:
         """Write the heartbeats heard since the last flush. They stay in the batch until the
         write commits: the failure detector counts them as heard (`heard_recently`), so a
-        node is never judged silent while its heartbeat is on its way to the store."""
+        node is never judged silent while its heartbeat is on its way to the store.
+
+        Every flush, even of no heartbeat, also advances this controller's mark: all it heard
+        before it took the batch is stored. Every detector counts a node's silence only up to
+        the earliest mark of the live controllers (domain/detector.py, `heard_horizon`), so a
+        controller that cannot flush holds them back rather than let them declare DOWN a node
+        whose heartbeat it holds. `final`: the controller's HTTP server has stopped, so
+        nothing more will be heard; the mark is cleared with this last batch."""
         with self._lock:
             beats = dict(self._beats)
-        if not beats:
-            return "idle"
+            taken = self.clock.monotonic()  # all heard before this is in `beats` or stored
         now = self.clock.monotonic()
         try:
-            back = self.store.record_heartbeats({n: now - t for n, t in beats.items()})
+            back = self.store.record_heartbeats(
+                {n: now - t for n, t in beats.items()},
+                controller=self.cid,
+                flushed_age=now - taken,
+                retire=final,
+            )
             with self._lock:
                 for n, t in beats.items():
                     if self._beats.get(n) == t:  # not heard again meanwhile

@@ -93,7 +93,7 @@ class Controller:
         self.loops = LoopRunner(config, self._timing, self.beats)
         self.last_tick = self.loops.last_tick  # loop -> monotonic time of its last tick
         self.heartbeats = Heartbeats(
-            store, kick=self.kick, unrecorded=lambda: self.cluster.restart_grace(), clock=clock
+            store, cid, kick=self.kick, unrecorded=lambda: self.cluster.restart_grace(), clock=clock
         )
         self.wakeups = WorkWakeups(store, self.waiters, self._timing)
         self.maintenance = MaintenanceDuty(
@@ -164,7 +164,7 @@ class Controller:
         self.wakeups.stop()
         self.loops.join()
         with contextlib.suppress(PhalanxError):
-            self.heartbeats.flush()
+            self.heartbeats.flush(final=True)  # (the HTTP server has stopped: server.py)
         self.leases.release_all()
 
     def start_listener(self) -> None:

@@ -27,3 +27,22 @@ def silent_nodes(
                 (n["name"], f"no heartbeat for {silent:.1f}s (node_down_timeout {timeout:g}s)")
             )
     return out
+
+
+def heard_horizon(db_now: float, flushed: Iterable[float | None], window: float) -> float:
+    """The time up to which the store holds every heartbeat the live controllers answered.
+
+    A controller answers a node's heartbeat at once and writes it with its next flush; until
+    then the store says the node is silent while the node's agent, freshened by the reply,
+    keeps its jobs running. Each controller's flush therefore also writes the time through
+    which everything it heard is stored (`flushed`, database clock). A silence counts only up
+    to the earliest of those times: a controller that is slow, paused or cut off from the
+    store holds the failure detector back instead of letting it blame that silence on a node.
+
+    A controller whose mark is older than `window` (the node-DOWN timeout) no longer holds it
+    back: it has stopped or lost the store for that long, and every agent that heard only from
+    it has let its fence run out since (the timing rule puts the fence well inside the
+    timeout). None: a controller of an earlier release, which writes no mark.
+    """
+    marks = [f for f in flushed if f is not None and f >= db_now - window]
+    return min([db_now, *marks])

@@ -7,6 +7,7 @@ cannot make a live node look silent); a report with a wrong attempt token is ign
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -94,7 +95,14 @@ _CLEAR_LAUNCH_FAILURES = Prebuilt(
 class AgentReports(AttemptProgress):
     """The agents' hot path."""
 
-    def record_heartbeats(self, ages: dict[str, float]) -> list[str]:
+    def record_heartbeats(
+        self,
+        ages: dict[str, float],
+        *,
+        controller: str | None = None,
+        flushed_age: float | None = None,
+        retire: bool = False,
+    ) -> list[str]:
         """One transaction for a batch of heartbeats: node -> seconds since it was seen.
 
         Stamped with the database's clock (now - age), so controllers on hosts whose clocks
@@ -109,15 +117,45 @@ class AgentReports(AttemptProgress):
         failure detector count the node silent since then, and declare it DOWN while its
         agent's fence (freshened by those later replies) still lets its jobs run. Such a stale
         heartbeat brings no DOWN node back either: it says nothing about the node since.
+
+        `controller`, `flushed_age`: the flushing controller, and how long ago it took this
+        batch: everything it heard before then is now stored, and its `flushed_through` mark
+        (never moved back) says so in the same transaction (domain/detector.py,
+        `heard_horizon`). With no heartbeats, only the mark is written. `retire`: the
+        controller is stopping and answers no more heartbeats; with this last batch stored it
+        holds no detector back, and its mark is cleared.
+
+        Ages count from the call: the time this method waits for its turn to write (behind the
+        process's other writers, or a busy database) is taken off, so neither a stamp nor the
+        mark claims a moment later than the one it stands for.
         """
-        if not ages:
+        if not ages and controller is None:
             return []
+        called = time.monotonic()
         n = s.nodes.c
         # urgent (writers.WriterQueue): a flush that fails restarts the failure detector's
         # grace, so it must not wait behind bulk writes; one small row per node heard from
         with self.db.begin(urgent=True) as conn:
             db_now = float(conn.execute(select(self.db.db_now_sql())).scalar_one())
-            stamps = {name: db_now - age for name, age in ages.items()}
+            waited = time.monotonic() - called
+            stamps = {name: db_now - waited - age for name, age in ages.items()}
+            c = s.controllers.c
+            if controller is not None and retire:
+                conn.execute(
+                    update(s.controllers).where(c.id == controller).values(flushed_through=None)
+                )
+            elif controller is not None and flushed_age is not None:
+                mark = db_now - waited - flushed_age
+                conn.execute(
+                    update(s.controllers)
+                    .where(
+                        c.id == controller,
+                        or_(c.flushed_through.is_(None), c.flushed_through < mark),
+                    )
+                    .values(flushed_through=mark)
+                )
+            if not ages:
+                return []
             rows = conn.execute(
                 select(n.name, n.last_heartbeat).where(n.name.in_(sorted(ages)))
             ).all()

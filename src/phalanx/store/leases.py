@@ -106,11 +106,15 @@ class LeaseRecords(StoreBase):
             res = conn.execute(
                 update(s.controllers)
                 .where(s.controllers.c.id == cid)
-                .values(url=url, started_at=now, last_seen=now)
+                .values(url=url, started_at=now, last_seen=now, flushed_through=now)
             )
             if res.rowcount == 0:
+                # nothing heard yet, so nothing held back: its heartbeats are "stored" through
+                # now (the failure detector's horizon, domain/detector.py)
                 conn.execute(
-                    insert(s.controllers).values(id=cid, url=url, started_at=now, last_seen=now)
+                    insert(s.controllers).values(
+                        id=cid, url=url, started_at=now, last_seen=now, flushed_through=now
+                    )
                 )
             self._event(conn, "controller.start", f"controller {cid} started at {url}")
 

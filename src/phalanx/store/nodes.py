@@ -17,6 +17,7 @@ from sqlalchemy import (
     update,
 )
 
+from phalanx.domain.detector import heard_horizon
 from phalanx.domain.states import (
     AttemptState,
     JobState,
@@ -25,6 +26,7 @@ from phalanx.domain.states import (
 from phalanx.errors import InvalidSpec, InvalidTransition, NotFound
 from phalanx.store import schema as s
 from phalanx.store.attempts import _JOB_SUMMARY_BY_ID, AttemptProgress
+from phalanx.store.engine import Engines
 from phalanx.store.sqlbits import Fence
 from phalanx.store.sqlbits import active_tasks as _active_tasks
 from phalanx.store.sqlbits import now as _now
@@ -174,6 +176,12 @@ class NodeRecords(AttemptProgress):
         which is what makes the rule safe to apply while the cluster runs."""
         with self.db.begin(write=False) as conn:
             return int(conn.execute(select(func.count()).select_from(s.nodes)).scalar_one())
+
+    def heard_horizon(self, window: float) -> tuple[float, float]:
+        """(database now, the time through which the store holds every heartbeat that the
+        controllers live within `window` seconds answered): domain/detector.py says why."""
+        with self.db.begin(write=False) as conn:
+            return _heard_horizon(self.db, conn, window)
 
     def silent_node_rows(self, heard_before: float) -> list[dict[str, Any]]:
         """Registered, not-DOWN nodes whose last heartbeat in the store is older than
@@ -383,17 +391,18 @@ class NodeRecords(AttemptProgress):
         tasks that nothing would ever fail. False (nothing written) when it already was DOWN.
 
         `silent_for` (the failure detector's verdict): only if the node's last heartbeat is
-        still older than this many seconds (database clock) when the write happens. The
-        detector reads the silent nodes first; a heartbeat another controller writes between
-        that read and this write (a slow tick, a busy database) must keep the node up, as its
-        agent's fence was freshened by that heartbeat's reply."""
+        still older than this many seconds before the heard horizon (`heard_horizon`) when
+        the write happens. The detector reads the silent nodes first; a heartbeat another
+        controller writes between that read and this write (a slow tick, a busy database),
+        or one a live controller has answered but not yet written, must keep the node up, as
+        its agent's fence was freshened by that heartbeat's reply."""
         n = s.nodes.c
         with self.db.begin() as conn:
             self._check_fence(conn, fence)
             q = update(s.nodes).where(n.name == name, n.down.is_(False))
             if silent_for is not None:
-                db_now = float(conn.execute(select(self.db.db_now_sql())).scalar_one())
-                q = q.where(n.last_heartbeat < db_now - silent_for)
+                _, horizon = _heard_horizon(self.db, conn, silent_for)
+                q = q.where(n.last_heartbeat < horizon - silent_for)
             res = conn.execute(q.values(down=True, down_reason=reason))
             if res.rowcount != 1:
                 return False
@@ -414,3 +423,10 @@ class NodeRecords(AttemptProgress):
                     )
                 ).mappings()
             ]
+
+
+def _heard_horizon(db: Engines, conn: Connection, window: float) -> tuple[float, float]:
+    """(database now, heard horizon) read in the caller's transaction."""
+    db_now = float(conn.execute(select(db.db_now_sql())).scalar_one())
+    marks = conn.execute(select(s.controllers.c.flushed_through)).scalars().all()
+    return db_now, heard_horizon(db_now, marks, window)

@@ -246,6 +246,8 @@ controllers = Table(
     Column("url", String(256), nullable=True),
     Column("started_at", Float, nullable=False),
     Column("last_seen", Float, nullable=False),
+    # database time through which every heartbeat it answered is stored (migration 0014)
+    Column("flushed_through", Float, nullable=True),
 )
 
 # Maintenance windows: the nodes are kept free of jobs that would cross the window, drained for
