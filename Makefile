@@ -32,7 +32,7 @@ test: install lint
 	bash scripts/ensure-etcd.sh
 	bash scripts/ensure-netns-tools.sh
 	bash scripts/ensure-chromium.sh
-	$(BIN)/pytest -q --durations=20 -m "not soak and not serial" -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/pytest -q --durations=20 -m "not soak and not serial" -n $(TEST_WORKERS) --dist loadfile
 	$(BIN)/pytest -q --durations=10 -m "serial and not soak"
 
 # The long runs kept out of `make test`: the 1,000-node simulation, the chaos runs (a few

@@ -24,12 +24,17 @@ for _path in (str(_TESTS_DIR), str(_SRC_DIR)):
         sys.path.insert(0, _path)
 
 # `make test` runs the suite in two parts (Makefile): everything but `serial` on parallel
-# workers (pytest-xdist, `--dist loadgroup`), then the `serial` modules one at a time with
-# nothing beside them. A module is serial when it asserts that something does NOT happen
-# within a bound (no node declared DOWN across a failover or an outage, a wakeup or a watchdog
-# ping within its interval): on a 2-core machine another module's load beside it could turn
-# a pass into a false failure, and a flaky test is a failing test. A single test can say so
-# itself with `@pytest.mark.serial`.
+# workers (pytest-xdist, `--dist loadfile`: a module's tests stay on one worker, so its
+# module-scoped clusters and users are set up once), then the `serial` modules one at a time
+# with nothing beside them. Modules that run at once share nothing that one of them changes
+# for the machine (the Unix users they make have names of their own; system/unixusers.py
+# opens /root for search once for all of them).
+#
+# A module is serial when it asserts that something does NOT happen within a bound (no node
+# declared DOWN across a failover or an outage, a wakeup or a watchdog ping within its
+# interval): on a 2-core machine another module's load beside it could turn a pass into a
+# false failure, and a flaky test is a failing test. A single test can say so itself with
+# `@pytest.mark.serial`.
 RUN_ALONE = frozenset(
     (
         "store/test_op_deadline.py",  # a cut round trip ends within 4 s
@@ -52,35 +57,17 @@ RUN_ALONE = frozenset(
         ),
     )
 )
-# Modules that change the same machine-wide state run one after another on one worker: these
-# create Unix users and make /root searchable for their length (system/unixusers.py), which
-# one module's cleanup would undo under another's feet.
-SHARED_STATE = {
-    f"system/{name}.py": "unix-users"
-    for name in (
-        "test_fairshare",
-        "test_hostile_users",
-        "test_isolation",
-        "test_job_files",
-        "test_multiuser",
-        "test_patroni",
-    )
-}
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects and xdist reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark RUN_ALONE modules `serial`; keep each module on one worker (its module-scoped
-    clusters are set up once), and SHARED_STATE modules on the same one."""
-    for item in items:
-        try:
-            rel = item.path.resolve().relative_to(_TESTS_DIR).as_posix()
-        except ValueError:  # a test outside tests/ (none today)
-            continue
-        if rel in RUN_ALONE:
-            item.add_marker(pytest.mark.serial)
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(SHARED_STATE.get(rel, rel)))
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Mark the RUN_ALONE modules' tests `serial`, as each is collected (before `-m`
+    deselects in `pytest_collection_modifyitems`)."""
+    try:
+        rel = item.path.resolve().relative_to(_TESTS_DIR).as_posix()
+    except ValueError:  # a test outside tests/ (none today)
+        return
+    if rel in RUN_ALONE:
+        item.add_marker(pytest.mark.serial)
 
 
 from pgserver import PgServer, PostgresNotAvailable  # noqa: E402

@@ -20,7 +20,9 @@ All of it needs root; the modules using it skip otherwise.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import grp
+import json
 import os
 import pwd
 import shutil
@@ -31,6 +33,7 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -138,22 +141,66 @@ def reach_dirs() -> list[Path]:
     return out
 
 
+# Which processes have the directories open for search, and the modes to restore when the last
+# one is done: modules that run at once (make test's parallel workers) share one opening, and
+# a module's end never closes the directories under another's users. A holder killed before
+# its end is pruned by the next one; the modes it recorded are the original ones still.
+_SEARCHABLE = Path("/tmp/phalanx-test-searchable.json")
+_SEARCHABLE_LOCK = Path("/tmp/phalanx-test-searchable.lock")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@contextlib.contextmanager
+def _searchable_registry() -> Iterator[dict[str, Any]]:
+    """The registry, read and written under an exclusive lock, with dead holders pruned."""
+    with open(_SEARCHABLE_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            state = json.loads(_SEARCHABLE.read_text())
+        except (OSError, ValueError):
+            state = {}
+        state.setdefault("modes", {})
+        state["holders"] = [p for p in state.get("holders", []) if _alive(int(p))]
+        yield state
+        if state["holders"] or state["modes"]:
+            tmp = _SEARCHABLE.with_suffix(".tmp")
+            tmp.write_text(json.dumps(state))
+            tmp.replace(_SEARCHABLE)
+        else:
+            _SEARCHABLE.unlink(missing_ok=True)
+
+
 @contextlib.contextmanager
 def root_searchable() -> Iterator[None]:
     """/root, and any other directory on the way to the interpreter or the sources that others
     may not search (a checkout under a mode-700 temporary directory), get o+x for the block
-    (search only: nobody can list them), then their old modes back."""
-    changed: list[tuple[Path, int]] = []
-    try:
+    (search only: nobody can list them), then their old modes back once no other process
+    (a parallel test worker) still needs them."""
+    with _searchable_registry() as state:
         for d in reach_dirs():
             mode = stat.S_IMODE(d.stat().st_mode)
             if not mode & stat.S_IXOTH:
+                state["modes"].setdefault(str(d), mode)
                 os.chmod(d, mode | stat.S_IXOTH)
-                changed.append((d, mode))
+        state["holders"].append(os.getpid())
+    try:
         yield
     finally:
-        for d, mode in reversed(changed):
-            os.chmod(d, mode)
+        with _searchable_registry() as state:
+            if os.getpid() in state["holders"]:
+                state["holders"].remove(os.getpid())  # one entry: a nested block keeps its own
+            if not state["holders"]:
+                for d, mode in sorted(state["modes"].items(), reverse=True):  # deepest first
+                    with contextlib.suppress(FileNotFoundError):
+                        os.chmod(d, mode)
+                state["modes"] = {}
 
 
 def can_import(name: str, modules: str = "phalanx, jwt, httpx") -> None:
