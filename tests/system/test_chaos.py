@@ -49,6 +49,7 @@ PHX_CHAOS_FAULTS (a comma list of the names above) limits the kinds of fault, to
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
 import signal
@@ -362,8 +363,7 @@ class Chaos:
         finally:
             os.kill(d.pid, signal.SIGCONT)
 
-    def agent_blip(self) -> None:
-        node = self.rng.choice(NODES)
+    def agent_blip(self, node: str) -> None:
         pause = self.rng.uniform(0.0, 1.5)
         self.say(f"SIGKILL agent {node}, restart after {pause:.1f}s")
         d = self.cluster.agent(node)
@@ -371,8 +371,7 @@ class Chaos:
         time.sleep(pause)
         self.cluster.restart(d, wait=False)
 
-    def agent_down(self) -> None:
-        node = self.exposed_node(NODES)
+    def agent_down(self, node: str) -> None:
         self.say(f"SIGKILL agent {node} until its node is DOWN")
         d = self.cluster.agent(node)
         start = time.time()
@@ -383,8 +382,7 @@ class Chaos:
             self.cluster.restart(d, wait=False)
             self.windows.append(hist.Fault(node, "agent-down", start, time.time()))
 
-    def agent_freeze(self) -> None:
-        node = self.exposed_node(NODES)
+    def agent_freeze(self, node: str) -> None:
         self.say(f"SIGSTOP agent {node} until its node is DOWN, then SIGCONT")
         d = self.cluster.agent(node)
         start = time.time()
@@ -395,9 +393,8 @@ class Chaos:
             os.kill(d.pid, signal.SIGCONT)
             self.windows.append(hist.Fault(node, "agent-freeze", start, time.time()))
 
-    def partition(self) -> None:
-        assert self.lab is not None
-        self.exposed_node(["node01"])
+    def partition(self, node: str) -> None:
+        assert self.lab is not None and node == "node01", "only node01 sits behind a veth pair"
         self.say("partition node01 from the controllers until its node is DOWN")
         start = time.time()
         self.lab.partition(self.partition_ns, self.ctl_addr)
@@ -421,31 +418,52 @@ class Chaos:
         time.sleep(pause)
         self.authd = self.cluster.restart(self.authd, wait=False)
 
-    def exposed_node(self, nodes: Sequence[str]) -> str:
-        """One of `nodes` running a job that will outlive a node failure detected now (it runs
-        on past node_down_timeout and a requeue): a failure there tests fencing. Waits a while
-        for one (long jobs come along every few seconds); without one, any of `nodes`."""
+    def place(self, kinds: Sequence[str]) -> list[str]:
+        """A node for each node fault among `kinds` (in order; "" for the others), no two
+        the same: node01 for a partition (the node behind the veth pair); for a silence
+        (`SILENCES`), preferably a node running a job that will outlive a node failure
+        detected now (it runs on past node_down_timeout and a requeue), so that the failure
+        tests fencing. Waits a while for one (long jobs come along every few seconds);
+        without one, any free node."""
         work = self.work
         assert work is not None
         need = TIMING["node_down_timeout"] + 4.0
-        found: list[str] = []
+        exposed: set[str] = set()
 
         def look() -> bool:
             now = time.time()
             for j in self.cluster.client().jobs(state="RUNNING", limit=1000):
                 left = work.length(str(j["name"])) - (now - (j["start_time"] or now))
-                if j["nodelist"] in nodes and left > need:
-                    found.append(str(j["nodelist"]))
-            return bool(found)
+                if left > need:
+                    exposed.add(str(j["nodelist"]))
+            return bool(exposed)
 
-        with contextlib.suppress(AssertionError):
-            wait_for(
-                look,
-                timeout=3.0 if SOAK else EXPOSED_WAIT,
-                interval=0.3,
-                what="a long job to run",
-            )
-        return self.rng.choice(sorted(set(found))) if found else self.rng.choice(list(nodes))
+        if any(k in SILENCES for k in kinds):
+            with contextlib.suppress(AssertionError):
+                wait_for(
+                    look,
+                    timeout=3.0 if SOAK else EXPOSED_WAIT,
+                    interval=0.3,
+                    what="a long job to run",
+                )
+        out = [""] * len(kinds)
+        taken: set[str] = set()
+        # the constrained first: a partition, then silences (on an exposed node), then blips
+        order = sorted(
+            (i for i, k in enumerate(kinds) if k in NODE_FAULTS),
+            key=lambda i: (kinds[i] != "partition", kinds[i] not in SILENCES),
+        )
+        for i in order:
+            if kinds[i] == "partition":
+                choice = ["node01"]
+            else:
+                free = [n for n in NODES if n not in taken]
+                hot = [n for n in free if n in exposed] if kinds[i] in SILENCES else []
+                choice = hot or free
+            assert choice and choice[0] not in taken, f"no node left for {kinds}"
+            out[i] = self.rng.choice(choice)
+            taken.add(out[i])
+        return out
 
     def wait_down(self, node: str) -> None:
         wait_for(
@@ -455,8 +473,10 @@ class Chaos:
             what=f"{node} to be marked DOWN",
         )
 
-    def faults(self) -> dict[str, Callable[[], None]]:
-        out = {
+    def faults(self) -> dict[str, Callable[..., None]]:
+        """The faults this cluster can make, by name; a node fault (`NODE_FAULTS`) takes the
+        node it strikes (see `place`)."""
+        out: dict[str, Callable[..., None]] = {
             "ctl-kill": self.ctl_kill,
             "ctl-restart": self.ctl_restart,
             "ctl-stop": self.ctl_stop,
@@ -634,7 +654,7 @@ def released(c: Client) -> list[hist.Holding] | None:
 
 
 # ---------------------------------------------------------------------- the run
-def chaos_faults(chaos: Chaos) -> dict[str, Callable[[], None]]:
+def chaos_faults(chaos: Chaos) -> dict[str, Callable[..., None]]:
     """The faults this run may inject: all it can make, or those PHX_CHAOS_FAULTS names."""
     faults = chaos.faults()
     raw = os.environ.get("PHX_CHAOS_FAULTS", "").strip()
@@ -658,11 +678,29 @@ def schedule(rng: random.Random, kinds: list[str], rounds: int) -> list[str]:
     return (first + [rng.choice(kinds) for _ in range(max(0, rounds - len(kinds)))])[:rounds]
 
 
-# The soak runs each node fault (an agent blip, or a silence that lasts until the node is
-# DOWN) together with the next fault when that one strikes the control plane: more rounds an
-# hour, and node failures judged across controller failovers and database failovers.
+# The soak strikes the cluster with up to three faults at once, a round each: a node fault
+# (an agent blip, or a silence that lasts until the node is DOWN), a second one on another
+# node when the next fault is one (two nodes lost together, as a rack switch or a PDU loses
+# them), and the next fault after those when it strikes the control plane. More rounds an
+# hour, and node failures judged across each other, controller and database failovers.
 NODE_FAULTS = frozenset({"agent-down", "agent-freeze", "partition", "agent-blip"})
+SILENCES = frozenset({"agent-down", "agent-freeze", "partition"})  # until the node is DOWN
 ALONGSIDE = frozenset({"ctl-kill", "ctl-restart", "ctl-stop", "authd-kill", "pg-failover"})
+
+
+def group(plan: Sequence[str], r: int) -> list[str]:
+    """The faults of round r on that strike at once (outside the soak: plan[r] alone): see
+    above. Two partitions cannot (one node sits behind the veth pair)."""
+    kinds = [plan[r]]
+    if not SOAK or plan[r] not in NODE_FAULTS:
+        return kinds
+    nxt = r + 1
+    if nxt < len(plan) and plan[nxt] in NODE_FAULTS and not plan[r] == plan[nxt] == "partition":
+        kinds.append(plan[nxt])
+        nxt += 1
+    if nxt < len(plan) and plan[nxt] in ALONGSIDE:
+        kinds.append(plan[nxt])
+    return kinds
 
 
 def together(*faults: Callable[[], None]) -> None:
@@ -714,17 +752,24 @@ def run_chaos(chaos: Chaos, out: Path, seed: int, rounds: int, label: str) -> No
         plan = schedule(chaos.rng, sorted(faults), rounds)
         r = 0
         while r < len(plan):
-            kinds = [plan[r]]
-            if SOAK and plan[r] in NODE_FAULTS and r + 1 < len(plan) and plan[r + 1] in ALONGSIDE:
-                kinds.append(plan[r + 1])  # a node fault and a control-plane fault at once
+            kinds = group(plan, r)
             for kind in kinds:
                 counts[kind] = counts.get(kind, 0) + 1
-            chaos.say(f"round {r + 1}/{rounds}: {' + '.join(kinds)}")
-            together(*(faults[k] for k in kinds))
+            nodes = chaos.place(kinds)
+            chaos.say(
+                f"round {r + 1}/{rounds}: "
+                + " + ".join(f"{k} {n}" if n else k for k, n in zip(kinds, nodes, strict=True))
+            )
+            together(
+                *(
+                    functools.partial(faults[k], n) if n else faults[k]
+                    for k, n in zip(kinds, nodes, strict=True)
+                )
+            )
             r += len(kinds)
             chaos.healthy()
             # the workload runs on a whole cluster
-            time.sleep(chaos.rng.uniform(0.1, 0.4) if SOAK else chaos.rng.uniform(0.5, 2.0))
+            time.sleep(chaos.rng.uniform(0.0, 0.3) if SOAK else chaos.rng.uniform(0.5, 2.0))
             if budget is not None and time.monotonic() - t0 > budget:
                 chaos.say(f"time budget of {budget:.0f}s spent after {r} rounds")
                 rounds = r
