@@ -155,6 +155,30 @@ class Timing(BaseModel):
         (Nomad's habit: the servers' heartbeat rate is capped, the interval grows instead)."""
         return max(self.heartbeat_interval, max(0, nodes) / self.heartbeat_budget)
 
+    def flush_lag_limit(self) -> float:
+        """Seconds a controller goes on answering heartbeats after the moment through which its
+        last committed heartbeat flush stored everything it had heard: one flush interval
+        plus one db_op_timeout for a flush that waits (for its turn, a row lock, a slow
+        database). Past it the controller answers 503 instead (controller/agents_api.py), so
+        that no agent's fence is freshened by a controller that cannot store the heartbeat."""
+        return self.heartbeat_flush_interval + self.db_op_timeout
+
+    def heard_window(self) -> float:
+        """Seconds a controller's `flushed_through` mark holds the failure detector back
+        (domain/detector.py, `heard_horizon`): at least node_down_timeout, and long enough
+        that an agent answered just before the flush-lag limit has fenced its jobs: the limit,
+        one long-poll and its grace (the reply may freshen the fence that much after the
+        heartbeat was heard), fence_timeout, fence_kill_grace and fence_margin."""
+        fenced = (
+            self.flush_lag_limit()
+            + self.heartbeat_interval
+            + max(0.5, self.heartbeat_interval)
+            + self.fence_timeout
+            + self.fence_kill_grace
+            + self.fence_margin
+        )
+        return max(self.node_down_timeout, fenced)
+
     def for_cluster(self, nodes: int) -> Timing:
         """These timings for a cluster of `nodes` nodes (docs/sim.md, "The heartbeat rule").
 

@@ -15,13 +15,25 @@ from phalanx.controller.api_context import ApiContext, error_reply, fast_json
 from phalanx.controller.api_models import HEARTBEAT_PATH, HeartbeatIn, RegisterIn
 from phalanx.controller.fastpath import FastRoute
 from phalanx.controller.runtime import Controller
-from phalanx.errors import PhalanxError
+from phalanx.errors import PhalanxError, StoreUnavailable
 from phalanx.store.steps import StepReport
 from phalanx.store.store import TaskReport
 
 
 async def answer_heartbeat(ctl: Controller, node: str, body: HeartbeatIn) -> Response:
-    """The route's work (also the fast path's): record, wait for work, reply."""
+    """The route's work (also the fast path's): record, wait for work, reply.
+
+    Not while this controller's heartbeat flushes lag (Timing.flush_lag_limit): a reply
+    freshens the agent's fence, so it must come from a controller that will store the
+    heartbeat in time for every failure detector to see it. The 503 sends the agent to another
+    controller; when none can answer, it is the store outage agents already ride out."""
+    lag, limit = ctl.heartbeats.lag(), ctl.timing.flush_lag_limit()
+    if lag > limit:
+        raise StoreUnavailable(
+            f"controller {ctl.cid} cannot store heartbeats: everything it heard up to "
+            f"{lag:.1f}s ago is stored, and it answers only within {limit:g}s "
+            "(heartbeat_flush_interval + db_op_timeout); ask another controller"
+        )
     ctl.seen(node)
     if body.steps_at:
         ctl.step_addrs[node] = body.steps_at

@@ -158,7 +158,7 @@ class ClusterDuty:
         unflushed = self.heartbeats.unflushed()
         # silence counts up to the time through which every live controller's heartbeats
         # are stored, not up to now (domain/detector.py, heard_horizon)
-        _db_now, horizon = self.store.heard_horizon(timing.node_down_timeout)
+        _db_now, horizon = self.store.heard_horizon(timing.heard_window())
         verdicts = silent_nodes(
             self.store.silent_node_rows(horizon - timing.node_down_timeout),
             horizon,
@@ -173,8 +173,14 @@ class ClusterDuty:
                 continue
             # its tasks fail in the same write, which checks the silence again (another
             # controller may have written a heartbeat of the node since the read)
-            silent = self.timing().node_down_timeout
-            if self.store.mark_down(name, reason, fence, silent_for=silent):
+            now = self.timing()
+            if self.store.mark_down(
+                name,
+                reason,
+                fence,
+                silent_for=now.node_down_timeout,
+                heard_window=now.heard_window(),
+            ):
                 said.append(f"{name} DOWN")
                 self.kick()
         for name in self.store.down_nodes_with_tasks():

@@ -39,7 +39,27 @@ class Heartbeats:
         self.unrecorded = unrecorded
         self.clock = clock or SystemClock()  # when a node was heard (monotonic)
         self._beats: dict[str, float] = {}  # node -> monotonic time last seen
+        # everything heard before this (monotonic) is stored: the batch time of the last flush
+        # that committed, or when the controller registered (its mark set to then). None
+        # until then: a controller that has not started (in-process tests drive its ticks
+        # by hand) has no mark that detectors wait for, and no lag
+        self._stored_through: float | None = None
         self._lock = threading.Lock()
+
+    def marked(self) -> None:
+        """The store just set this controller's mark to now (`register_controller`)."""
+        with self._lock:
+            self._stored_through = max(self._stored_through or 0.0, self.clock.monotonic())
+
+    def lag(self) -> float:
+        """Seconds since the moment through which all this controller heard is stored. While
+        it exceeds Timing.flush_lag_limit the controller answers no heartbeat: the failure
+        detectors stop waiting for its mark after Timing.heard_window, and by then every
+        agent it answered must have fenced."""
+        with self._lock:
+            if self._stored_through is None:
+                return 0.0
+            return self.clock.monotonic() - self._stored_through
 
     def seen(self, node: str) -> None:
         HEARTBEATS.inc()
@@ -82,6 +102,8 @@ class Heartbeats:
                 for n, t in beats.items():
                     if self._beats.get(n) == t:  # not heard again meanwhile
                         del self._beats[n]
+                if self._stored_through is not None:  # started: see __init__
+                    self._stored_through = max(self._stored_through, taken)
         except StoreUnavailable:
             self.unrecorded()  # see ClusterDuty.tick
             raise

@@ -145,6 +145,7 @@ class Controller:
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         self.store.register_controller(self.cid, self.url)
+        self.heartbeats.marked()
         self.rescale_timing()  # before the first agent is answered: a restart knows the size
         self.start_listener()
         loops: list[Loop] = [

@@ -39,10 +39,12 @@ def heard_horizon(db_now: float, flushed: Iterable[float | None], window: float)
     to the earliest of those times: a controller that is slow, paused or cut off from the
     store holds the failure detector back instead of letting it blame that silence on a node.
 
-    A controller whose mark is older than `window` (the node-DOWN timeout) no longer holds it
+    A controller whose mark is older than `window` (Timing.heard_window) no longer holds it
     back: it has stopped or lost the store for that long, and every agent that heard only from
-    it has let its fence run out since (the timing rule puts the fence well inside the
-    timeout). None: a controller of an earlier release, which writes no mark.
+    it has let its fence run out since. That holds because a controller answers heartbeats only
+    while its mark is at most Timing.flush_lag_limit old (controller/agents_api.py), and the
+    window adds to that limit the longest an answered agent's fence can still run. None: a
+    controller of an earlier release, which writes no mark.
     """
     marks = [f for f in flushed if f is not None and f >= db_now - window]
     return min([db_now, *marks])

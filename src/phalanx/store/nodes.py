@@ -383,7 +383,13 @@ class NodeRecords(AttemptProgress):
             self._event(conn, "node.resume", f"resumed by {actor}", node=name, actor=actor)
 
     def mark_down(
-        self, name: str, reason: str, fence: Fence | None, *, silent_for: float | None = None
+        self,
+        name: str,
+        reason: str,
+        fence: Fence | None,
+        *,
+        silent_for: float | None = None,
+        heard_window: float | None = None,
     ) -> bool:
         """Declare a node DOWN and, in the same transaction, fail every task it runs (LOST;
         each attempt requeued or ended by its policy). One transaction, so no controller
@@ -395,13 +401,15 @@ class NodeRecords(AttemptProgress):
         the write happens. The detector reads the silent nodes first; a heartbeat another
         controller writes between that read and this write (a slow tick, a busy database),
         or one a live controller has answered but not yet written, must keep the node up, as
-        its agent's fence was freshened by that heartbeat's reply."""
+        its agent's fence was freshened by that heartbeat's reply. `heard_window`: how long a
+        controller's mark holds the horizon back (Timing.heard_window; default `silent_for`)."""
         n = s.nodes.c
         with self.db.begin() as conn:
             self._check_fence(conn, fence)
             q = update(s.nodes).where(n.name == name, n.down.is_(False))
             if silent_for is not None:
-                _, horizon = _heard_horizon(self.db, conn, silent_for)
+                window = silent_for if heard_window is None else heard_window
+                _, horizon = _heard_horizon(self.db, conn, window)
                 q = q.where(n.last_heartbeat < horizon - silent_for)
             res = conn.execute(q.values(down=True, down_reason=reason))
             if res.rowcount != 1:

@@ -205,7 +205,13 @@ class NodeStore(Protocol):
     def resume(self, name: str, actor: str) -> None: ...
 
     def mark_down(
-        self, name: str, reason: str, fence: Fence | None, *, silent_for: float | None = None
+        self,
+        name: str,
+        reason: str,
+        fence: Fence | None,
+        *,
+        silent_for: float | None = None,
+        heard_window: float | None = None,
     ) -> bool: ...
 
     def fail_node_tasks(self, node: str, reason: str, fence: Fence | None) -> list[int]: ...
