@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
+from alembic.config import Config as AlembicConfig
 from alembic.migration import MigrationContext
+from sqlalchemy import text
 
+from phalanx.store import schema
 from phalanx.store.schema import metadata
 from phalanx.store.store import Store
 
@@ -47,5 +52,39 @@ def test_a_slow_migration_is_not_ended_by_the_idle_limit(
         store.migrate()
         with store.db.write.connect() as conn:
             assert compare_metadata(MigrationContext.configure(conn), metadata) == []
+    finally:
+        store.close()
+
+
+@pytest.mark.postgres
+def test_the_hot_tables_leave_room_for_in_place_updates_on_postgresql(pg_url: str) -> None:
+    """Migration 0015: the tables rewritten several times a second (heartbeat stamps, flush
+    marks, lease renewals) keep half of each page free and are vacuumed after a fixed number of
+    dead rows; the big ones after 2% of them. A downgrade takes the settings back."""
+    store = Store(pg_url, actor="test")
+
+    def options() -> dict[str, set[str]]:
+        with store.db.write.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT relname, reloptions FROM pg_class WHERE relname IN "
+                    "('nodes', 'controllers', 'leases', 'jobs', 'attempts', 'tasks')"
+                )
+            ).all()
+        return {r.relname: set(r.reloptions or []) for r in rows}
+
+    try:
+        store.migrate()
+        got = options()
+        for table in ("nodes", "controllers", "leases"):
+            assert {"fillfactor=50", "autovacuum_vacuum_scale_factor=0"} <= got[table], got
+        for table in ("jobs", "attempts", "tasks"):
+            assert "autovacuum_vacuum_scale_factor=0.02" in got[table], got
+        cfg = AlembicConfig()
+        cfg.set_main_option("script_location", str(Path(schema.__file__).parent / "migrations"))
+        with store.db.begin(unbounded=True) as conn:
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, "0014")
+        assert options() == {t: set() for t in got}, options()
     finally:
         store.close()
