@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import text
 
 from phalanx.config import Config
-from phalanx.controller.runtime import partition_rows
+from phalanx.controller.runtime import Controller, partition_rows
 from phalanx.domain.spec import JobSpec, normalize
 from phalanx.store.notify import ALL_NODES, MAX_PAYLOAD, WorkListener, decode_nodes, encode_nodes
 from phalanx.store.store import Store
@@ -264,3 +264,36 @@ def test_notify_payloads_use_the_real_channel(pg_url: str, pg_store: Store) -> N
         got = next(iter(conn.notifies(timeout=LIMIT)), None)
     assert got is not None and got.channel == "phalanx_work"
     assert decode_nodes(got.payload) == ["n1"]
+
+
+@pytest.mark.postgres
+def test_a_submission_to_a_peer_wakes_the_scheduling_lease_holder(pg_store: Store) -> None:
+    """Two controllers on one store: c1 holds every lease, c2 none. A job submitted through
+    c2 is news for c1's scheduler: c2's next tick sends one notification and c1's scheduler
+    wakes for it (instead of finding the job at its next interval), and its pass starts the
+    job. Both controllers are real; their loops are driven by hand."""
+    config = Config()
+    holder = Controller(pg_store, config, cid="c1")
+    peer = Controller(pg_store, config, cid="c2")
+    try:
+        assert "took term" in holder.leases.tick()
+        peer.leases.tick()
+        assert not peer.scheduler._sched_fences(), "the peer must hold no scheduling lease"
+        holder.start_listener()
+        listener = holder.wakeups.listener
+        assert listener is not None and listener.wait_healthy(LIMIT)
+        add_node(pg_store, "n1")
+        holder.loops._kick.clear()  # what connecting and registering kicked
+
+        ((jid,),) = peer.submit([JobSpec(argv=["/bin/true"])], "alice")
+        assert peer.scheduler.tick() == "told the scheduling lease holders of new work"
+        assert peer.scheduler.tick() == "idle"  # one notification per burst of news
+        assert holder.loops._kick.wait(LIMIT), "the holder's scheduler was not woken"
+        holder.schedule_tick()
+        assert pg_store.get_job(jid)["state"] in ("STARTING", "RUNNING")
+
+        holder.loops._kick.clear()
+        holder.kick()  # the holder's own news: nothing to tell, it holds every lease
+        assert holder.scheduler.tick() != "told the scheduling lease holders of new work"
+    finally:
+        holder.wakeups.stop()

@@ -172,7 +172,12 @@ class Controller:
         """On PostgreSQL, listen for other controllers' work notifications (store/notify.py)."""
         if self.store.dialect != "postgresql" or self.wakeups.listener is not None:
             return
-        self.wakeups.listen(self.store.db.connect_args(), op_timeout=self.timing.db_op_timeout)
+        # another controller's news wakes this one's scheduler, without news of its own
+        self.wakeups.listen(
+            self.store.db.connect_args(),
+            op_timeout=self.timing.db_op_timeout,
+            on_sched=self.loops.kick,
+        )
 
     @property
     def timing(self) -> Timing:
@@ -239,6 +244,8 @@ class Controller:
             self.kick()
 
     def kick(self) -> None:
+        """New work for a scheduling pass here, and for the other lease holders (Scheduler.news)."""
+        self.scheduler.news()
         self.loops.kick()
 
     # ------------------------------------------------------------------ the API's calls

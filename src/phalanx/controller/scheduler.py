@@ -10,6 +10,7 @@ records why the others wait. Its own module so that the pass reads top to bottom
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from typing import Any
 
@@ -57,6 +58,14 @@ class Scheduler:
         self.waiters = waiters  # the long-polls of nodes given work
         self.partition_names = [p.name for p in config.cluster.partitions]
         self.placed = 0  # attempts the current scheduling pass started (for /metrics)
+        # new work since the last pass: the holders of the leases we lack are told
+        # (store.notify_schedulers) instead of finding it at their next interval
+        self._news = threading.Event()
+
+    def news(self) -> None:
+        """This controller committed something a pass may act on (a submission, a job's end,
+        a node back): its next tick tells the other holders, if it lacks any lease."""
+        self._news.set()
 
     def plan_options(self, snap: Any) -> dict[str, Any]:
         """What a scheduling pass over `snap` takes besides the snapshot (scheduling.plan's
@@ -77,8 +86,9 @@ class Scheduler:
         partitions that share nodes never double-book them.
         """
         fences = self._sched_fences()
+        told = self._tell_the_holders(fences)
         if not fences:
-            return "idle"
+            return told or "idle"
         start = time.perf_counter()
         self.placed = 0
         try:
@@ -86,6 +96,20 @@ class Scheduler:
         finally:
             SCHED_PASS_SECONDS.observe(time.perf_counter() - start)
             SCHED_PASS_PLACEMENTS.observe(self.placed)
+
+    def _tell_the_holders(self, fences: dict[str, Fence]) -> str:
+        """After news, one notification for the controllers holding the scheduling leases
+        this one lacks (a burst of news between two ticks is one notification). Best effort:
+        without it they find the work at their next interval."""
+        if not self._news.is_set():
+            return ""
+        self._news.clear()
+        if len(fences) == len(self.partition_names):
+            return ""
+        with contextlib.suppress(PhalanxError):
+            if self.store.notify_schedulers():
+                return "told the scheduling lease holders of new work"
+        return ""
 
     def _sched_fences(self) -> dict[str, Fence]:
         out = {}

@@ -83,9 +83,18 @@ class WorkWakeups:
         self._gens: dict[str, int] = {}
         self._gens_total: int | None = None  # node_gens_total() when _gens was last read
 
-    def listen(self, connect_args: tuple[list[Any], dict[str, Any]], *, op_timeout: float) -> None:
-        """Listen for other controllers' work notifications on a connection of its own."""
-        self.listener = WorkListener(connect_args, self._work_notice, op_timeout=op_timeout)
+    def listen(
+        self,
+        connect_args: tuple[list[Any], dict[str, Any]],
+        *,
+        op_timeout: float,
+        on_sched: Callable[[], None] | None = None,
+    ) -> None:
+        """Listen for other controllers' work notifications on a connection of its own (and,
+        with `on_sched`, for their news for the schedulers: store/notify.py SCHED_CHANNEL)."""
+        self.listener = WorkListener(
+            connect_args, self._work_notice, op_timeout=op_timeout, on_sched=on_sched
+        )
         self.listener.start()
 
     def stop(self) -> None:

@@ -17,7 +17,7 @@ from phalanx.domain.states import JobState, check_job_transition
 from phalanx.errors import Fenced
 from phalanx.store import schema as s
 from phalanx.store.engine import DEFAULT_OP_TIMEOUT, Engines
-from phalanx.store.notify import WORK_CHANNEL, encode_nodes
+from phalanx.store.notify import SCHED_CHANNEL, WORK_CHANNEL, encode_nodes
 from phalanx.store.prebuilt import Prebuilt, update_where
 from phalanx.store.rowinsert import RowInsert
 from phalanx.store.sqlbits import Fence
@@ -185,6 +185,17 @@ class StoreBase:
             term=term,
             data={"from": old.value, "to": new.value, **(data or {})},
         )
+        return True
+
+    def notify_schedulers(self) -> bool:
+        """Tell the other controllers' schedulers that a pass has new work (PostgreSQL NOTIFY
+        on SCHED_CHANNEL, store/notify.py; nothing on SQLite, whose controllers share a host
+        and poll). Sent after the change committed, so a pass it starts sees the change.
+        Whether one was sent."""
+        if self.dialect != "postgresql":
+            return False
+        with self.db.begin(write=False) as conn:  # no write turn: it changes no row
+            conn.execute(select(func.pg_notify(SCHED_CHANNEL, "")))
         return True
 
     def _bump_gen(self, conn: Connection, nodes: Iterable[str]) -> None:

@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 
 #: The channel every work_gen bump notifies.
 WORK_CHANNEL = "phalanx_work"
+#: The channel a controller notifies when it has new work for a scheduling pass (a
+#: submission, a job's end, a node back) but does not itself hold every scheduling lease:
+#: the holders run their pass at once instead of at their next interval.
+SCHED_CHANNEL = "phalanx_sched"
 #: Payload meaning "any node" (the list of names did not fit).
 ALL_NODES = "*"
 #: PostgreSQL refuses payloads of 8000 bytes or more; stay well below.
@@ -76,7 +80,8 @@ class WorkListener:
 
     `on_nodes(names)` gets the node names of a notification, or None after a (re)connect or an
     unreadable payload ("any node may have work"). It runs on the listener thread and must be
-    quick (the controller hands it to its event loop).
+    quick (the controller hands it to its event loop). `on_sched`, when given, is called for
+    each notification on SCHED_CHANNEL, and after every (re)connect too.
     """
 
     def __init__(
@@ -86,12 +91,14 @@ class WorkListener:
         *,
         op_timeout: float,
         channel: str = WORK_CHANNEL,
+        on_sched: Callable[[], None] | None = None,
         ping_every: float = PING_EVERY,
         name: str = "phx-listen",
     ) -> None:
         self._cargs, self._cparams = connect_args
         self.on_nodes = on_nodes
         self.channel = channel
+        self.on_sched = on_sched
         self.ping_every = ping_every
         self.watchdog = Watchdog(op_timeout, name=f"{name}-watchdog")
         self._name = name
@@ -137,7 +144,9 @@ class WorkListener:
                     )
                 failing_since = None
                 delay = RETRY_FIRST
-                self._deliver(None)  # whatever was sent while we were away is lost: re-check
+                # whatever was sent while we were away is lost: re-check
+                self._deliver(None)
+                self._deliver_sched()
                 self._listen(conn)
             except Exception as e:  # psycopg errors, a cut socket, a bug in a callback
                 self._healthy.clear()
@@ -162,6 +171,8 @@ class WorkListener:
         conn = psycopg.connect(*self._cargs, **{**self._cparams, "autocommit": True})
         try:
             self._round_trip(conn, sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+            if self.on_sched is not None:
+                self._round_trip(conn, sql.SQL("LISTEN {}").format(sql.Identifier(SCHED_CHANNEL)))
         except BaseException:
             _close_quietly(conn)
             raise
@@ -175,6 +186,8 @@ class WorkListener:
                 got = True
                 if n.channel == self.channel:
                     self._deliver(decode_nodes(n.payload))
+                elif n.channel == SCHED_CHANNEL:
+                    self._deliver_sched()
             now = time.monotonic()
             if got:
                 quiet_since = now
@@ -193,6 +206,14 @@ class WorkListener:
                 raise ConnectionError(
                     f"the database did not answer within {self.watchdog.timeout:g}s"
                 )
+
+    def _deliver_sched(self) -> None:
+        if self.on_sched is None:
+            return
+        try:
+            self.on_sched()
+        except Exception:
+            log.exception("scheduling notification handler failed; going on")
 
     def _deliver(self, nodes: list[str] | None) -> None:
         self.received += nodes is not None
