@@ -92,7 +92,10 @@ class Engines:
                 local=self._local,
                 hosts=lambda: self.hosts,
             )
-            self.read = self.write
+            # reads outside a snapshot run in autocommit: under READ COMMITTED each statement
+            # of a read transaction sees its own snapshot anyway, so a transaction gave them
+            # nothing but two more round trips (BEGIN, COMMIT). Same pool, same events.
+            self.read = self.write.execution_options(isolation_level="AUTOCOMMIT")
             # a multi-host URL: which hosts new connections try, in which order (HostChooser)
             self.hosts = HostChooser.for_params(
                 self.write.dialect.create_connect_args(self.write.url)[1]
@@ -124,7 +127,7 @@ class Engines:
         StoreOutcomeUnknown: the server may have committed before the connection broke. `unbounded` lifts the
         round-trip deadline (schema migrations, which may rewrite large tables).
         """
-        engine = self.write if write else self.read
+        engine = self.write if write or snapshot else self.read
         watch = self.watchdog
         mode = "write" if write else "read"
         started = time.perf_counter()
@@ -244,8 +247,9 @@ class Engines:
         return list(cargs), dict(cparams)
 
     def dispose(self) -> None:
+        separate = self.read.pool is not self.write.pool  # PostgreSQL's reads share the pool
         self.write.dispose()
-        if self.read is not self.write:
+        if separate:
             self.read.dispose()
         if self.watchdog is not None:
             self.watchdog.stop()
