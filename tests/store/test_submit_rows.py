@@ -281,3 +281,48 @@ def test_a_postgres_store_first_leaves_sqlite_submissions_working(
     finally:
         for st in stores:
             st.close()
+
+
+@pytest.mark.postgres
+def test_postgresql_plain_path_writes_what_the_general_path_writes(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL's plain submissions (Store._submit_plain_postgresql: ids from the sequence,
+    then jobs and events in one statement) store the same job and event rows as the general
+    path, a held job and a plain one from two submitters in one group, ids in request order;
+    and the ids and rows of one group stay together when groups of other sizes follow."""
+    st = Store(pg_url, actor="ctl-t")
+    st.migrate()
+    cfg = load_config(overrides={"cluster": {"partitions": [{"name": "batch", "default": True}]}})
+    st.sync_partitions(partition_rows(cfg))
+    monkeypatch.setattr(submission, "_now", lambda: 1234.5)  # one submit time for both
+    try:
+        items = [
+            (*item(st, hold=True, name="held"), "al"),
+            (*item(st, name="plain", comment="c"), "bo"),
+        ]
+        fast = [ids[0] for ids in st.submit_each(items)]
+        assert fast == sorted(fast)
+        monkeypatch.setattr(st, "dialect", "general")  # the path arrays and dependencies take
+        slow = [ids[0] for ids in st.submit_each(items)]
+        monkeypatch.setattr(st, "dialect", "postgresql")
+        for f, g in zip(fast, slow, strict=True):
+            a, b = stored(st, s.jobs, f), stored(st, s.jobs, g)
+            assert a == b
+            with st.db.begin(write=False) as conn:
+                ev = [
+                    {k: v for k, v in r.items() if k not in ("id", "job_id")}
+                    for jid in (f, g)
+                    for r in conn.execute(select(s.events).where(s.events.c.job_id == jid))
+                    .mappings()
+                    .all()
+                ]
+            assert len(ev) == 2 and ev[0] == ev[1] and ev[0]["actor"] == a["user"]
+        assert stored(st, s.jobs, fast[0])["state"] == "HELD"
+        assert stored(st, s.jobs, fast[1])["state"] == "PENDING"
+        one = st.submit_each([(*item(st, name="one"), "cy")])
+        three = st.submit_each([(*item(st, name=f"t{i}"), "cy") for i in range(3)])
+        names = {jid: stored(st, s.jobs, jid)["name"] for (jid,) in [*one, *three]}
+        assert list(names.values()) == ["one", "t0", "t1", "t2"]
+    finally:
+        st.close()

@@ -113,8 +113,13 @@ class Engines:
         unbounded: bool = False,
         urgent: bool = False,
         snapshot: bool = False,
+        single: bool = False,
     ) -> Iterator[Connection]:
         """One transaction; database-level failures become StoreUnavailable.
+
+        `single` (PostgreSQL): a write of one statement, run in autocommit: the statement is
+        its own transaction, and it saves BEGIN and COMMIT. Its statement is its commit, so a
+        connection lost while it runs is StoreOutcomeUnknown as a lost COMMIT is.
 
         `snapshot` (PostgreSQL): every statement of the transaction sees the same snapshot
         (REPEATABLE READ; under the default READ COMMITTED each statement sees its own). A
@@ -127,11 +132,15 @@ class Engines:
         StoreOutcomeUnknown: the server may have committed before the connection broke. `unbounded` lifts the
         round-trip deadline (schema migrations, which may rewrite large tables).
         """
-        engine = self.write if write or snapshot else self.read
+        single = single and self.dialect == "postgresql"
+        if self.dialect == "postgresql":  # `read` runs in autocommit: a snapshot needs BEGIN
+            engine = self.read if single or not (write or snapshot) else self.write
+        else:  # SQLite: `write` takes the write lock at BEGIN (IMMEDIATE)
+            engine = self.write if write else self.read
         watch = self.watchdog
         mode = "write" if write else "read"
         started = time.perf_counter()
-        self._local.committing = False
+        self._local.committing = single  # (see `single`)
         if watch is not None:
             watch.forget_cut()
         try:

@@ -8,13 +8,18 @@ checked against them, and the controller syncs them from its configuration.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
     Connection,
+    Dialect,
+    Table,
+    bindparam,
     insert,
     select,
+    text,
     update,
 )
 
@@ -35,9 +40,43 @@ _JOB_ROW = RowInsert(s.jobs)
 
 
 _INSERT_JOBS_IDS = insert(s.jobs).returning(s.jobs.c.id, sort_by_parameter_order=True)
+# PostgreSQL: n new job ids, outside any transaction (Submission._submit_plain_postgresql)
+_NEXT_JOB_IDS = text(
+    "SELECT nextval(pg_get_serial_sequence('jobs', 'id')) FROM generate_series(1, :n)"
+)
 
 
 MAX_ID = 2**63 - 1  # the largest id an INTEGER column holds (SQLite and PostgreSQL)
+
+
+_Prebuilt = tuple[str, dict[str, Any]]  # SQL, and the bind processor of each parameter
+
+
+@functools.lru_cache(maxsize=256)
+def _jobs_and_events(
+    n: int, job_keys: tuple[str, ...], event_keys: tuple[str, ...], dialect: Dialect
+) -> _Prebuilt:
+    """PostgreSQL: `WITH jobs AS (INSERT INTO jobs ... VALUES n rows) INSERT INTO events ...
+    VALUES n rows`, compiled once per group size and set of columns (SQLAlchemy compiles a
+    many-row VALUES anew each time, which costs more than the database's work), its values
+    bound as `j<i>_<column>` and `e<i>_<column>`, with the bind processors SQLAlchemy itself
+    would apply (JSON) as RowInsert takes them."""
+    params: dict[str, Any] = {}
+
+    def rows(table: Table, prefix: str, keys: tuple[str, ...]) -> list[dict[str, Any]]:
+        out = []
+        for i in range(n):
+            row = {}
+            for k in keys:
+                typ = table.columns[k].type
+                row[k] = bindparam(name := f"{prefix}{i}_{k}", type_=typ)
+                params[name] = typ.dialect_impl(dialect).bind_processor(dialect)
+            out.append(row)
+        return out
+
+    jobs = insert(s.jobs).values(rows(s.jobs, "j", job_keys)).cte("jobs")
+    stmt = insert(s.events).values(rows(s.events, "e", event_keys)).add_cte(jobs)
+    return str(stmt.compile(dialect=dialect)), params
 
 
 def _submit_event(job_id: int, row: dict[str, Any], user: str, now: float) -> dict[str, Any]:
@@ -112,10 +151,11 @@ class Submission(StoreBase):
         """`submit` where each item names its own submitter: several users' requests
         committed in one transaction (the API's group commit, controller/submitq.py)."""
         now = _now()
-        if self.dialect == "sqlite" and all(
-            r.array_indices is None and not r.dependency for r, _, _ in items
-        ):
+        simple = all(r.array_indices is None and not r.dependency for r, _, _ in items)
+        if simple and self.dialect == "sqlite":
             return self._submit_plain_sqlite(items, now)
+        if simple and self.dialect == "postgresql":
+            return self._submit_plain_postgresql(items, now)
         out: list[list[int]] = [[] for _ in items]
         with self.db.begin() as conn:
             plain: list[tuple[int, dict[str, Any]]] = []  # consecutive plain jobs, not yet inserted
@@ -175,6 +215,34 @@ class Submission(StoreBase):
                 out.append([jid])
         return out
 
+    def _submit_plain_postgresql(
+        self, items: Sequence[tuple[ResolvedJob, dict[str, Any], str]], now: float
+    ) -> list[list[int]]:
+        """`submit_each` of plain jobs without dependencies on PostgreSQL in two round trips
+        instead of four: the jobs' ids first (a sequence hands them out outside any
+        transaction), then their rows and their `job.submit` events in one statement (the jobs'
+        insert a data-modifying CTE of the events' insert), which is its own transaction
+        (Engines.begin, `single`): both are stored, or neither."""
+        rows = [self._job_values(r, spec, user, now, []) for r, spec, user in items]
+        with self.db.begin(write=False) as conn:
+            ids = sorted(int(i) for i in conn.execute(_NEXT_JOB_IDS, {"n": len(rows)}).scalars())
+        # every column SQLAlchemy would fill in with its default, as RowInsert does
+        jobs = [{**_JOB_ROW.defaults, **row, "id": jid} for row, jid in zip(rows, ids, strict=True)]
+        events = [
+            {**_EVENT_ROW.defaults, **self._event_values(_submit_event(jid, row, row["user"], now))}
+            for row, jid in zip(rows, ids, strict=True)
+        ]
+        job_keys, event_keys = tuple(jobs[0]), tuple(events[0])  # every row has them all
+        sql, procs = _jobs_and_events(len(jobs), job_keys, event_keys, self.db.write.dialect)
+        params = {f"j{i}_{k}": row[k] for i, row in enumerate(jobs) for k in job_keys}
+        params.update({f"e{i}_{k}": row[k] for i, row in enumerate(events) for k in event_keys})
+        for name, proc in procs.items():
+            if proc is not None:
+                params[name] = proc(params[name])
+        with self.db.begin(single=True) as conn:
+            conn.exec_driver_sql(sql, params)
+        return [[jid] for jid in ids]
+
     def _job_row(
         self, conn: Connection, resolved: ResolvedJob, spec: dict[str, Any], user: str, now: float
     ) -> dict[str, Any]:
@@ -190,9 +258,11 @@ class Submission(StoreBase):
         dependency: list[dict[str, Any]],
     ) -> dict[str, Any]:
         state = JobState.HELD if resolved.hold else JobState.PENDING
-        held = {"held_by": user, "hold_kind": HOLD_USER} if resolved.hold else {}
         return {
-            **held,  # sbatch -H: a user hold (only then: an ordinary row keeps its columns)
+            # sbatch -H: a user hold. Every row names both columns, so that the rows of one
+            # group (executemany, the PostgreSQL VALUES list) have one set of columns
+            "held_by": user if resolved.hold else None,
+            "hold_kind": HOLD_USER if resolved.hold else None,
             "name": resolved.name,
             "user": user,
             "partitions": ",".join(resolved.partitions),
