@@ -116,7 +116,8 @@ METRICS: dict[str, tuple[str, str]] = {
 @contextlib.contextmanager
 def cluster(
     db: str | None, nodes: int, timing: dict[str, float], keep: bool
-) -> Iterator[tuple[list[str], Path]]:
+) -> Iterator[tuple[list[str], Path, set[str]]]:
+    """The controllers' URLs, the state dir and the names of the cluster's nodes."""
     state = common.state_dir("phalanx-failover-")
     port = common.free_ports(3)
     env = common.timing_env(timing, "PHALANX_")
@@ -128,7 +129,9 @@ def cluster(
         state, up_args, where, keep=keep, env=env, capture=True, leftovers=True, name_node=False
     ) as out:
         assert out is not None
-        yield json.loads(out)["url"].split(","), state
+        up = json.loads(out)
+        nodes = {n.removeprefix("agent-") for n in up["pids"] if n.startswith("agent-")}
+        yield up["url"].split(","), state, nodes
 
 
 def is_sched(lease: str) -> bool:
@@ -158,11 +161,12 @@ def one_run(args: argparse.Namespace, store: Store, setting: str, k: int) -> dic
         cluster(db, args.nodes, SETTINGS[setting], args.keep) as (
             urls,
             state,
+            nodes,
         ),
     ):
         window = store.cpu()
         try:
-            res = measure(urls, state, f"{store.name} {setting}", SETTINGS[setting], k)
+            res = measure(urls, state, nodes, f"{store.name} {setting}", SETTINGS[setting], k)
         except Exception:
             log(
                 f"{store.name} {setting} run {k} failed; controller logs:\n"
@@ -179,11 +183,12 @@ def one_run(args: argparse.Namespace, store: Store, setting: str, k: int) -> dic
 
 
 def measure(
-    urls: list[str], state: Path, setting: str, want: dict[str, float], k: int
+    urls: list[str], state: Path, nodes: set[str], setting: str, want: dict[str, float], k: int
 ) -> dict[str, Any]:
-    """Steps 1-5 of the module docstring on a running cluster; `setting` names the run in
-    the log, `want` is the timing the controllers must run with."""
+    """Steps 1-5 of the module docstring on a running cluster of `nodes`; `setting` names
+    the run in the log, `want` is the timing the controllers must run with."""
     timeout = httpx.Timeout(10.0, connect=2.0)
+    t_start = time.time()
     with Client(urls, timeout=timeout) as watch:
         tm = watch.cluster()["this_controller"]["timing"]
         common.check_timing(tm, want)
@@ -291,7 +296,13 @@ def measure(
             # count once that has passed since the kill (and a sweep or two after it)
             settle = t_kill + float(tm["node_down_timeout"]) + 2 * float(tm["heartbeat_interval"])
             time.sleep(max(0.0, settle + 1.0 - time.time()))
-            res["false_down"] = sum(1 for e in events(c) if e["kind"] == "node.down")
+            # (only this run's nodes since it started: a reused --db holds other runs' nodes,
+            # rightly declared DOWN once their cluster stopped)
+            res["false_down"] = sum(
+                1
+                for e in events(c)
+                if e["kind"] == "node.down" and e.get("node") in nodes and e["ts"] >= t_start
+            )
     log(
         f"{setting} run {k}: submit {res['submit_s']:.2f}s ({tries} tries), RUNNING "
         f"{res['running_s']:.2f}s (start_time {res['start_s']:.2f}s), leases "
