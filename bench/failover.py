@@ -130,8 +130,8 @@ def cluster(
     ) as out:
         assert out is not None
         up = json.loads(out)
-        nodes = {n.removeprefix("agent-") for n in up["pids"] if n.startswith("agent-")}
-        yield up["url"].split(","), state, nodes
+        names = {n.removeprefix("agent-") for n in up["pids"] if n.startswith("agent-")}
+        yield up["url"].split(","), state, names
 
 
 def is_sched(lease: str) -> bool:

@@ -506,10 +506,10 @@ def main() -> int:
     )
     with stores.open_stores(names, args.db) as chosen:
         runs: dict[str, list[dict[str, float]]] = {st.name: [] for st in chosen}
-        for k in range(1, args.runs + 1):
+        for run in range(1, args.runs + 1):
             for st in chosen:
                 with st.database("submit") as db:
-                    runs[st.name].append(one_run(args, k, st, db))
+                    runs[st.name].append(one_run(args, run, st, db))
     load_after = os.getloadavg()[0]
     summaries = {st.name: summarize(runs[st.name]) for st in chosen}
     for st in chosen:
