@@ -6,10 +6,14 @@ Each run starts a fresh local cluster of real processes with three controllers o
     python -m phalanx up --detach --json --controllers 3 --nodes 2 --cpus 8 --mem 16G \\
         --state-dir TMP --port FREE [--db URL]
 
-(SQLite in TMP unless `--db URL`, or `--pg` for a fresh database per run on a throwaway
-PostgreSQL server from tests/pgserver.py), with the timing of one setting passed as
-PHALANX_TIMING_<NAME> environment variables, and stops it with `phalanx down` in a `finally`
-(then SIGKILLs any shepherd or job process group still alive). In each run:
+on each store of `--stores` (bench/stores.py; all three by default): `pg`, a fresh database per
+run on a throwaway PostgreSQL server (tests/pgserver.py) with fsync and synchronous_commit on
+(the headline: what production runs), `pg-nosync`, the same with them off, and `sqlite`, one
+file in TMP shared by the three controllers; or on the one database `--db URL` names. The
+timing of one setting is passed as PHALANX_TIMING_<NAME> environment variables; the cluster is
+stopped with `phalanx down` in a `finally` (then any shepherd or job process group still alive
+is SIGKILLed). Runs go round the stores (run 1 on each, then run 2, ...), so a change of load
+on the host hits each store alike. In each run:
 
   1. wait until the `cluster` lease and a scheduling lease (`sched` or `sched:<partition>`) are
      held, and the holders stayed the same for two renewal intervals (leases may be spread
@@ -33,15 +37,27 @@ Measured from the kill time:
   kept       jobs acknowledged before the kill that exist afterwards (bar: all), and
   completed  how many of them ended COMPLETED
 
+and over the whole run (from the cluster up to the end of step 5, and at least
+node_down_timeout + 2 heartbeat intervals + 1 s after the kill, the time a node left without
+heartbeats by the failover takes to be declared DOWN):
+
+  false DOWN `node.down` events (GET /v1/events): no node is stopped here, so each one is a
+             node declared DOWN because the controllers or the store fell behind (bar: 0)
+  db CPU     the PostgreSQL server's CPU, all its processes (psutil), in % of one CPU; none
+             for SQLite, which runs inside the controllers
+
 Two settings by default: the built-in timing (lease_ttl 6 s) and a tightened set (lease_ttl
 3 s, checked against the timing rules of phalanx.config before the runs). Results are the
-median and max over `--runs` runs per setting, beside the Slurm 22.05 reference. `--json FILE`
-also writes them as JSON.
+median and max over `--runs` runs per setting and store, beside the Slurm 22.05 reference,
+then per setting the stores side by side with each one's ratio to SQLite. `--json FILE` also
+writes them as JSON.
 
-    .venv/bin/python bench/failover.py --runs 5
+    .venv/bin/python bench/failover.py --stores pg,pg-nosync,sqlite --runs 5   # the headline
     .venv/bin/python bench/failover.py --quick
-    .venv/bin/python bench/failover.py --pg --only tight
+    .venv/bin/python bench/failover.py --stores pg --only tight
     .venv/bin/python bench/failover.py --db postgresql://user@host/db   # DB reused across runs
+
+`--pg` is the old spelling of `--stores pg-nosync` (the test suite's server, no sync).
 """
 
 from __future__ import annotations
@@ -53,14 +69,15 @@ import os
 import signal
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import common
 import httpx
+import stores
 from common import busy_before, host_info, host_line, log, spread
+from stores import Store
 
 from phalanx.client import Client
 from phalanx.errors import PhalanxError
@@ -96,49 +113,11 @@ METRICS: dict[str, tuple[str, str]] = {
 }
 
 
-class Databases:
-    """Where each run's store lives: SQLite in the state dir, a given URL, or a fresh database
-    on a throwaway PostgreSQL server (`--pg`)."""
-
-    def __init__(self, url: str | None, pg: bool) -> None:
-        self.url = url
-        self.server: Any = None
-        if pg:
-            sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-            from pgserver import PgServer
-
-            self.server = PgServer.start()
-            log(f"PostgreSQL server up at {self.server.url.split('@')[-1]}")
-
-    @contextlib.contextmanager
-    def for_run(self) -> Iterator[str | None]:
-        if self.server is None:
-            yield self.url
-            return
-        name = f"failover_{uuid.uuid4().hex[:12]}"
-        url = self.server.create_database(name)
-        try:
-            yield url
-        finally:
-            with contextlib.suppress(Exception):
-                self.server.drop_database(name)
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.stop()
-
-    def label(self) -> str:
-        if self.server is not None:
-            return "PostgreSQL (throwaway server, fresh database per run)"
-        if self.url:
-            return self.url.split("://")[0] + "://... (reused across runs)"
-        return "SQLite (one file shared by the three controllers)"
-
-
 @contextlib.contextmanager
 def cluster(
     db: str | None, nodes: int, timing: dict[str, float], keep: bool
-) -> Iterator[tuple[list[str], Path]]:
+) -> Iterator[tuple[list[str], Path, set[str]]]:
+    """The controllers' URLs, the state dir and the names of the cluster's nodes."""
     state = common.state_dir("phalanx-failover-")
     port = common.free_ports(3)
     env = common.timing_env(timing, "PHALANX_")
@@ -150,7 +129,9 @@ def cluster(
         state, up_args, where, keep=keep, env=env, capture=True, leftovers=True, name_node=False
     ) as out:
         assert out is not None
-        yield json.loads(out)["url"].split(","), state
+        up = json.loads(out)
+        names = {n.removeprefix("agent-") for n in up["pids"] if n.startswith("agent-")}
+        yield up["url"].split(","), state, names
 
 
 def is_sched(lease: str) -> bool:
@@ -173,28 +154,44 @@ def spec(name: str) -> dict[str, Any]:
     return {"script": TRIVIAL, "output": "/dev/null", "workdir": "/tmp", "name": name}
 
 
-def one_run(args: argparse.Namespace, dbs: Databases, setting: str, k: int) -> dict[str, Any]:
+def one_run(args: argparse.Namespace, store: Store, setting: str, k: int) -> dict[str, Any]:
+    """One run on a fresh cluster (and, on PostgreSQL, a fresh database) of `store`."""
     with (
-        dbs.for_run() as db,
+        store.database("failover") as db,
         cluster(db, args.nodes, SETTINGS[setting], args.keep) as (
             urls,
             state,
+            nodes,
         ),
     ):
+        window = store.cpu()
         try:
-            return measure(urls, state, setting, k)
+            res = measure(urls, state, nodes, f"{store.name} {setting}", SETTINGS[setting], k)
         except Exception:
             log(
-                f"{setting} run {k} failed; controller logs:\n{common.controller_log_tail(state, 15)}"
+                f"{store.name} {setting} run {k} failed; controller logs:\n"
+                f"{common.controller_log_tail(state, 15)}"
             )
             raise
+        res.update(window.stop())
+        if "db_cpu_s" in res:
+            log(
+                f"{store.name} {setting} run {k}: database CPU {res['db_cpu_s']:.1f}s "
+                f"({res['db_cpu_pct']:.0f}% of one CPU)"
+            )
+        return res
 
 
-def measure(urls: list[str], state: Path, setting: str, k: int) -> dict[str, Any]:
+def measure(
+    urls: list[str], state: Path, nodes: set[str], setting: str, want: dict[str, float], k: int
+) -> dict[str, Any]:
+    """Steps 1-5 of the module docstring on a running cluster of `nodes`; `setting` names
+    the run in the log, `want` is the timing the controllers must run with."""
     timeout = httpx.Timeout(10.0, connect=2.0)
+    t_start = time.time()
     with Client(urls, timeout=timeout) as watch:
         tm = watch.cluster()["this_controller"]["timing"]
-        common.check_timing(tm, SETTINGS[setting])
+        common.check_timing(tm, want)
         ttl, renew = float(tm["lease_ttl"]), float(tm["renew_interval"])
 
         # 1. duty leases held, and the holders stable for two renewal intervals
@@ -294,11 +291,24 @@ def measure(urls: list[str], state: Path, setting: str, k: int) -> dict[str, Any
                     raise RuntimeError(f"jobs from before the kill still active: {states}")
                 time.sleep(0.2)
             res["completed"] = sum(1 for j in acked if states.get(j) == "COMPLETED")
+            # no node is ever stopped here: every node declared DOWN was declared falsely. One the
+            # failover left without heartbeats is declared DOWN only node_down_timeout later, so
+            # count once that has passed since the kill (and a sweep or two after it)
+            settle = t_kill + float(tm["node_down_timeout"]) + 2 * float(tm["heartbeat_interval"])
+            time.sleep(max(0.0, settle + 1.0 - time.time()))
+            # (only this run's nodes since it started: a reused --db holds other runs' nodes,
+            # rightly declared DOWN once their cluster stopped)
+            res["false_down"] = sum(
+                1
+                for e in events(c)
+                if e["kind"] == "node.down" and e.get("node") in nodes and e["ts"] >= t_start
+            )
     log(
         f"{setting} run {k}: submit {res['submit_s']:.2f}s ({tries} tries), RUNNING "
         f"{res['running_s']:.2f}s (start_time {res['start_s']:.2f}s), leases "
         f"{res['leases_s']:.2f}s (event {res.get('take_s', float('nan')):.2f}s) {res['took']}; "
-        f"kept {res['kept']}/{len(acked)}, completed {res['completed']}"
+        f"kept {res['kept']}/{len(acked)}, completed {res['completed']}, "
+        f"false DOWN {res['false_down']}"
         + (f"; first try: {res['first_error']}" if "first_error" in res else "")
     )
     return res
@@ -309,18 +319,19 @@ def ids_of(ids: list[int]) -> str:
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    out = spread(runs, METRICS)
+    out = spread(runs, [*METRICS, "db_cpu_pct", "db_cpu_s"])
+    out["false_down"] = sum(r["false_down"] for r in runs)
     out["kept"] = sum(r["kept"] for r in runs)
     out["completed"] = sum(r["completed"] for r in runs)
     out["acked_before"] = sum(r["acked_before"] for r in runs)
     return out
 
 
-def table(results: dict[str, dict[str, Any]], db_label: str) -> str:
+def table(results: dict[str, dict[str, Any]], store: Store) -> str:
     head = f"{'setting':8} {'metric':38} {'median':>7} {'max':>7} {'min':>7}  {'slurm':>6}"
     lines = [
         "Phalanx controller failover: seconds after SIGKILL of the scheduling lease holder "
-        f"(3 controllers; store: {db_label})",
+        f"(3 controllers; store {store.name}: {store.label})",
         head,
         "-" * len(head),
     ]
@@ -342,6 +353,16 @@ def table(results: dict[str, dict[str, Any]], db_label: str) -> str:
             f"{s['kept']}/{s['acked_before']}, completed {s['completed']}  "
             f"(slurm: kept 1/20; bar: all) {ok}"
         )
+        if "db_cpu_pct" in s:
+            m = s["db_cpu_pct"]
+            lines.append(
+                f"{setting:8} {'database CPU over a run, % of one CPU':38} {m['median']:7.0f} "
+                f"{m['max']:7.0f} {m['min']:7.0f}"
+            )
+        lines.append(
+            f"{setting:8} {'false DOWN, all runs':38} {s['false_down']:7d}  (bar: 0) "
+            + ("yes" if s["false_down"] == 0 else "NO")
+        )
     lines.append(
         "slurm: a Slurm backup controller takes over after SlurmctldTimeout (120 s by default); "
         "tuned to 5 s, Slurm 22.05 took over in ~6 s but lost 19 of 20 jobs acknowledged just "
@@ -350,15 +371,37 @@ def table(results: dict[str, dict[str, Any]], db_label: str) -> str:
     return "\n".join(lines)
 
 
+def side_by_side(results: dict[str, dict[str, dict[str, Any]]], setting: str, runs: int) -> str:
+    """One setting's medians on every store, with ratios to SQLite."""
+    rows = [
+        *((k, label) for k, (label, _) in METRICS.items()),
+        ("db_cpu_pct", "database CPU over a run, % of one CPU"),
+        ("false_down", "false DOWN, all runs"),
+        ("lost", "jobs acked before the kill and lost"),
+    ]
+    per_store = {}
+    for name, by_setting in results.items():
+        sm = by_setting[setting]["summary"]
+        got = {k: v["median"] for k, v in sm.items() if isinstance(v, dict)}
+        got["false_down"] = sm["false_down"]
+        got["lost"] = sm["acked_before"] - sm["kept"]
+        per_store[name] = got
+    return stores.side_by_side(
+        f"failover, setting {setting}: the stores side by side (seconds after the kill; "
+        f"medians over {runs} run(s) each)",
+        rows,
+        per_store,
+    )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=None, help="runs per setting (default 5; 2 quick)")
     p.add_argument("--quick", action="store_true", help="2 runs per setting")
     p.add_argument("--nodes", type=int, default=2)
-    p.add_argument("--db", default=None, help="database URL (default: SQLite in the state dir)")
-    p.add_argument(
-        "--pg", action="store_true", help="a throwaway PostgreSQL server, fresh database per run"
-    )
+    p.add_argument("--db", default=None, help="one database URL, reused across runs")
+    stores.add_argument(p)
+    p.add_argument("--pg", action="store_true", help="the old spelling of --stores pg-nosync")
     p.add_argument(
         "--only", choices=sorted(SETTINGS), action="append", help="only this setting (repeatable)"
     )
@@ -367,29 +410,38 @@ def main() -> int:
     args = p.parse_args()
     if args.runs is None:
         args.runs = 2 if args.quick else 5
-    if args.db and args.pg:
-        p.error("--db and --pg exclude each other")
+    if args.pg:
+        if args.db or args.stores:
+            p.error("--pg excludes --db and --stores")
+        args.stores = "pg-nosync"
+    names = stores.chosen(args.stores, args.db, p)
     settings = args.only or list(SETTINGS)
     timings = common.checked_timings(settings, SETTINGS, SHOWN_TIMING)
 
     load_before = busy_before()
-    dbs = Databases(args.db, args.pg)
-    results: dict[str, dict[str, Any]] = {}
-    try:
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    with stores.open_stores(names, args.db) as chosen:
         for name in settings:
-            runs = [one_run(args, dbs, name, k) for k in range(1, args.runs + 1)]
-            results[name] = common.setting_result(
-                timings[name], SETTINGS[name], runs, summarize(runs)
-            )
-    finally:
-        dbs.close()
+            runs: dict[str, list[dict[str, Any]]] = {st.name: [] for st in chosen}
+            for k in range(1, args.runs + 1):
+                for st in chosen:
+                    runs[st.name].append(one_run(args, st, name, k))
+            for st in chosen:
+                results.setdefault(st.name, {})[name] = common.setting_result(
+                    timings[name], SETTINGS[name], runs[st.name], summarize(runs[st.name])
+                )
     load_after = os.getloadavg()[0]
-    print(table(results, dbs.label()))
+    for st in chosen:
+        print(table(results[st.name], st))
+        print()
+    for name in settings:
+        print(side_by_side(results, name, args.runs))
+        print()
     print(host_line(load_before, load_after))
     if args.json:
         doc = {
-            "results": results,
-            "params": {"runs": args.runs, "nodes": args.nodes, "db": dbs.label()},
+            "stores": {st.name: {"label": st.label, "results": results[st.name]} for st in chosen},
+            "params": {"runs": args.runs, "nodes": args.nodes, "stores": names},
             "reference": {
                 "slurm_22_05": "SlurmctldTimeout=5 s: takeover ~6 s, 19 of 20 jobs acknowledged "
                 "just before the kill lost; default SlurmctldTimeout 120 s",

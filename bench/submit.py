@@ -6,8 +6,11 @@ Each run starts a fresh local cluster with real processes
     python -m phalanx up --detach --state-dir TMP --port FREE --nodes 4 --cpus 8 --mem 16G \
         [--db URL]
 
-(SQLite in TMP unless `--db` is given) and stops it with `phalanx down` in a `finally`. Against
-it, the run measures, in this order:
+on each store of `--stores` (bench/stores.py; all three by default): `pg`, a fresh database on
+a throwaway PostgreSQL server with fsync and synchronous_commit on (the headline: what
+production runs), `pg-nosync`, the same with them off, and `sqlite`, a file in TMP; or on the
+one database `--db` names. It stops the cluster with `phalanx down` in a `finally`. Against it,
+the run measures, in this order:
 
   latency   submit-to-start on an idle cluster: submit one `#!/bin/sh\\ntrue` job, poll
             GET /v1/jobs/{id} every few ms until it is RUNNING or later. Two numbers per
@@ -27,7 +30,7 @@ it, the run measures, in this order:
             kicked and sees them), then cancelled in one POST /v1/jobs/cancel outside the
             timed window. Also the controller's CPU time per submission (/proc, its
             background loops included), which other load on the host distorts far less than
-            the rate.
+            the rate, and on PostgreSQL the database server's (all its processes, psutil).
   single_seq  the same, one request at a time over the httpx client (one lone `sbatch`
             loop: the client's CPU and the controller's add up on every request); shown for
             comparison, no bar.
@@ -38,20 +41,26 @@ it, the run measures, in this order:
             end_time (and, second number, until the client's poll saw no job left active).
             Every job must end COMPLETED.
 
-A fresh cluster per run keeps runs independent (the SQLite file starts empty each time; with
-`--db` the same database is reused, so later runs see earlier runs' ended jobs). The host's busy
-CPUs are sampled for 1 s before the runs, and a warning is printed if something else is using
-them: on a 2-core box, a concurrent test suite halves every rate here.
+A fresh cluster and database per run keeps runs independent (with `--db` the same database is
+reused, so later runs see earlier runs' ended jobs); runs go round the stores (run 1 on each,
+then run 2, ...) so a change of load hits each store alike. The host's busy CPUs are sampled
+for 1 s before the runs, and a warning is printed if something else is using them: on a 2-core
+box, a concurrent test suite halves every rate here.
 
-Results are the median (min, max) over `--runs` runs, with the Slurm 22.05 reference for this
-kind of machine and the bars Phalanx aims for. `--json FILE` also writes them as JSON.
+Results are, per store, the median (min, max) over `--runs` runs, with the Slurm 22.05
+reference for this kind of machine and the bars Phalanx aims for, and the database server's CPU
+over the whole run (% of one CPU; none for SQLite, which runs inside the controller); then the
+stores' medians side by side with each one's ratio to SQLite. `--json FILE` also writes them
+as JSON.
 
-    .venv/bin/python bench/submit.py --runs 3
+    .venv/bin/python bench/submit.py --stores pg,pg-nosync,sqlite --runs 3   # the headline
     .venv/bin/python bench/submit.py --quick
+    .venv/bin/python bench/submit.py --stores sqlite --runs 3
     .venv/bin/python bench/submit.py --db postgresql://user@host/db   # DB is reused across runs
     .venv/bin/python bench/submit.py --prefill 1000000 --only single --runs 1
 
-`--prefill N` first fills each run's SQLite store with N job rows copied from a real
+`--prefill N` (SQLite only: the default stores become `sqlite`) first fills each run's SQLite
+store with N job rows copied from a real
 submission (98% ended with their attempt and events, 1% pending with a begin time a day away,
 1% held; `prefill_store`), to measure submitting into a store that has served for months
 (issue 12: >= 500 submissions/s with 1,000,000 jobs in the store); `--only` runs just the named
@@ -72,7 +81,9 @@ from pathlib import Path
 from typing import Any
 
 import common
+import stores
 from common import busy_before, host_info, host_line, log, spread
+from stores import Store
 
 TRIVIAL = "#!/bin/sh\ntrue\n"
 STARTED = {
@@ -95,6 +106,7 @@ METRICS: dict[str, tuple[str, str, float | None, float | None, bool]] = {
     "single_per_s": ("submit, 1 job/request", "jobs/s", 170.0, 600.0, True),
     # the controller's CPU per single submission (background loops included); no Slurm figure
     "single_cpu_ms": ("controller CPU per submission", "ms", None, 1.0, False),
+    "single_db_cpu_ms": ("  database CPU per submission", "ms", None, None, False),
     "single_seq_per_s": ("submit, 1 job/request, 1 at a time", "jobs/s", 170.0, None, True),
     "single_seq_cpu_ms": ("  controller CPU per submission", "ms", None, None, False),
     "batch_per_s": ("submit, batch", "jobs/s", 170.0, 5000.0, True),
@@ -102,6 +114,8 @@ METRICS: dict[str, tuple[str, str, float | None, float | None, bool]] = {
     "client_latency_s": ("submit->start (client)", "s", 2.5, 0.5, False),
     "e2e_per_s": ("trivial jobs completed", "jobs/s", 10.0, 100.0, True),
     "e2e_client_per_s": ("trivial jobs completed (client)", "jobs/s", 10.0, 100.0, True),
+    # the PostgreSQL server's CPU from the cluster up to the end of the last measure
+    "db_cpu_pct": ("database CPU over the run, % of 1 CPU", "%", None, None, False),
 }
 
 
@@ -263,15 +277,26 @@ def bench_single(api: Api, n: int, state: Path, conns: int = 8) -> tuple[float, 
     (common.KeepAliveSubmitter), and the controller's CPU time per submission in ms (what
     other load on the host distorts least: the rate halves on a busy 2-core box, this
     barely moves)."""
+    rate, cpu_ms, _ = single_with_db(api, n, state, conns, None)
+    return rate, cpu_ms
+
+
+def single_with_db(
+    api: Api, n: int, state: Path, conns: int, store: Store | None
+) -> tuple[float, float, float | None]:
+    """bench_single, plus the database server's CPU per submission in ms over the same
+    window (None for SQLite or an unknown server): what a submission costs the database."""
     client = common.KeepAliveSubmitter(str(api.http.base_url).rstrip("/"), conns)
+    db = store.cpu() if store is not None else None
     cpu0 = controller_cpu(state)
     t0 = time.perf_counter()
     ids = client.submit(spec(hold=True), n)
     dt = time.perf_counter() - t0
     cpu = controller_cpu(state) - cpu0
+    db_s = db.stop().get("db_cpu_s") if db is not None else None
     api.cancel(ids)
     api.wait_idle()
-    return n / dt, cpu / n * 1000
+    return n / dt, cpu / n * 1000, None if db_s is None else db_s / n * 1000
 
 
 def bench_single_seq(api: Api, n: int, state: Path) -> tuple[float, float]:
@@ -324,16 +349,18 @@ def bench_e2e(api: Api, n: int) -> tuple[float, float]:
     return n / t_server, n / t_client
 
 
-def one_run(args: argparse.Namespace, k: int) -> dict[str, float]:
+def one_run(args: argparse.Namespace, k: int, store: Store, db: str | None) -> dict[str, float]:
+    """One run on a fresh cluster over `db` (None: SQLite in the state dir)."""
     res: dict[str, float] = {}
-    with cluster(args.db, args.nodes, args.keep, args.prefill) as (url, state):
+    with cluster(db, args.nodes, args.keep, args.prefill) as (url, state):
         api = Api(url)
+        window = store.cpu()
         try:
 
             def step(name: str, fn: Callable[[], Any]) -> Any:
                 t = time.monotonic()
                 out = fn()
-                log(f"run {k}: {name} done in {time.monotonic() - t:.1f}s: {out}")
+                log(f"{store.name} run {k}: {name} done in {time.monotonic() - t:.1f}s: {out}")
                 return out
 
             only = set(args.only.split(",")) if args.only else set(STEPS)
@@ -342,9 +369,12 @@ def one_run(args: argparse.Namespace, k: int) -> dict[str, float]:
                     "latency", lambda: bench_latency(api, args.latency_samples)
                 )
             if "single" in only:
-                res["single_per_s"], res["single_cpu_ms"] = step(
-                    "single", lambda: bench_single(api, args.single, state, args.single_conns)
+                res["single_per_s"], res["single_cpu_ms"], db_ms = step(
+                    "single",
+                    lambda: single_with_db(api, args.single, state, args.single_conns, store),
                 )
+                if db_ms is not None:
+                    res["single_db_cpu_ms"] = db_ms
             if "single_seq" in only:
                 res["single_seq_per_s"], res["single_seq_cpu_ms"] = step(
                     "single_seq", lambda: bench_single_seq(api, args.single_seq, state)
@@ -357,6 +387,8 @@ def one_run(args: argparse.Namespace, k: int) -> dict[str, float]:
                 res["e2e_per_s"], res["e2e_client_per_s"] = step(
                     "e2e", lambda: bench_e2e(api, args.e2e)
                 )
+            if "db_cpu_pct" in (db_cpu := window.stop()):
+                res["db_cpu_pct"] = db_cpu["db_cpu_pct"]
         finally:
             api.http.close()
     return res
@@ -367,17 +399,22 @@ def summarize(runs: list[dict[str, float]]) -> dict[str, dict[str, float]]:
 
 
 def fmt(v: float | None, unit: str) -> str:
+    """Times with three decimals, rates and percentages as whole numbers."""
     if v is None:
         return "-"
     return f"{v:.3f}" if unit in ("s", "ms") else f"{v:,.0f}"
 
 
-def table(summary: dict[str, dict[str, float]], nruns: int) -> str:
+def table(summary: dict[str, dict[str, float]], nruns: int, store: Store) -> str:
     head = (
-        f"{'metric':34} {'median':>9} {'min':>9} {'max':>9}  {'unit':6} "
+        f"{'metric':38} {'median':>9} {'min':>9} {'max':>9}  {'unit':6} "
         f"{'slurm':>6} {'vs slurm':>8} {'bar':>7}  ok"
     )
-    lines = [f"Phalanx submit benchmark: medians over {nruns} run(s)", head, "-" * len(head)]
+    lines = [
+        f"Phalanx submit benchmark on {store.name} ({store.label}): medians over {nruns} run(s)",
+        head,
+        "-" * len(head),
+    ]
     for key, (label, unit, ref, bar, higher) in METRICS.items():
         if key not in summary:
             continue
@@ -391,7 +428,7 @@ def table(summary: dict[str, dict[str, float]], nruns: int) -> str:
             shown = f"{'>=' if higher else '<'}{fmt(bar, unit):>5}"
             verdict = "yes" if ok else "NO"
         lines.append(
-            f"{label:34} {fmt(m['median'], unit):>9} {fmt(m['min'], unit):>9} "
+            f"{label:38} {fmt(m['median'], unit):>9} {fmt(m['min'], unit):>9} "
             f"{fmt(m['max'], unit):>9}  {unit:6} {fmt(ref, unit):>6} {vs:>8} "
             f"{shown:>7}  {verdict}"
         )
@@ -405,7 +442,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=None, help="runs (default 5; 2 with --quick)")
     p.add_argument("--quick", action="store_true", help="fewer and smaller runs")
-    p.add_argument("--db", default=None, help="database URL (default: SQLite in the state dir)")
+    p.add_argument("--db", default=None, help="one database URL, reused across runs")
+    stores.add_argument(p)
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--json", metavar="FILE", default=None, help="also write the results as JSON")
     p.add_argument("--keep", action="store_true", help="keep each run's state dir (logs, DB)")
@@ -454,6 +492,11 @@ def main() -> int:
             setattr(args, k, v)
     if args.prefill and args.db:
         p.error("--prefill fills the run's own SQLite store: leave out --db")
+    if args.prefill and args.stores is None:
+        args.stores = "sqlite"
+    names = stores.chosen(args.stores, args.db, p)
+    if args.prefill and names != ["sqlite"]:
+        p.error("--prefill fills the run's own SQLite store: --stores sqlite only")
     unknown = set(args.only.split(",")) - set(STEPS) if args.only else set()
     if unknown:
         p.error(f"--only: unknown measure {', '.join(sorted(unknown))} (of {', '.join(STEPS)})")
@@ -461,17 +504,31 @@ def main() -> int:
     load_before = busy_before(
         "other processes compete with the cluster and the numbers will be low"
     )
-    runs = []
-    for k in range(1, args.runs + 1):
-        runs.append(one_run(args, k))
+    with stores.open_stores(names, args.db) as chosen:
+        runs: dict[str, list[dict[str, float]]] = {st.name: [] for st in chosen}
+        for run in range(1, args.runs + 1):
+            for st in chosen:
+                with st.database("submit") as db:
+                    runs[st.name].append(one_run(args, run, st, db))
     load_after = os.getloadavg()[0]
-    summary = summarize(runs)
-    print(table(summary, len(runs)))
+    summaries = {st.name: summarize(runs[st.name]) for st in chosen}
+    for st in chosen:
+        print(table(summaries[st.name], len(runs[st.name]), st))
+        print()
+    print(
+        stores.side_by_side(
+            f"submit: the stores side by side, medians over {args.runs} run(s) each",
+            [(k, m[0] if m[1] == "%" else f"{m[0]} ({m[1]})") for k, m in METRICS.items()],
+            {name: {k: v["median"] for k, v in s.items()} for name, s in summaries.items()},
+        )
+    )
     print(host_line(load_before, load_after))
     if args.json:
         doc = {
-            "summary": summary,
-            "runs": runs,
+            "stores": {
+                st.name: {"label": st.label, "summary": summaries[st.name], "runs": runs[st.name]}
+                for st in chosen
+            },
             "params": {
                 k: getattr(args, k)
                 for k in (
@@ -488,7 +545,8 @@ def main() -> int:
                     "prefill",
                     "only",
                 )
-            },
+            }
+            | {"stores": names},
             "reference": {
                 k: {
                     "label": v[0],

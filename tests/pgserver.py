@@ -7,7 +7,11 @@ starts a real, private cluster in a temporary directory:
 
 * ``initdb`` with ``--no-sync`` and ``fsync=off``/``synchronous_commit=off``/
   ``full_page_writes=off`` so a cluster is up in a couple of seconds; durability is irrelevant for
-  data that is thrown away.
+  data that is thrown away.  Benchmarks pass ``durable=True`` to get the settings a production
+  server runs with (``fsync``, ``synchronous_commit`` and ``full_page_writes`` on): every commit
+  then waits for its WAL flush, which is what a throughput figure must include to mean anything.
+  ``initdb --no-sync`` stays either way: it only skips syncing initdb's own files once, which
+  no commit measured afterwards waits for.
 * It listens on 127.0.0.1 only, on a free port, with its Unix socket inside the temp dir, so it
   never collides with a system PostgreSQL or with a parallel test run.
 * As root (CI containers) the server binaries refuse to run, so every command is run as the
@@ -165,7 +169,9 @@ class PgServer:
     ``with PgServer.start() as server: ...``.
     """
 
-    def __init__(self, base_dir: Path, bindir: Path, run_as: str | None) -> None:
+    def __init__(
+        self, base_dir: Path, bindir: Path, run_as: str | None, *, durable: bool = False
+    ) -> None:
         """Prepare but do not start; :meth:`start` is the public constructor."""
         self.base_dir: Path = base_dir
         self.bindir: Path = bindir
@@ -175,6 +181,8 @@ class PgServer:
         self.port: int = 0
         self.pid: int | None = None
         self.dbname: str = DEFAULT_DBNAME
+        #: Whether commits wait for a WAL flush to disk (:meth:`start`'s ``durable``).
+        self.durable: bool = durable
         self._run_as = run_as
         self._paused = False
         self._stopped = False
@@ -182,12 +190,15 @@ class PgServer:
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def start(cls, base_dir: Path | None = None) -> PgServer:
+    def start(cls, base_dir: Path | None = None, *, durable: bool = False) -> PgServer:
         """Create, start and return a cluster with an empty ``phalanx`` database.
 
         ``base_dir`` is the parent for the cluster's temp dir (default: the system temp dir).
         As root it must be traversable by the ``postgres`` user, which pytest's ``tmp_path``
-        (mode 0700) is not.  Raises :class:`PostgresNotAvailable` when there is nothing to run,
+        (mode 0700) is not.  ``durable`` turns ``fsync``, ``synchronous_commit`` and
+        ``full_page_writes`` on, as in production (benchmarks); the default leaves them off so
+        tests run fast.  A durable server only means something on a disk that really syncs
+        (not tmpfs).  Raises :class:`PostgresNotAvailable` when there is nothing to run,
         :class:`PgServerError` when the server fails to come up.
         """
         bindir = find_bindir()
@@ -195,7 +206,7 @@ class PgServer:
         parent = Path(base_dir) if base_dir is not None else Path(tempfile.gettempdir())
         parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix="phalanx-pg-", dir=parent))
-        server = cls(tmp, bindir, run_as)
+        server = cls(tmp, bindir, run_as, durable=durable)
         atexit.register(server.stop)
         try:
             server._prepare_dir()
@@ -272,13 +283,14 @@ class PgServer:
             raise PgServerError(
                 f"initdb failed ({result.returncode}):\n{result.stdout}{result.stderr}"
             )
+        durability = "on" if self.durable else "off"
         settings = {
             "listen_addresses": "'127.0.0.1'",
             "unix_socket_directories": f"'{self.socket_dir}'",
             "max_connections": "200",
-            "fsync": "off",
-            "synchronous_commit": "off",
-            "full_page_writes": "off",
+            "fsync": durability,
+            "synchronous_commit": durability,
+            "full_page_writes": durability,
             # Keep the log useful when a test fails: it is included in error messages.
             "log_min_messages": "warning",
         }
@@ -488,9 +500,9 @@ class PgServer:
         return f"<PgServer {state} port={self.port} pid={self.pid} datadir={self.datadir}>"
 
 
-def start_postgres(base_dir: Path | None = None) -> PgServer:
+def start_postgres(base_dir: Path | None = None, *, durable: bool = False) -> PgServer:
     """Function form of :meth:`PgServer.start` for scripts."""
-    return PgServer.start(base_dir)
+    return PgServer.start(base_dir, durable=durable)
 
 
 if __name__ == "__main__":
