@@ -18,6 +18,7 @@ from sqlalchemy import (
     func,
     or_,
     select,
+    text,
     update,
 )
 
@@ -32,6 +33,22 @@ from phalanx.store.prebuilt import Prebuilt, update_where
 from phalanx.store.sqlbits import NODE_WORK_COLUMNS
 from phalanx.store.sqlbits import active_tasks as _active_tasks
 from phalanx.store.sqlbits import now as _now
+
+# PostgreSQL's heartbeat flush (Exchange._record_heartbeats_postgresql). now() is the
+# transaction's start, so the mark and the stamps share one clock reading.
+_RETIRE_MARK = text("UPDATE controllers SET flushed_through = NULL WHERE id = :cid")
+_ADVANCE_MARK = text(
+    "UPDATE controllers SET flushed_through = extract(epoch from now()) - :back "
+    "WHERE id = :cid AND (flushed_through IS NULL "
+    "OR flushed_through < extract(epoch from now()) - :back)"
+)
+_STAMP_NODES = text(
+    "UPDATE nodes SET last_heartbeat = extract(epoch from now()) - :waited - v.age "
+    "FROM unnest(CAST(:names AS varchar[]), CAST(:ages AS float8[])) AS v(name, age) "
+    "WHERE nodes.name = v.name AND (nodes.last_heartbeat IS NULL "
+    "OR nodes.last_heartbeat <= extract(epoch from now()) - :waited - v.age) "
+    "RETURNING nodes.name, nodes.down, nodes.down_reason"
+)
 
 
 @dataclass
@@ -132,6 +149,8 @@ class AgentReports(AttemptProgress):
         if not ages and controller is None:
             return []
         called = time.monotonic()
+        if self.dialect == "postgresql":
+            return self._record_heartbeats_postgresql(ages, controller, flushed_age, retire, called)
         n = s.nodes.c
         # urgent (writers.WriterQueue): a flush that fails restarts the failure detector's
         # grace, so it must not wait behind bulk writes; one small row per node heard from
@@ -181,25 +200,61 @@ class AgentReports(AttemptProgress):
             back = conn.execute(
                 select(n.name, n.down_reason).where(n.name.in_(sorted(newer)), n.down.is_(True))
             ).all()
-            if back:
-                conn.execute(
-                    update(s.nodes)
-                    .where(s.nodes.c.name.in_([r.name for r in back]))
-                    .values(down=False, down_reason=None)
-                )
-                self._events_many(
-                    conn,
-                    [
-                        {
-                            "kind": "node.up",
-                            "node": r.name,
-                            "actor": r.name,
-                            "message": f"node {r.name} answers again (was DOWN: {r.down_reason})",
-                        }
-                        for r in back
-                    ],
-                )
+            self._back_in_service(conn, [(r.name, r.down_reason) for r in back])
             return [r.name for r in back]
+
+    def _record_heartbeats_postgresql(
+        self,
+        ages: dict[str, float],
+        controller: str | None,
+        flushed_age: float | None,
+        retire: bool,
+        called: float,
+    ) -> list[str]:
+        """`record_heartbeats` on PostgreSQL in as few statements as the data allows: the
+        mark, then every stamp in one UPDATE over the batch's arrays whose RETURNING says which
+        nodes were DOWN (read after any concurrent writer of the row, as the separate read
+        did), then, only if some were, their return to service. The stamps and the mark are
+        computed by the server from now() (the transaction's start: its first statement)
+        less the time this method waited for its turn, as the general path does."""
+        with self.db.begin(urgent=True) as conn:
+            waited = time.monotonic() - called
+            if controller is not None and retire:
+                conn.execute(_RETIRE_MARK, {"cid": controller})
+            elif controller is not None and flushed_age is not None:
+                conn.execute(_ADVANCE_MARK, {"cid": controller, "back": waited + flushed_age})
+            if not ages:
+                return []
+            names = sorted(ages)
+            rows = conn.execute(
+                _STAMP_NODES,
+                {"names": names, "ages": [ages[x] for x in names], "waited": waited},
+            ).all()
+            back = [(r.name, r.down_reason) for r in rows if r.down]
+            self._back_in_service(conn, back)
+            return [name for name, _ in back]
+
+    def _back_in_service(self, conn: Connection, back: list[tuple[str, str | None]]) -> None:
+        """Nodes DOWN only for their silence, heard from again: up, with a `node.up` event."""
+        if not back:
+            return
+        conn.execute(
+            update(s.nodes)
+            .where(s.nodes.c.name.in_([name for name, _ in back]))
+            .values(down=False, down_reason=None)
+        )
+        self._events_many(
+            conn,
+            [
+                {
+                    "kind": "node.up",
+                    "node": name,
+                    "actor": name,
+                    "message": f"node {name} answers again (was DOWN: {reason})",
+                }
+                for name, reason in back
+            ],
+        )
 
     def db_time(self) -> float:
         with self.db.begin(write=False) as conn:
