@@ -32,6 +32,10 @@ from phalanx.errors import PhalanxError
 from phalanx.store.store import Fence, Store
 
 STARTED = Counter("phalanx_jobs_started_total", "Attempts started by this controller's scheduler")
+SCHED_NOTICES = Counter(
+    "phalanx_sched_notices_total",
+    "Notifications this controller sent the scheduling lease holders of new work (PostgreSQL)",
+)
 
 
 def sched_lease(partition: str) -> str:
@@ -61,6 +65,7 @@ class Scheduler:
         # new work since the last pass: the holders of the leases we lack are told
         # (store.notify_schedulers) instead of finding it at their next interval
         self._news = threading.Event()
+        self.notices = 0  # notifications sent (store.notify_schedulers)
 
     def news(self) -> None:
         """This controller committed something a pass may act on (a submission, a job's end,
@@ -86,9 +91,9 @@ class Scheduler:
         partitions that share nodes never double-book them.
         """
         fences = self._sched_fences()
-        told = self._tell_the_holders(fences)
+        self._tell_the_holders(fences)
         if not fences:
-            return told or "idle"
+            return "idle"
         start = time.perf_counter()
         self.placed = 0
         try:
@@ -97,19 +102,19 @@ class Scheduler:
             SCHED_PASS_SECONDS.observe(time.perf_counter() - start)
             SCHED_PASS_PLACEMENTS.observe(self.placed)
 
-    def _tell_the_holders(self, fences: dict[str, Fence]) -> str:
+    def _tell_the_holders(self, fences: dict[str, Fence]) -> None:
         """After news, one notification for the controllers holding the scheduling leases
         this one lacks (a burst of news between two ticks is one notification). Best effort:
         without it they find the work at their next interval."""
         if not self._news.is_set():
-            return ""
+            return
         self._news.clear()
         if len(fences) == len(self.partition_names):
-            return ""
+            return
         with contextlib.suppress(PhalanxError):
             if self.store.notify_schedulers():
-                return "told the scheduling lease holders of new work"
-        return ""
+                self.notices += 1
+                SCHED_NOTICES.inc()
 
     def _sched_fences(self) -> dict[str, Fence]:
         out = {}
