@@ -22,9 +22,10 @@ lint: install
 	$(BIN)/ruff format --check src tests bench scripts
 	$(BIN)/mypy
 
-# `make test` runs the suite in two parts (tests/conftest.py says why): all but the `serial`
-# modules on TEST_WORKERS parallel workers, each module whole on one worker, then the modules
-# that assert timing bounds, one at a time with nothing beside them.
+# `make test` runs the suite in three parts (tests/conftest.py says why): all but the `paired`
+# and `serial` modules on TEST_WORKERS parallel workers, each module whole on one worker; then
+# the modules that assert a fault's timeouts, two at a time; then those with tight timing
+# bounds, one at a time with nothing beside them.
 TEST_WORKERS ?= 2
 
 test: install lint
@@ -32,7 +33,9 @@ test: install lint
 	bash scripts/ensure-etcd.sh
 	bash scripts/ensure-netns-tools.sh
 	bash scripts/ensure-chromium.sh
-	$(BIN)/pytest -q --durations=20 -m "not soak and not serial" -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/pytest -q --durations=20 -m "not soak and not serial and not paired" \
+		-n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/pytest -q --durations=10 -m "paired and not soak" -n 2 --dist loadfile
 	$(BIN)/pytest -q --durations=10 -m "serial and not soak"
 
 # The long runs kept out of `make test`: the 1,000-node simulation, the chaos runs (a few

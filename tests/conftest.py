@@ -23,51 +23,55 @@ for _path in (str(_TESTS_DIR), str(_SRC_DIR)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-# `make test` runs the suite in two parts (Makefile): everything but `serial` on parallel
-# workers (pytest-xdist, `--dist loadfile`: a module's tests stay on one worker, so its
-# module-scoped clusters and users are set up once), then the `serial` modules one at a time
-# with nothing beside them. Modules that run at once share nothing that one of them changes
-# for the machine (the Unix users they make have names of their own; system/unixusers.py
-# opens /root for search once for all of them).
+# `make test` runs the suite in three parts (Makefile): everything but `paired` and `serial` on
+# parallel workers (pytest-xdist, `--dist loadfile`: a module's tests stay on one worker, so
+# its module-scoped clusters and users are set up once), then the `paired` modules two at a
+# time, then the `serial` ones one at a time with nothing beside them. Modules that run at once
+# share nothing that one of them changes for the machine (the Unix users they make have names
+# of their own; system/unixusers.py opens /root for search once for all of them).
 #
-# A module is serial when it asserts that something does NOT happen within a bound (no node
-# declared DOWN across a failover or an outage, a wakeup or a watchdog ping within its
-# interval): on a 2-core machine another module's load beside it could turn a pass into a
-# false failure, and a flaky test is a failing test. A single test can say so itself with
-# `@pytest.mark.serial`.
+# A module is `paired` when it asserts that something does NOT happen within a bound (no node
+# declared DOWN across a failover or an outage, no lease flapping): beside the CPU-bound
+# modules of the parallel part, a 2-core machine could starve it into a false failure, and a
+# flaky test is a failing test. Its bounds are a fault's timeouts (seconds), which hold beside
+# one other such module: they mostly wait. A module is `serial` when its bound is tight
+# enough that even that could break it (a cut round trip ends within 4 s, a wakeup within its
+# interval). A single test can say so itself with `@pytest.mark.serial`.
 RUN_ALONE = frozenset(
     (
         "store/test_op_deadline.py",  # a cut round trip ends within 4 s
-        *(
-            f"system/{name}.py"
-            for name in (
-                "test_agent_restart",
-                "test_control_plane_outage",
-                "test_controller_restart",
-                "test_db_cutoff",
-                "test_db_failover",
-                "test_ha",
-                "test_heartbeat_rule",
-                "test_node_failure",
-                "test_partition",
-                "test_store_outage",
-                "test_systemd",
-                "test_wakeups",
-            )
-        ),
+        "system/test_heartbeat_rule.py",
+        "system/test_wakeups.py",
+    )
+)
+RUN_PAIRED = frozenset(
+    f"system/{name}.py"
+    for name in (
+        "test_agent_restart",
+        "test_control_plane_outage",
+        "test_controller_restart",
+        "test_db_cutoff",
+        "test_db_failover",
+        "test_ha",
+        "test_node_failure",
+        "test_partition",
+        "test_store_outage",
+        "test_systemd",
     )
 )
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """Mark the RUN_ALONE modules' tests `serial`, as each is collected (before `-m`
-    deselects in `pytest_collection_modifyitems`)."""
+    """Mark the RUN_ALONE modules' tests `serial` and the RUN_PAIRED ones' `paired`, as each
+    is collected (before `-m` deselects in `pytest_collection_modifyitems`)."""
     try:
         rel = item.path.resolve().relative_to(_TESTS_DIR).as_posix()
     except ValueError:  # a test outside tests/ (none today)
         return
     if rel in RUN_ALONE:
         item.add_marker(pytest.mark.serial)
+    elif rel in RUN_PAIRED:
+        item.add_marker(pytest.mark.paired)
 
 
 from pgserver import PgServer, PostgresNotAvailable  # noqa: E402
