@@ -3,6 +3,7 @@
     python bench/sim.py placements --stores pg,pg-nosync,sqlite --nodes 200 --minutes 2 --runs 3
     python bench/sim.py heartbeats --stores pg,pg-nosync,sqlite --nodes 10000 --minutes 2 --runs 3
     python bench/sim.py placements --stores sqlite --nodes 1000 --minutes 2 --runs 3
+    python bench/sim.py placements --stores pg --nodes 200 --minutes 2 --cpu-hogs 2  # 2x load
     python bench/sim.py placements --store postgresql+psycopg://user@host/db   # one given DB
 
 Both run real controllers on real stores with virtual nodes (`phalanx sim`'s, sim/nodes.py)
@@ -37,6 +38,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -77,8 +79,10 @@ def one_run(args: argparse.Namespace, kind: str, store: Store, db: str | None) -
                 progress=log,
             )
         )
+        hogs: list[subprocess.Popen[bytes]] = []
         try:
             sim.start()
+            hogs = cpu_hogs(args.cpu_hogs)
             cpu = store.cpu()
             if kind == "heartbeats":
                 out = sim.idle(args.minutes * 60)
@@ -100,9 +104,21 @@ def one_run(args: argparse.Namespace, kind: str, store: Store, db: str | None) -
             out["heartbeat_interval"] = sim.timing.heartbeat_interval
             out["detect_timeout"] = sim.timing.node_down_timeout
             out["load"] = os.getloadavg()[0]
+            out["cpu_hogs"] = len(hogs)
             return out
         finally:
+            for hog in hogs:
+                hog.kill()
+                hog.wait()
             sim.close()
+
+
+def cpu_hogs(n: int) -> list[subprocess.Popen[bytes]]:
+    """`n` processes that spin on a CPU each for the measured period (`--cpu-hogs`): the
+    issue's "twice the load" (a busy machine must slow the cluster down, never make it declare
+    a healthy node DOWN). Killed by the caller."""
+    spin = [sys.executable, "-c", "while True: pass"]
+    return [subprocess.Popen(spin, stdin=subprocess.DEVNULL) for _ in range(n)]
 
 
 PLACEMENT_ROWS = (
@@ -198,6 +214,13 @@ def main() -> int:
     ap.add_argument("--job-seconds", type=float, default=1.0, help="placements: job run time")
     ap.add_argument("--window", type=float, default=60.0, help="placements: seconds per window")
     ap.add_argument("--heartbeat-budget", type=float, default=None)
+    ap.add_argument(
+        "--cpu-hogs",
+        type=int,
+        default=0,
+        help="processes spinning on a CPU each beside every measured run (load: 2 doubles a "
+        "2-core machine's)",
+    )
     args = ap.parse_args()
     if args.nodes is None:
         args.nodes = 10_000 if args.kind == "heartbeats" else 1000
