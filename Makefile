@@ -39,7 +39,8 @@ test: install lint
 	$(BIN)/pytest -q --durations=10 -m "serial and not soak"
 
 # The long runs kept out of `make test`: the 1,000-node simulation, the chaos runs (a few
-# rounds each; `make soak-chaos` is the hour-long one), Patroni's failover. CI runs both.
+# rounds each; `make soak-chaos` is the hour-long one), Patroni's failover, PostgreSQL under a
+# row lock and CPU hogs (tests/system/test_pg_load.py). CI runs both.
 soak: install
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-etcd.sh
