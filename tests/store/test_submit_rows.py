@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import exc as sa_exc
-from sqlalchemy import insert, select, text
+from sqlalchemy import func, insert, select, text
 
 from phalanx.config import load_config
 from phalanx.controller.runtime import partition_rows
@@ -324,5 +324,30 @@ def test_postgresql_plain_path_writes_what_the_general_path_writes(
         three = st.submit_each([(*item(st, name=f"t{i}"), "cy") for i in range(3)])
         names = {jid: stored(st, s.jobs, jid)["name"] for (jid,) in [*one, *three]}
         assert list(names.values()) == ["one", "t0", "t1", "t2"]
+    finally:
+        st.close()
+
+
+@pytest.mark.postgres
+def test_a_postgresql_batch_larger_than_one_statement_is_stored_whole(pg_url: str) -> None:
+    """More jobs than one statement carries (PostgreSQL takes 65,535 parameters): the batch
+    is several statements in one transaction, every job and event stored, ids in order."""
+    st = Store(pg_url, actor="ctl-t")
+    st.migrate()
+    cfg = load_config(overrides={"cluster": {"partitions": [{"name": "batch", "default": True}]}})
+    st.sync_partitions(partition_rows(cfg))
+    try:
+        n = 10 * submission._GROUP_ROWS + 7  # about 100,000 parameters in one
+        ids = [
+            jid for (jid,) in st.submit_each([(*item(st, name=f"b{i}"), "al") for i in range(n)])
+        ]
+        assert ids == sorted(ids) and len(set(ids)) == n
+        with st.db.begin(write=False) as conn:
+            names = dict(conn.execute(select(s.jobs.c.id, s.jobs.c.name)).all())
+            events = conn.execute(
+                select(func.count()).select_from(s.events).where(s.events.c.kind == "job.submit")
+            ).scalar_one()
+        assert [names[j] for j in ids] == [f"b{i}" for i in range(n)]
+        assert events == n
     finally:
         st.close()

@@ -50,9 +50,11 @@ MAX_ID = 2**63 - 1  # the largest id an INTEGER column holds (SQLite and Postgre
 
 
 _Prebuilt = tuple[str, dict[str, Any]]  # SQL, and the bind processor of each parameter
+# PostgreSQL: the most jobs one jobs-and-events statement carries (about 50 parameters each)
+_GROUP_ROWS = 200
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=2 * _GROUP_ROWS)
 def _jobs_and_events(
     n: int, job_keys: tuple[str, ...], event_keys: tuple[str, ...], dialect: Dialect
 ) -> _Prebuilt:
@@ -232,6 +234,18 @@ class Submission(StoreBase):
             {**_EVENT_ROW.defaults, **self._event_values(_submit_event(jid, row, row["user"], now))}
             for row, jid in zip(rows, ids, strict=True)
         ]
+        # one statement in autocommit for a group that fits in one; a bigger batch is
+        # several in one transaction (PostgreSQL takes at most 65,535 parameters a statement)
+        with self.db.begin(single=len(jobs) <= _GROUP_ROWS) as conn:
+            for at in range(0, len(jobs), _GROUP_ROWS):
+                self._insert_jobs_and_events(
+                    conn, jobs[at : at + _GROUP_ROWS], events[at : at + _GROUP_ROWS]
+                )
+        return [[jid] for jid in ids]
+
+    def _insert_jobs_and_events(
+        self, conn: Connection, jobs: list[dict[str, Any]], events: list[dict[str, Any]]
+    ) -> None:
         job_keys, event_keys = tuple(jobs[0]), tuple(events[0])  # every row has them all
         sql, procs = _jobs_and_events(len(jobs), job_keys, event_keys, self.db.write.dialect)
         params = {f"j{i}_{k}": row[k] for i, row in enumerate(jobs) for k in job_keys}
@@ -239,9 +253,7 @@ class Submission(StoreBase):
         for name, proc in procs.items():
             if proc is not None:
                 params[name] = proc(params[name])
-        with self.db.begin(single=True) as conn:
-            conn.exec_driver_sql(sql, params)
-        return [[jid] for jid in ids]
+        conn.exec_driver_sql(sql, params)
 
     def _job_row(
         self, conn: Connection, resolved: ResolvedJob, spec: dict[str, Any], user: str, now: float
