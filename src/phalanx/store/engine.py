@@ -141,6 +141,7 @@ class Engines:
         mode = "write" if write else "read"
         started = time.perf_counter()
         self._local.committing = single  # (see `single`)
+        self._local.check_always = single  # its connection is checked (pgengine.PING_IDLE_AFTER)
         if watch is not None:
             watch.forget_cut()
         try:

@@ -28,7 +28,9 @@ from phalanx.store.pgwatch import Watchdog, no_answer
 # they sat in the pool; one that was in use a moment ago is as good as checked, and under load
 # every transaction would otherwise pay one more round trip (HikariCP's aliveBypassWindowMs,
 # 500 ms, is the same idea). A server that dies within this window fails the next transaction
-# on that connection with store_unavailable, as it would fail one in flight.
+# on that connection with store_unavailable, as it would fail one in flight. Not so for a
+# write of one statement in autocommit (Engines.begin, `single`): its statement is its commit,
+# so a connection found dead then would make it StoreOutcomeUnknown; it is always checked.
 PING_IDLE_AFTER = 1.0
 
 
@@ -54,7 +56,8 @@ def postgres_engine(
 ) -> Engine:
     """A pooled psycopg engine whose every round trip is under `watch`.
 
-    `local`: the engines' per-thread state (`committing` is set when a commit is sent);
+    `local`: the engines' per-thread state (`committing` is set when a commit is sent,
+    `check_always` when the next checkout must be checked whatever PING_IDLE_AFTER says);
     `hosts`: the multi-host chooser, asked for at each new connection (None: one host).
 
     The pool's connection check (pre-ping) is done here, in the checkout event, so that it
@@ -99,7 +102,8 @@ def postgres_engine(
     def _check(dbapi_conn: Any, rec: Any, _proxy: Any) -> None:
         if rec.info.pop("phx_fresh", False):
             return
-        if time.monotonic() - rec.info.get("phx_used", -PING_IDLE_AFTER) < PING_IDLE_AFTER:
+        recent = time.monotonic() - rec.info.get("phx_used", -PING_IDLE_AFTER) < PING_IDLE_AFTER
+        if recent and not getattr(local, "check_always", False):
             return  # it answered a moment ago (see PING_IDLE_AFTER)
         watch.arm(dbapi_conn, "connection check")
         try:
