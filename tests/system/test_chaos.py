@@ -704,25 +704,30 @@ def group(plan: Sequence[str], r: int) -> list[str]:
 
 
 def together(*faults: Callable[[], None]) -> None:
-    """Run the faults at once (the first in a thread); raise the first one's error, if any."""
+    """Run the faults at once (all but the last in threads of their own, the last here); raise
+    the first one's error, if any."""
     if len(faults) == 1:
         faults[0]()
         return
     errors: list[BaseException] = []
 
-    def first() -> None:
+    def run(fault: Callable[[], None]) -> None:
         try:
-            faults[0]()
+            fault()
         except BaseException as e:
             errors.append(e)
 
-    thread = threading.Thread(target=first, name="chaos-fault")
-    thread.start()
+    threads = [
+        threading.Thread(target=run, args=(fault,), name=f"chaos-fault-{i}")
+        for i, fault in enumerate(faults[:-1])
+    ]
+    for thread in threads:
+        thread.start()
     try:
-        for fault in faults[1:]:
-            fault()
+        faults[-1]()
     finally:
-        thread.join()
+        for thread in threads:
+            thread.join()
     if errors:
         raise errors[0]
 
