@@ -80,6 +80,7 @@ class Engines:
             self.writers = WriterQueue(max(connect_timeout, 10.0))
             self.write = sqlite_engine(self.url, immediate=True, timeout=max(connect_timeout, 10.0))
             self.read = sqlite_engine(self.url, immediate=False, timeout=max(connect_timeout, 10.0))
+            self.snapshot = self.read  # a SQLite transaction always reads one snapshot
         elif self.dialect == "postgresql":
             self.watchdog = Watchdog(op_timeout)
             self.writers = WriterQueue(max(connect_timeout, 10.0))
@@ -96,6 +97,8 @@ class Engines:
             # of a read transaction sees its own snapshot anyway, so a transaction gave them
             # nothing but two more round trips (BEGIN, COMMIT). Same pool, same events.
             self.read = self.write.execution_options(isolation_level="AUTOCOMMIT")
+            # snapshot reads: BEGIN ISOLATION LEVEL REPEATABLE READ in one statement
+            self.snapshot = self.write.execution_options(isolation_level="REPEATABLE READ")
             # a multi-host URL: which hosts new connections try, in which order (HostChooser)
             self.hosts = HostChooser.for_params(
                 self.write.dialect.create_connect_args(self.write.url)[1]
@@ -134,7 +137,10 @@ class Engines:
         """
         single = single and self.dialect == "postgresql"
         if self.dialect == "postgresql":  # `read` runs in autocommit: a snapshot needs BEGIN
-            engine = self.read if single or not (write or snapshot) else self.write
+            if snapshot and not write:
+                engine = self.snapshot
+            else:
+                engine = self.read if single or not (write or snapshot) else self.write
         else:  # SQLite: `write` takes the write lock at BEGIN (IMMEDIATE)
             engine = self.write if write else self.read
         watch = self.watchdog
@@ -151,7 +157,7 @@ class Engines:
                 if unbounded and watch is not None:
                     stack.enter_context(watch.exempt())
                 conn = stack.enter_context(engine.begin())
-                if snapshot and self.dialect == "postgresql":
+                if snapshot and write and self.dialect == "postgresql":
                     conn.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
                 yield conn
             if write and self.checkpointer is not None:
