@@ -418,10 +418,10 @@ def check_timing(tm: dict[str, Any], want: dict[str, float]) -> None:
 
 
 def spread(runs: list[dict[str, Any]], keys: Iterable[str]) -> dict[str, Any]:
-    """{key: {median, min, max}} over the runs that have the key."""
+    """{key: {median, min, max}} over the runs that have the key (not None)."""
     out: dict[str, Any] = {}
     for key in keys:
-        vals = [r[key] for r in runs if key in r]
+        vals = [r[key] for r in runs if r.get(key) is not None]
         if vals:
             out[key] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
     return out

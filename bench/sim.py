@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import stores
+from common import spread
 from stores import Store
 
 from phalanx.sim import workload as wl
@@ -174,7 +175,7 @@ def report(args: argparse.Namespace, store: Store, runs: list[dict[str, Any]]) -
 
     print(f"== {store.name}: {store.label}, medians over {len(runs)} run(s)")
     rows = PLACEMENT_ROWS if args.kind == "placements" else HEARTBEAT_ROWS
-    got = stores.medians(runs, [k for k, _ in rows])
+    got = {k: float(v["median"]) for k, v in spread(runs, [k for k, _ in rows]).items()}
     if args.kind == "placements":
         firsts = [r["per_window"][0] for r in runs if r["per_window"]]
         lasts = [r["per_window"][-1] for r in runs if r["per_window"]]

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import statistics
 import sys
 import time
 import uuid
@@ -226,16 +225,6 @@ def open_stores(names: Sequence[str], url: str | None = None) -> Iterator[list[S
 
 
 # --- reporting -------------------------------------------------------------------------------
-
-
-def medians(runs: Sequence[dict[str, Any]], keys: Sequence[str]) -> dict[str, float]:
-    """{key: median over the runs that have it}; keys no run has are left out."""
-    out = {}
-    for key in keys:
-        vals = [float(r[key]) for r in runs if r.get(key) is not None]
-        if vals:
-            out[key] = statistics.median(vals)
-    return out
 
 
 def number(v: float | None) -> str:

@@ -189,12 +189,34 @@ def test_wal_checkpointed_off_the_commit_path(tmp_path: Path) -> None:
     assert thread is not None and not thread.is_alive()
 
 
-def sqlite_store(tmp_path: Path) -> Store:
-    st = Store(f"sqlite:///{tmp_path}/x.db", actor="t")
+def ready_store(url: str, actor: str = "t") -> Store:
+    """A migrated store at `url` with the one partition these tests submit to."""
+    st = Store(url, actor=actor)
     st.migrate()
     cfg = load_config(overrides={"cluster": {"partitions": [{"name": "batch", "default": True}]}})
     st.sync_partitions(partition_rows(cfg))
     return st
+
+
+def sqlite_store(tmp_path: Path) -> Store:
+    return ready_store(f"sqlite:///{tmp_path}/x.db")
+
+
+def assert_same_rows(st: Store, fast: list[int], slow: list[int]) -> None:
+    """Each pair of jobs (one from a fast path, one from the general path) has the same job
+    row and the same one job.submit event, by the job's own user."""
+    for f, g in zip(fast, slow, strict=True):
+        a, b = stored(st, s.jobs, f), stored(st, s.jobs, g)
+        assert a == b
+        with st.db.begin(write=False) as conn:
+            ev = [
+                {k: v for k, v in r.items() if k not in ("id", "job_id")}
+                for jid in (f, g)
+                for r in conn.execute(select(s.events).where(s.events.c.job_id == jid))
+                .mappings()
+                .all()
+            ]
+        assert len(ev) == 2 and ev[0] == ev[1] and ev[0]["actor"] == a["user"]
 
 
 def test_driver_path_writes_what_the_general_path_writes(
@@ -211,18 +233,8 @@ def test_driver_path_writes_what_the_general_path_writes(
         slow = [ids[0] for ids in st.submit_each(items)]
         monkeypatch.setattr(st, "dialect", "sqlite")
         assert len(set(fast + slow)) == 4
-        for f, g in zip(fast, slow, strict=True):
-            a, b = stored(st, s.jobs, f), stored(st, s.jobs, g)
-            assert a == b and a["user"] in ("al", "bo")
-            with st.db.begin(write=False) as conn:
-                ev = [
-                    {k: v for k, v in r.items() if k not in ("id", "job_id")}
-                    for jid in (f, g)
-                    for r in conn.execute(select(s.events).where(s.events.c.job_id == jid))
-                    .mappings()
-                    .all()
-                ]
-            assert len(ev) == 2 and ev[0] == ev[1] and ev[0]["actor"] == a["user"]
+        assert_same_rows(st, fast, slow)
+        assert {stored(st, s.jobs, f)["user"] for f in fast} == {"al", "bo"}
     finally:
         st.close()
 
@@ -291,10 +303,7 @@ def test_postgresql_plain_path_writes_what_the_general_path_writes(
     then jobs and events in one statement) store the same job and event rows as the general
     path, a held job and a plain one from two submitters in one group, ids in request order;
     and the ids and rows of one group stay together when groups of other sizes follow."""
-    st = Store(pg_url, actor="ctl-t")
-    st.migrate()
-    cfg = load_config(overrides={"cluster": {"partitions": [{"name": "batch", "default": True}]}})
-    st.sync_partitions(partition_rows(cfg))
+    st = ready_store(pg_url, actor="ctl-t")
     monkeypatch.setattr(submission, "_now", lambda: 1234.5)  # one submit time for both
     try:
         items = [
@@ -306,18 +315,7 @@ def test_postgresql_plain_path_writes_what_the_general_path_writes(
         monkeypatch.setattr(st, "dialect", "general")  # the path arrays and dependencies take
         slow = [ids[0] for ids in st.submit_each(items)]
         monkeypatch.setattr(st, "dialect", "postgresql")
-        for f, g in zip(fast, slow, strict=True):
-            a, b = stored(st, s.jobs, f), stored(st, s.jobs, g)
-            assert a == b
-            with st.db.begin(write=False) as conn:
-                ev = [
-                    {k: v for k, v in r.items() if k not in ("id", "job_id")}
-                    for jid in (f, g)
-                    for r in conn.execute(select(s.events).where(s.events.c.job_id == jid))
-                    .mappings()
-                    .all()
-                ]
-            assert len(ev) == 2 and ev[0] == ev[1] and ev[0]["actor"] == a["user"]
+        assert_same_rows(st, fast, slow)
         assert stored(st, s.jobs, fast[0])["state"] == "HELD"
         assert stored(st, s.jobs, fast[1])["state"] == "PENDING"
         one = st.submit_each([(*item(st, name="one"), "cy")])
@@ -332,10 +330,7 @@ def test_postgresql_plain_path_writes_what_the_general_path_writes(
 def test_a_postgresql_batch_larger_than_one_statement_is_stored_whole(pg_url: str) -> None:
     """More jobs than one statement carries (PostgreSQL takes 65,535 parameters): the batch
     is several statements in one transaction, every job and event stored, ids in order."""
-    st = Store(pg_url, actor="ctl-t")
-    st.migrate()
-    cfg = load_config(overrides={"cluster": {"partitions": [{"name": "batch", "default": True}]}})
-    st.sync_partitions(partition_rows(cfg))
+    st = ready_store(pg_url, actor="ctl-t")
     try:
         n = 10 * submission._GROUP_ROWS + 7  # about 100,000 parameters in one
         ids = [

@@ -173,13 +173,13 @@ class ClusterDuty:
                 continue
             # its tasks fail in the same write, which checks the silence again (another
             # controller may have written a heartbeat of the node since the read)
-            now = self.timing()
+            in_force = self.timing()
             if self.store.mark_down(
                 name,
                 reason,
                 fence,
-                silent_for=now.node_down_timeout,
-                heard_window=now.heard_window(),
+                silent_for=in_force.node_down_timeout,
+                heard_window=in_force.heard_window(),
             ):
                 said.append(f"{name} DOWN")
                 self.kick()

@@ -136,13 +136,13 @@ class Engines:
         round-trip deadline (schema migrations, which may rewrite large tables).
         """
         single = single and self.dialect == "postgresql"
-        if self.dialect == "postgresql":  # `read` runs in autocommit: a snapshot needs BEGIN
-            if snapshot and not write:
-                engine = self.snapshot
-            else:
-                engine = self.read if single or not (write or snapshot) else self.write
-        else:  # SQLite: `write` takes the write lock at BEGIN (IMMEDIATE)
-            engine = self.write if write else self.read
+        # PostgreSQL's `read` runs in autocommit; SQLite's `write` locks at BEGIN (IMMEDIATE)
+        if single:
+            engine = self.read
+        elif write:
+            engine = self.write
+        else:
+            engine = self.snapshot if snapshot else self.read
         watch = self.watchdog
         mode = "write" if write else "read"
         started = time.perf_counter()

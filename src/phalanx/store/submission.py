@@ -49,7 +49,7 @@ _NEXT_JOB_IDS = text(
 MAX_ID = 2**63 - 1  # the largest id an INTEGER column holds (SQLite and PostgreSQL)
 
 
-_Prebuilt = tuple[str, dict[str, Any]]  # SQL, and the bind processor of each parameter
+_Prebuilt = tuple[str, dict[str, Any]]  # SQL, and the parameters' bind processors (if any)
 # PostgreSQL: the most jobs one jobs-and-events statement carries (about 50 parameters each)
 _GROUP_ROWS = 200
 
@@ -72,7 +72,9 @@ def _jobs_and_events(
             for k in keys:
                 typ = table.columns[k].type
                 row[k] = bindparam(name := f"{prefix}{i}_{k}", type_=typ)
-                params[name] = typ.dialect_impl(dialect).bind_processor(dialect)
+                proc = typ.dialect_impl(dialect).bind_processor(dialect)
+                if proc is not None:
+                    params[name] = proc
             out.append(row)
         return out
 
@@ -251,8 +253,7 @@ class Submission(StoreBase):
         params = {f"j{i}_{k}": row[k] for i, row in enumerate(jobs) for k in job_keys}
         params.update({f"e{i}_{k}": row[k] for i, row in enumerate(events) for k in event_keys})
         for name, proc in procs.items():
-            if proc is not None:
-                params[name] = proc(params[name])
+            params[name] = proc(params[name])
         conn.exec_driver_sql(sql, params)
 
     def _job_row(
