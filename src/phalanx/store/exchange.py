@@ -29,7 +29,7 @@ from phalanx.domain.states import (
 )
 from phalanx.store import schema as s
 from phalanx.store.attempts import AttemptProgress
-from phalanx.store.prebuilt import Prebuilt, update_where
+from phalanx.store.prebuilt import Prebuilt, update_many
 from phalanx.store.sqlbits import NODE_WORK_COLUMNS
 from phalanx.store.sqlbits import active_tasks as _active_tasks
 from phalanx.store.sqlbits import now as _now
@@ -321,8 +321,10 @@ class AgentReports(AttemptProgress):
         report was taken, is LOST.
         """
         now = _now()
-        with self.db.begin() as conn:
+        with self.db.begin() as conn, self.deferring(conn):
             mine = {r["attempt_id"]: r for r in _REPORTED_TASKS.rows(conn, {"node": node})}
+            # the tasks' changes, written together (update_many) before their attempts move
+            changes: list[tuple[dict[str, Any], dict[str, Any]]] = []
             touched: set[int] = set()
             reported = {r.attempt_id for r in reports}
             for rep in reports:
@@ -332,11 +334,14 @@ class AgentReports(AttemptProgress):
                 self._record_job_reports(conn, node, rep, task)
                 if rep.state in ("starting", "running"):
                     if task["state"] == TaskState.STARTING.value and rep.state == "running":
-                        update_where(
-                            conn,
-                            s.tasks,
-                            {"attempt_id": rep.attempt_id, "node": node},
-                            {"state": TaskState.RUNNING.value, "started_at": rep.started_at or now},
+                        changes.append(
+                            (
+                                {"attempt_id": rep.attempt_id, "node": node},
+                                {
+                                    "state": TaskState.RUNNING.value,
+                                    "started_at": rep.started_at or now,
+                                },
+                            )
                         )
                         touched.add(rep.attempt_id)
                 elif rep.state in ("exited", "lost") and task["state"] not in (
@@ -344,21 +349,21 @@ class AgentReports(AttemptProgress):
                     TaskState.LOST.value,
                 ):
                     ex = rep.exit or {}
-                    update_where(
-                        conn,
-                        s.tasks,
-                        {"attempt_id": rep.attempt_id, "node": node},
-                        {
-                            "state": (
-                                TaskState.EXITED if rep.state == "exited" else TaskState.LOST
-                            ).value,
-                            "started_at": task["started_at"] or ex.get("started_at"),
-                            "ended_at": ex.get("ended_at") or now,
-                            "exit_code": ex.get("exit_code"),
-                            "exit_signal": ex.get("signal"),
-                            "detail": ex,
-                            **efficiency.task_usage(ex),
-                        },
+                    changes.append(
+                        (
+                            {"attempt_id": rep.attempt_id, "node": node},
+                            {
+                                "state": (
+                                    TaskState.EXITED if rep.state == "exited" else TaskState.LOST
+                                ).value,
+                                "started_at": task["started_at"] or ex.get("started_at"),
+                                "ended_at": ex.get("ended_at") or now,
+                                "exit_code": ex.get("exit_code"),
+                                "exit_signal": ex.get("signal"),
+                                "detail": ex,
+                                **efficiency.task_usage(ex),
+                            },
+                        )
                     )
                     touched.add(rep.attempt_id)
             if taken_at is not None:
@@ -369,13 +374,14 @@ class AgentReports(AttemptProgress):
                         and task["attempt_state"] == AttemptState.STOPPING.value
                     ):
                         # stopped before the agent ever launched it: nothing to kill
-                        conn.execute(
-                            update(s.tasks)
-                            .where(s.tasks.c.attempt_id == aid, s.tasks.c.node == node)
-                            .values(
-                                state=TaskState.EXITED.value,
-                                ended_at=now,
-                                detail={"cancelled": True, "never_started": True},
+                        changes.append(
+                            (
+                                {"attempt_id": aid, "node": node},
+                                {
+                                    "state": TaskState.EXITED.value,
+                                    "ended_at": now,
+                                    "detail": {"cancelled": True, "never_started": True},
+                                },
                             )
                         )
                         touched.add(aid)
@@ -384,24 +390,27 @@ class AgentReports(AttemptProgress):
                         and task["state"] == TaskState.RUNNING.value
                         and (task["started_at"] or now) < taken_at
                     ):
-                        conn.execute(
-                            update(s.tasks)
-                            .where(s.tasks.c.attempt_id == aid, s.tasks.c.node == node)
-                            .values(
-                                state=TaskState.LOST.value,
-                                ended_at=now,
-                                detail={"error": f"node {node} no longer knows this task"},
+                        changes.append(
+                            (
+                                {"attempt_id": aid, "node": node},
+                                {
+                                    "state": TaskState.LOST.value,
+                                    "ended_at": now,
+                                    "detail": {"error": f"node {node} no longer knows this task"},
+                                },
                             )
                         )
                         touched.add(aid)
+            update_many(conn, s.tasks, changes)
             if any(
                 r.state == "running" or (r.state == "exited" and (r.exit or {}).get("started_at"))
                 for r in reports
             ):
                 # a job started here: the node's failed launches are no longer "in a row"
                 _CLEAR_LAUNCH_FAILURES.run(conn, {"node": node})
+            pre = self.prefetch(conn, touched)
             for aid in sorted(touched):
-                self._advance_attempt(conn, aid)
+                self._advance_attempt(conn, aid, pre)
 
     def _record_job_reports(
         self, conn: Connection, node: str, rep: TaskReport, task: Mapping[Any, Any]
