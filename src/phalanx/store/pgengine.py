@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Dialect
 
 from phalanx.errors import StoreUnavailable
 from phalanx.store.jsoncol import json_loads
@@ -32,6 +35,44 @@ from phalanx.store.pgwatch import Watchdog, no_answer
 # write of one statement in autocommit (Engines.begin, `single`): its statement is its commit,
 # so a connection found dead then would make it StoreOutcomeUnknown; it is always checked.
 PING_IDLE_AFTER = 1.0
+
+# each engine's watchdog, by its dialect (shared by the engine's execution-option copies): the
+# statements run straight on the driver (`pg_driver_execute`) arm it as the events do
+_WATCHDOGS: weakref.WeakKeyDictionary[Dialect, Watchdog] = weakref.WeakKeyDictionary()
+
+
+def watchdog_of(dialect: Dialect) -> Watchdog | None:
+    """The watchdog of the engine built by `postgres_engine` with this dialect, if any."""
+    return _WATCHDOGS.get(dialect)
+
+
+def pg_driver_execute(conn: Connection, sql: str, params: dict[str, Any]) -> Any:
+    """Run one statement on the psycopg connection under `conn`, in its transaction, under the
+    round-trip deadline; its cursor, answered (the caller closes it).
+
+    The job path's prebuilt statements (store/prebuilt.py) skip SQLAlchemy's execution (its
+    context, events and result set-up, about 45 microseconds of a 110-microsecond statement
+    here). What the events do for them is done here: the watchdog is armed for the round trip
+    and disarmed when it is answered; a failure is raised as SQLAlchemy would raise it, and a
+    connection that was cut, or that broke, is invalidated so that the pool never hands it out
+    again (engine.Engines.begin then maps the error as for any statement)."""
+    dbapi_conn: Any = conn.connection.dbapi_connection
+    watch = _WATCHDOGS[conn.dialect]
+    cursor = dbapi_conn.cursor()
+    watch.arm(dbapi_conn, "statement")
+    try:
+        cursor.execute(sql, params)
+    except psycopg.Error as e:
+        cut = watch.disarm(dbapi_conn)
+        cursor.close()
+        broken = cut or isinstance(e, psycopg.OperationalError) or dbapi_conn.closed
+        if broken:
+            conn.invalidate(e)
+        raise sa_exc.DBAPIError.instance(
+            sql, params, e, psycopg.Error, connection_invalidated=bool(broken)
+        ) from e
+    watch.disarm(dbapi_conn)
+    return cursor
 
 
 def idle_in_transaction_ms(op_timeout: float) -> int:
@@ -73,6 +114,7 @@ def postgres_engine(
         connect_args={"connect_timeout": max(1, int(connect_timeout))},
     )
     dialect = engine.dialect
+    _WATCHDOGS[dialect] = watch
     idle_ms = idle_in_transaction_ms(op_timeout)
 
     @event.listens_for(engine, "do_connect")
