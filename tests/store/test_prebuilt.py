@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import pytest
-from sqlalchemy import Column, Integer, MetaData, Table, bindparam, select
+from sqlalchemy import Column, Integer, MetaData, Table, bindparam, select, update
 from sqlalchemy import exc as sa_exc
 from test_store_contract import add_node, start, store, submit1
 
@@ -109,7 +109,7 @@ def test_the_driver_path_returns_what_sqlalchemy_returns(store: Store) -> None:
         "_NODE_WORK": {"node": "n1"},
     }
     found = _store_prebuilts()
-    assert set(params) | {"_CLEAR_LAUNCH_FAILURES"} == set(found)
+    assert set(params) == set(found)
     per_shape = [
         prebuilt._select(s.attempts, None, ("id",), None),
         prebuilt._select(s.tasks, None, ("attempt_id",), "rank"),
@@ -140,7 +140,11 @@ def test_the_driver_path_returns_what_sqlalchemy_returns(store: Store) -> None:
 def test_the_driver_path_counts_what_it_updates(store: Store) -> None:
     for n in ("n1", "n2"):
         add_node(store, n)
-    clear = _store_prebuilts()["_CLEAR_LAUNCH_FAILURES"]
+    clear = prebuilt.Prebuilt(
+        update(s.nodes)
+        .where(s.nodes.c.name == bindparam("node"), s.nodes.c.launch_failures > 0)
+        .values(launch_failures=0)
+    )
     for n in ("n1", "n2"):
         with store.db.begin() as conn:
             prebuilt.update_where(conn, s.nodes, {"name": n}, {"launch_failures": 2})

@@ -27,8 +27,10 @@ from phalanx.domain.states import (
     AttemptState,
     TaskState,
 )
+from phalanx.errors import StoreOutcomeUnknown, StoreUnavailable
 from phalanx.store import schema as s
 from phalanx.store.attempts import AttemptProgress
+from phalanx.store.groupcommit import GroupCommit
 from phalanx.store.prebuilt import Prebuilt, update_many
 from phalanx.store.sqlbits import NODE_WORK_COLUMNS
 from phalanx.store.sqlbits import active_tasks as _active_tasks
@@ -102,11 +104,24 @@ _NODE_WORK = Prebuilt(
 )
 
 
-_CLEAR_LAUNCH_FAILURES = Prebuilt(
+_CLEAR_LAUNCH_FAILURES = (
     update(s.nodes)
-    .where(s.nodes.c.name == bindparam("node"), s.nodes.c.launch_failures > 0)
+    .where(s.nodes.c.name.in_(bindparam("nodes", expanding=True)), s.nodes.c.launch_failures > 0)
     .values(launch_failures=0)
 )
+
+# _REPORTED_TASKS for several nodes at once (a group of exchanges), with each task's node
+_REPORTED_TASKS_OF = _active_tasks(
+    s.tasks.c.node,
+    s.tasks.c.attempt_id,
+    s.tasks.c.rank,
+    s.tasks.c.state,
+    s.tasks.c.started_at,
+    s.attempts.c.token,
+    s.attempts.c.state.label("attempt_state"),
+).where(s.tasks.c.node.in_(bindparam("nodes", expanding=True)), s.tasks.c.spare.is_(False))
+
+_Exchange = tuple[str, Sequence[TaskReport], float | None]  # (node, reports, taken_at)
 
 
 class AgentReports(AttemptProgress):
@@ -319,98 +334,169 @@ class AgentReports(AttemptProgress):
         ignored (the agent is told to stop those by the reply). A task that the store believes
         RUNNING on this node and that the agent no longer knows, although it started before the
         report was taken, is LOST.
+
+        Exchanges that arrive together are written together, in one transaction
+        (store/groupcommit.py); this returns once this one's change has committed.
         """
+        group = self.__dict__.get("_report_group")
+        if group is None:
+            group = self.__dict__.setdefault("_report_group", GroupCommit(self._apply_report_group))
+        group((node, reports, taken_at))
+
+    def _apply_report_group(self, items: list[_Exchange]) -> list[BaseException | None]:
+        """The group commit's body: every exchange in one transaction, or, if that fails for
+        a reason of its own (not the database being unavailable), each in its own, so that
+        one refused exchange fails alone."""
+        try:
+            with self.db.begin() as conn, self.deferring(conn):
+                self._apply_exchanges(conn, items)
+            return [None] * len(items)
+        except (StoreUnavailable, StoreOutcomeUnknown):
+            raise
+        except Exception:
+            if len(items) == 1:
+                raise
+        out: list[BaseException | None] = []
+        for item in items:
+            try:
+                with self.db.begin() as conn, self.deferring(conn):
+                    self._apply_exchanges(conn, [item])
+                out.append(None)
+            except Exception as e:  # that exchange's own error, for its caller
+                out.append(e)
+        return out
+
+    def _apply_exchanges(self, conn: Connection, items: list[_Exchange]) -> None:
+        """Apply exchanges in one transaction. When no two of them concern the same attempt
+        (so none's change can alter what another reads), their tasks are read in one
+        statement, their task changes written in one, and their attempts moved forward
+        after all of them; otherwise one after the other, as separate exchanges would."""
         now = _now()
-        with self.db.begin() as conn, self.deferring(conn):
-            mine = {r["attempt_id"]: r for r in _REPORTED_TASKS.rows(conn, {"node": node})}
-            # the tasks' changes, written together (update_many) before their attempts move
+        nodes = [node for node, _, _ in items]
+        if len(items) == 1:
+            mine_of = {nodes[0]: _REPORTED_TASKS.rows(conn, {"node": nodes[0]})}
+        else:
+            mine_of = {n: [] for n in nodes}
+            for r in conn.execute(_REPORTED_TASKS_OF, {"nodes": sorted(set(nodes))}).mappings():
+                mine_of[r["node"]].append(dict(r))
+        seen: set[int] = set()
+        apart = len(set(nodes)) == len(nodes)
+        for node, reports, _ in items:
+            ids = {r["attempt_id"] for r in mine_of[node]} | {r.attempt_id for r in reports}
+            apart = apart and not (ids & seen)
+            seen |= ids
+        waves = [items] if apart else [[item] for item in items]
+        for i, wave in enumerate(waves):
             changes: list[tuple[dict[str, Any], dict[str, Any]]] = []
             touched: set[int] = set()
-            reported = {r.attempt_id for r in reports}
-            for rep in reports:
-                task = mine.get(rep.attempt_id)
-                if task is None or task["token"] != rep.token:
-                    continue
-                self._record_job_reports(conn, node, rep, task)
-                if rep.state in ("starting", "running"):
-                    if task["state"] == TaskState.STARTING.value and rep.state == "running":
-                        changes.append(
-                            (
-                                {"attempt_id": rep.attempt_id, "node": node},
-                                {
-                                    "state": TaskState.RUNNING.value,
-                                    "started_at": rep.started_at or now,
-                                },
-                            )
-                        )
-                        touched.add(rep.attempt_id)
-                elif rep.state in ("exited", "lost") and task["state"] not in (
-                    TaskState.EXITED.value,
-                    TaskState.LOST.value,
+            clear: list[str] = []
+            for node, reports, taken_at in wave:
+                mine_rows = (
+                    mine_of[node] if apart or i == 0 else _REPORTED_TASKS.rows(conn, {"node": node})
+                )
+                mine = {r["attempt_id"]: r for r in mine_rows}
+                self._report_changes(conn, node, reports, taken_at, mine, now, changes, touched)
+                if any(
+                    r.state == "running"
+                    or (r.state == "exited" and (r.exit or {}).get("started_at"))
+                    for r in reports
                 ):
-                    ex = rep.exit or {}
+                    clear.append(node)  # a job started: its failed launches are not "in a row"
+            update_many(conn, s.tasks, changes)
+            if clear:
+                conn.execute(_CLEAR_LAUNCH_FAILURES, {"nodes": sorted(set(clear))})
+            pre = self.prefetch(conn, touched)
+            for aid in sorted(touched):
+                self._advance_attempt(conn, aid, pre)
+
+    def _report_changes(
+        self,
+        conn: Connection,
+        node: str,
+        reports: Sequence[TaskReport],
+        taken_at: float | None,
+        mine: dict[int, dict[str, Any]],
+        now: float,
+        changes: list[tuple[dict[str, Any], dict[str, Any]]],
+        touched: set[int],
+    ) -> None:
+        """One exchange's task changes (appended to `changes`, their attempts to `touched`),
+        given the node's live tasks `mine`; records its checkpoints and progress."""
+        reported = {r.attempt_id for r in reports}
+        for rep in reports:
+            task = mine.get(rep.attempt_id)
+            if task is None or task["token"] != rep.token:
+                continue
+            self._record_job_reports(conn, node, rep, task)
+            if rep.state in ("starting", "running"):
+                if task["state"] == TaskState.STARTING.value and rep.state == "running":
                     changes.append(
                         (
                             {"attempt_id": rep.attempt_id, "node": node},
                             {
-                                "state": (
-                                    TaskState.EXITED if rep.state == "exited" else TaskState.LOST
-                                ).value,
-                                "started_at": task["started_at"] or ex.get("started_at"),
-                                "ended_at": ex.get("ended_at") or now,
-                                "exit_code": ex.get("exit_code"),
-                                "exit_signal": ex.get("signal"),
-                                "detail": ex,
-                                **efficiency.task_usage(ex),
+                                "state": TaskState.RUNNING.value,
+                                "started_at": rep.started_at or now,
                             },
                         )
                     )
                     touched.add(rep.attempt_id)
-            if taken_at is not None:
-                for aid, task in mine.items():
-                    if (
-                        aid not in reported
-                        and task["state"] == TaskState.STARTING.value
-                        and task["attempt_state"] == AttemptState.STOPPING.value
-                    ):
-                        # stopped before the agent ever launched it: nothing to kill
-                        changes.append(
-                            (
-                                {"attempt_id": aid, "node": node},
-                                {
-                                    "state": TaskState.EXITED.value,
-                                    "ended_at": now,
-                                    "detail": {"cancelled": True, "never_started": True},
-                                },
-                            )
-                        )
-                        touched.add(aid)
-                    elif (
-                        aid not in reported
-                        and task["state"] == TaskState.RUNNING.value
-                        and (task["started_at"] or now) < taken_at
-                    ):
-                        changes.append(
-                            (
-                                {"attempt_id": aid, "node": node},
-                                {
-                                    "state": TaskState.LOST.value,
-                                    "ended_at": now,
-                                    "detail": {"error": f"node {node} no longer knows this task"},
-                                },
-                            )
-                        )
-                        touched.add(aid)
-            update_many(conn, s.tasks, changes)
-            if any(
-                r.state == "running" or (r.state == "exited" and (r.exit or {}).get("started_at"))
-                for r in reports
+            elif rep.state in ("exited", "lost") and task["state"] not in (
+                TaskState.EXITED.value,
+                TaskState.LOST.value,
             ):
-                # a job started here: the node's failed launches are no longer "in a row"
-                _CLEAR_LAUNCH_FAILURES.run(conn, {"node": node})
-            pre = self.prefetch(conn, touched)
-            for aid in sorted(touched):
-                self._advance_attempt(conn, aid, pre)
+                ex = rep.exit or {}
+                changes.append(
+                    (
+                        {"attempt_id": rep.attempt_id, "node": node},
+                        {
+                            "state": (
+                                TaskState.EXITED if rep.state == "exited" else TaskState.LOST
+                            ).value,
+                            "started_at": task["started_at"] or ex.get("started_at"),
+                            "ended_at": ex.get("ended_at") or now,
+                            "exit_code": ex.get("exit_code"),
+                            "exit_signal": ex.get("signal"),
+                            "detail": ex,
+                            **efficiency.task_usage(ex),
+                        },
+                    )
+                )
+                touched.add(rep.attempt_id)
+        if taken_at is not None:
+            for aid, task in mine.items():
+                if (
+                    aid not in reported
+                    and task["state"] == TaskState.STARTING.value
+                    and task["attempt_state"] == AttemptState.STOPPING.value
+                ):
+                    # stopped before the agent ever launched it: nothing to kill
+                    changes.append(
+                        (
+                            {"attempt_id": aid, "node": node},
+                            {
+                                "state": TaskState.EXITED.value,
+                                "ended_at": now,
+                                "detail": {"cancelled": True, "never_started": True},
+                            },
+                        )
+                    )
+                    touched.add(aid)
+                elif (
+                    aid not in reported
+                    and task["state"] == TaskState.RUNNING.value
+                    and (task["started_at"] or now) < taken_at
+                ):
+                    changes.append(
+                        (
+                            {"attempt_id": aid, "node": node},
+                            {
+                                "state": TaskState.LOST.value,
+                                "ended_at": now,
+                                "detail": {"error": f"node {node} no longer knows this task"},
+                            },
+                        )
+                    )
+                    touched.add(aid)
 
     def _record_job_reports(
         self, conn: Connection, node: str, rep: TaskReport, task: Mapping[Any, Any]
