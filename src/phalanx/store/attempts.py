@@ -52,7 +52,7 @@ _JOB_SUMMARY_BY_ID = Prebuilt(select(*_JOB_SUMMARY).where(s.jobs.c.id == bindpar
 @dataclass
 class Prefetched:
     """The rows `_advance_attempt` reads (the attempt, its tasks by rank, its job's summary),
-    read for many attempts at once (`AttemptProgress.prefetch`): three statements for an
+    read for many attempts at once (`AttemptProgress._prefetch`): three statements for an
     exchange's dozen attempts instead of three each. Each attempt's rows are taken once."""
 
     attempts: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -80,7 +80,7 @@ def _elastic_columns() -> list[Any]:
 class AttemptProgress(JobSteps):
     """Attempt progression."""
 
-    def prefetch(self, conn: Connection, attempt_ids: Iterable[int]) -> Prefetched:
+    def _prefetch(self, conn: Connection, attempt_ids: Iterable[int]) -> Prefetched:
         """The rows `_advance_attempt` reads, for these attempts, in three statements; read
         after their tasks' changes are written. Attempts of a job that has another of them
         here are left out (read one by one), since moving one of them forward may change

@@ -47,14 +47,14 @@ _BUMP_ONE_BY_ONE = 8  # nodes up to which _BUMP_GEN_ONE runs once a node (SQLite
 
 @dataclass
 class _Deferred:
-    """What a transaction's `StoreBase.deferring` scope holds back until it ends: its events
+    """What a transaction's `StoreBase._deferring` scope holds back until it ends: its events
     (appended in order) and the nodes whose work generation it bumps."""
 
     events: list[dict[str, Any]] = field(default_factory=list)
     nodes: set[str] = field(default_factory=set)
 
 
-# the open `deferring` scopes, by the id of their connection (popped when the scope ends)
+# the open `_deferring` scopes, by the id of their connection (popped when the scope ends)
 _DEFERRED: dict[int, _Deferred] = {}
 
 
@@ -139,7 +139,7 @@ class StoreBase:
             _EVENT_ROW(conn, row)
 
     @contextlib.contextmanager
-    def deferring(self, conn: Connection) -> Iterator[None]:
+    def _deferring(self, conn: Connection) -> Iterator[None]:
         """Within this scope, the transaction's events and work-generation bumps are held
         back and written when it ends, in one multi-row insert and one bump of every node
         named: an agent's exchange that moves a dozen jobs forward takes two round trips for

@@ -348,7 +348,7 @@ class AgentReports(AttemptProgress):
         a reason of its own (not the database being unavailable), each in its own, so that
         one refused exchange fails alone."""
         try:
-            with self.db.begin() as conn, self.deferring(conn):
+            with self.db.begin() as conn, self._deferring(conn):
                 self._apply_exchanges(conn, items)
             return [None] * len(items)
         except (StoreUnavailable, StoreOutcomeUnknown):
@@ -359,7 +359,7 @@ class AgentReports(AttemptProgress):
         out: list[BaseException | None] = []
         for item in items:
             try:
-                with self.db.begin() as conn, self.deferring(conn):
+                with self.db.begin() as conn, self._deferring(conn):
                     self._apply_exchanges(conn, [item])
                 out.append(None)
             except Exception as e:  # that exchange's own error, for its caller
@@ -405,7 +405,7 @@ class AgentReports(AttemptProgress):
             update_many(conn, s.tasks, changes)
             if clear:
                 conn.execute(_CLEAR_LAUNCH_FAILURES, {"nodes": sorted(set(clear))})
-            pre = self.prefetch(conn, touched)
+            pre = self._prefetch(conn, touched)
             for aid in sorted(touched):
                 self._advance_attempt(conn, aid, pre)
 
