@@ -423,7 +423,7 @@ def test_array_and_multi_node_env(client: TestClient, ctl: Controller) -> None:
     env = start["env"]
     assert env["SLURM_ARRAY_TASK_ID"] == "5" and env["SLURM_ARRAY_JOB_ID"] == str(arr[0])
     assert env["PHX_ARRAY_TASK_ID"] == "5" and env["SLURM_JOB_ID"] == str(arr[0])
-    assert start["stdout"] == f"/phalanx-{arr[0]}_5.out"
+    assert start["stdout"] == f"/slurm-{arr[0]}_5.out"
     # a two-node job cannot start while one node is full
     (mj,) = submit(client, nodes=2, cpus_per_task=1)
     ctl.schedule_tick()

@@ -66,6 +66,21 @@ def test_sbatch_forms_and_exit_codes(cluster: Cluster, tmp_path: Path) -> None:
     p = run_cli(["submit", "--parsable", "ok.sh"], url=cluster.url, cwd=tmp_path, root=cluster.root)
     assert p.returncode == 0 and re.fullmatch(r"\d+\n", p.stdout), (p.stdout, p.stderr)
 
+    # Slurm's default output files: slurm-<id>.out, slurm-<array id>_<task>.out for arrays
+    assert cluster.wait_terminal([parsable])[parsable]["state"] == "COMPLETED"
+    assert (tmp_path / f"slurm-{parsable}.out").read_text() == "fine\n"
+    arr = _submitted(
+        slurm(cluster, tmp_path, "sbatch", "--array=1-2", "--wrap=echo task $SLURM_ARRAY_TASK_ID")
+    )
+    wait_for(
+        lambda: all(
+            (tmp_path / f"slurm-{arr}_{i}.out").is_file()
+            and (tmp_path / f"slurm-{arr}_{i}.out").read_text() == f"task {i}\n"
+            for i in (1, 2)
+        ),
+        what="both array tasks' output files",
+    )
+
     # the script on stdin; the job is named "sbatch", as Slurm names it
     jid = _submitted(
         slurm(cluster, tmp_path, "sbatch", "-o", "stdin-%j.out", stdin="#!/bin/bash\necho in\n")

@@ -53,8 +53,8 @@ def test_expand_pattern_outside_arrays() -> None:
 
 
 def test_default_output() -> None:
-    assert default_output(None) == "phalanx-%j.out"
-    assert default_output(5) == "phalanx-%A_%a.out"
+    assert default_output(None) == "slurm-%j.out"
+    assert default_output(5) == "slurm-%A_%a.out"
 
 
 def work(**kw: Any) -> dict[str, Any]:
@@ -174,7 +174,7 @@ def test_build_launch_argv() -> None:
     )
     assert L["holder"] is False
     assert L["cwd"] == "/scratch/p"
-    assert L["stdout"] == "/scratch/p/phalanx-9.out"  # relative to the working directory
+    assert L["stdout"] == "/scratch/p/slurm-9.out"  # relative to the working directory
     assert L["stderr"] is None  # stderr goes with stdout
     assert L["time_limit_s"] == 600 and L["kill_grace_s"] == 12.5 and L["fence_term"] == 3
     assert L["open_mode"] == "truncate" and L["gpu_ids"] == []

@@ -75,7 +75,10 @@ def expand_pattern(
 
 
 def default_output(array_job_id: int | None) -> str:
-    return "phalanx-%A_%a.out" if array_job_id is not None else "phalanx-%j.out"
+    """Slurm's default output file, in the job's working directory: every Slurm user types
+    `tail -f slurm-<id>.out`, and scripts and tools (submitit's log readers, dashboards)
+    look for that name."""
+    return "slurm-%A_%a.out" if array_job_id is not None else "slurm-%j.out"
 
 
 def build_launch(
