@@ -8,10 +8,10 @@ periodic checkpoint interval, which the queries select on its own (`checkpoint_i
 Decoding every spec on every heartbeat was most of the JSON decoding of a placements run, the
 largest single cost of the read.
 
-On SQLite the column comes back as text and `LazySpec` keeps it until first use. On
-PostgreSQL the driver decodes JSON itself (psycopg, with the engine's `json_loads`), so the row
-holds a plain dict as before. Either way it reads as a read-only mapping. It is not a dict:
-serializing one raises instead of writing `{}`.
+The queries select the column cast to text (a no-op on SQLite; on PostgreSQL it keeps
+psycopg from decoding the json column itself, which it did for every live task on every
+heartbeat), and `LazySpec` keeps the text until first use. It reads as a read-only mapping.
+It is not a dict: serializing one raises instead of writing `{}`.
 """
 
 from __future__ import annotations

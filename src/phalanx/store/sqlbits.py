@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, literal_column, select, type_coerce
+from sqlalchemy import Select, Text, cast, literal_column, select, type_coerce
 
 from phalanx.domain.states import AttemptState
 from phalanx.store import schema as s
@@ -40,8 +40,9 @@ NODE_WORK_COLUMNS = (
     s.jobs.c.array_task_id,
     s.jobs.c.time_limit_s,
     s.jobs.c.cpus_per_node,
-    # decoded on first use (store/lazyspec.py); the one field every heartbeat tests, apart
-    type_coerce(s.jobs.c.spec, LazySpecColumn()).label("spec"),
+    # decoded on first use (store/lazyspec.py); the one field every heartbeat tests, apart.
+    # Cast to text in the query: PostgreSQL's driver would decode a json column itself.
+    type_coerce(cast(s.jobs.c.spec, Text), LazySpecColumn()).label("spec"),
     s.jobs.c.spec[("checkpoint_parsed", "interval_s")].label("checkpoint_interval_s"),
 )
 
