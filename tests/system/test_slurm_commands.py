@@ -112,6 +112,28 @@ def test_sbatch_forms_and_exit_codes(cluster: Cluster, tmp_path: Path) -> None:
     assert p.returncode == 1 and p.stderr.startswith("sbatch: error: "), p.stderr
     assert len(c.jobs(limit=100_000)) == before
 
+    # -M/--clusters: this cluster's name or "all", as workflow tools pass it on every call
+    name = c.get("/v1/whoami")["cluster"]
+    p = slurm(cluster, tmp_path, "sbatch", "--parsable", "-M", "all", "--wrap=true")
+    assert p.returncode == 0 and re.fullmatch(rf"(\d+);{name}\n", p.stdout), (p.stdout, p.stderr)
+    on = int(p.stdout.split(";")[0])
+    p = slurm(cluster, tmp_path, "sbatch", f"--clusters={name}", "--wrap=true")
+    assert re.fullmatch(rf"Submitted batch job \d+ on cluster {name}\n", p.stdout), p.stdout
+    cluster.wait_terminal([on])
+    p = slurm(
+        cluster, tmp_path, "sacct", "-X", "--parsable2", "--clusters", "all", "--noheader",
+        "--format=JobIdRaw,State", "-j", str(on),
+    )  # fmt: skip
+    assert (p.returncode, p.stdout) == (0, f"{on}|COMPLETED\n"), p.stderr
+    p = slurm(cluster, tmp_path, "squeue", "-M", "all", "-h", "-j", str(on))
+    assert (p.returncode, p.stdout) == (0, f"CLUSTER: {name}\n"), p.stderr
+    p = slurm(cluster, tmp_path, "sinfo", "-M", name, "-h", "-o", "%P")
+    assert p.returncode == 0 and p.stdout.startswith(f"CLUSTER: {name}\n"), p.stderr
+    for cmd in ("squeue", "sacct", "sinfo", "scancel"):
+        p = slurm(cluster, tmp_path, cmd, "-M", "elsewhere", *(["1"] if cmd == "scancel" else []))
+        assert p.returncode == 1 and p.stdout == "", (cmd, p.stdout)
+        assert p.stderr.startswith(f"{cmd}: error: 'elsewhere' can't be reached now"), p.stderr
+
     # options Slurm has but Phalanx cannot honour are named, one line, exit 1
     p = slurm(cluster, tmp_path, "sbatch", "--begin=now+1hour", "ok.sh")
     assert p.returncode == 1 and "--begin" in p.stderr and len(p.stderr.splitlines()) == 1

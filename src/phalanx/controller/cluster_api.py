@@ -132,7 +132,13 @@ def router(api: ApiContext) -> APIRouter:
     # ---------------------------------------------------------------- identity
     @r.get("/v1/whoami")
     def whoami(ident: Identity = Depends(caller)) -> dict[str, Any]:
-        return {"user": ident.user, "role": ident.role, "kind": ident.kind, "uid": ident.uid}
+        return {
+            "user": ident.user,
+            "role": ident.role,
+            "kind": ident.kind,
+            "uid": ident.uid,
+            "cluster": ctl.config.cluster.name,  # what `squeue -M NAME` must name
+        }
 
     @r.post("/v1/tokens", status_code=201)
     def create_token(body: TokenIn, ident: Identity = Depends(caller)) -> dict[str, Any]:

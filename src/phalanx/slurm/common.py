@@ -360,6 +360,29 @@ def refuse(parser: SlurmParser, *flags: str, why: str, nargs: str | int | None =
     parser.add_argument(*flags, action=_Refuse, help=argparse.SUPPRESS, **kw)
 
 
+def add_clusters(parser: SlurmParser) -> None:
+    """``-M/--clusters NAMES``: the clusters to ask, as Slurm takes them. Phalanx runs one
+    cluster per controller set, so NAMES must name it (its ``cluster.name``) or be ``all``;
+    workflow tools pass ``--clusters all`` on every call (the Snakemake Slurm executor's
+    ``sacct``), and a refusal there left their jobs finished but never seen."""
+    parser.add_argument("-M", "--clusters", dest="clusters")
+
+
+def check_clusters(c: Any, names: str | None) -> str | None:
+    """The cluster's name when ``-M/--clusters`` was given and names it (or ``all``); None
+    when it was not given. Another name fails as Slurm fails an unknown cluster."""
+    if names is None:
+        return None
+    mine = str(c.get("/v1/whoami")["cluster"])
+    for name in (n.strip() for n in names.split(",")):
+        if name.lower() != "all" and name != mine:
+            raise SlurmUsageError(
+                f"'{name}' can't be reached now, or it is an invalid entry for --cluster.  "
+                f"This cluster is '{mine}' (or use 'all')."
+            )
+    return mine
+
+
 # ---------------------------------------------------------------------------------------------
 # sbatch's own flags (also `phalanx submit`'s): what sbatch does, not what the job asks for.
 # ---------------------------------------------------------------------------------------------
@@ -373,6 +396,10 @@ class SubmitFlags:
     parsable: bool = False
     wait: bool = False
     test_only: bool = False
+    clusters: str | None = None  # -M/--clusters: check_clusters
+
+
+_CLUSTERS = ("-M", "--clusters")
 
 
 _FLAG_TOKENS = {
@@ -394,9 +421,16 @@ def split_submit_flags(argv: Sequence[str]) -> tuple[SubmitFlags, list[str]]:
     opts, rest = split_cli_args(list(argv))
     flags = SubmitFlags()
     kept: list[str] = []
-    for token in opts:
+    tokens = iter(opts)
+    for token in tokens:
         name = _FLAG_TOKENS.get(token)
-        if name is None:
+        if token in _CLUSTERS:
+            flags.clusters = next(tokens, "")
+        elif token.startswith("--clusters="):
+            flags.clusters = token.partition("=")[2]
+        elif token.startswith("-M") and not token.startswith("--"):
+            flags.clusters = token[2:]
+        elif name is None:
             kept.append(token)
         else:
             setattr(flags, name, True)

@@ -30,6 +30,8 @@ from phalanx.slurm.common import (
     SlurmParser,
     SlurmUsageError,
     acct_state,
+    add_clusters,
+    check_clusters,
     client,
     duration_full,
     job_id_text,
@@ -495,6 +497,7 @@ def build_parser() -> SlurmParser:
     p.add_argument("-b", "--brief", action="store_true")
     p.add_argument("-e", "--helpformat", action="store_true")
     p.add_argument("--json", action="store_true")
+    add_clusters(p)
     return p
 
 
@@ -530,6 +533,7 @@ def body(argv: list[str]) -> int:
         raise SlurmUsageError("Start time (-S) requested is after end time (-E)")
     users = [u for x in opts.user or [] for u in x.split(",") if u]
     with client() as cli:
+        check_clusters(cli, opts.clusters)
         if not users and not refs and not opts.allusers:
             users = [str(cli.get("/v1/whoami")["user"])]
         params: dict[str, Any] = {"detail": "true"}

@@ -20,6 +20,7 @@ from phalanx.errors import PhalanxError
 from phalanx.slurm.common import (
     SlurmUsageError,
     SubmitFlags,
+    check_clusters,
     client,
     run_command,
     script_file_flags,
@@ -87,6 +88,7 @@ def _spec(argv: list[str], flags: SubmitFlags) -> tuple[dict[str, Any], list[str
 def submit_and_report(spec: dict[str, Any], flags: SubmitFlags, *, prog: str) -> int:
     """Submit (or only validate), print what sbatch prints, wait if asked; the exit status."""
     with client() as c:
+        cluster = check_clusters(c, flags.clusters)
         if flags.test_only:
             c.submit(spec, test_only=True)
             where = f" in partition {spec['partition']}" if spec.get("partition") else ""
@@ -97,10 +99,12 @@ def submit_and_report(spec: dict[str, Any], flags: SubmitFlags, *, prog: str) ->
             return 0
         res = c.submit(spec)
         jid = res["job_id"]
+        # with -M, Slurm names the cluster: "ID;CLUSTER" (--parsable), "... on cluster C"
         if flags.parsable:
-            sys.stdout.write(f"{jid}\n")
+            sys.stdout.write(f"{jid}\n" if cluster is None else f"{jid};{cluster}\n")
         else:
-            sys.stdout.write(f"Submitted batch job {jid}\n")
+            on = "" if cluster is None else f" on cluster {cluster}"
+            sys.stdout.write(f"Submitted batch job {jid}{on}\n")
         sys.stdout.flush()
         if not flags.wait:
             return 0

@@ -22,6 +22,8 @@ from phalanx.errors import NotFound
 from phalanx.slurm.common import (
     SlurmParser,
     SlurmUsageError,
+    add_clusters,
+    check_clusters,
     client,
     parse_states,
     phalanx_states,
@@ -101,7 +103,7 @@ def parser() -> SlurmParser:
     refuse(p, "-R", "--reservation", why="reservations do not exist here")
     refuse(p, "-w", "--nodelist", why="jobs are not selected by node here; give their ids")
     refuse(p, "-W", "--wckey", why="wckeys do not exist here")
-    refuse(p, "-M", "--clusters", why="Phalanx schedules a single cluster")
+    add_clusters(p)
     refuse(p, "--sibling", why="federations do not exist here")
     p.add_argument("job_ids", nargs="*")
     return p
@@ -127,6 +129,7 @@ def _main(argv: list[str]) -> int:
         raise SlurmUsageError("No job identification provided")
     rc = 0
     with client() as c:
+        check_clusters(c, args.clusters)
         if filters:
             picked = _select(c, args, ids)
             if ids and not picked:

@@ -23,6 +23,8 @@ from phalanx.slurm.common import (
     Field,
     SlurmParser,
     SlurmUsageError,
+    add_clusters,
+    check_clusters,
     client,
     duration,
     parse_format,
@@ -300,7 +302,7 @@ def parser() -> SlurmParser:
     refuse(p, "-O", "--Format", why="use -o with % fields")
     refuse(p, "-S", "--sort", why="sinfo prints partitions and nodes in their natural order")
     refuse(p, "-T", "--reservation", why="reservations do not exist here", nargs=0)
-    refuse(p, "-M", "--clusters", why="Phalanx schedules a single cluster")
+    add_clusters(p)
     refuse(p, "--json", why="use `phalanx nodes --json`", nargs=0)
     refuse(p, "--yaml", why="use `phalanx nodes --json`", nargs=0)
     return p
@@ -328,6 +330,7 @@ def _main(argv: list[str]) -> int:
     want_nodes = {n for t in split_list(args.nodes) for n in expand_hostlist(t)}
     responding = True if args.responding else False if args.dead else None
     with client() as c:
+        cluster = check_clusters(c, args.clusters)
         nodes = c.nodes()
         partitions = list(c.cluster().get("partitions") or [])
     _, probe = parse_format(fmt.replace("%#N", "%N"), HEADERS, PROG)
@@ -344,7 +347,7 @@ def _main(argv: list[str]) -> int:
     if args.list_reasons and not args.format:
         rows = _by_reason(rows)
     prefix, fields = parse_format(expand_widths(fmt, rows), HEADERS, PROG)
-    out = []
+    out = [] if cluster is None else [f"CLUSTER: {cluster}"]  # as Slurm heads it with -M
     if args.long and not args.noheader:  # the date line, as Slurm's long form starts
         out.append(time.strftime("%a %b %d %H:%M:%S %Y"))
     if not args.noheader:

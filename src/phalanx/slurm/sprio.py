@@ -12,7 +12,15 @@ from __future__ import annotations
 from typing import Any
 
 from phalanx.domain.priority import FACTORS
-from phalanx.slurm.common import SlurmParser, client, refuse, run_command, split_list
+from phalanx.slurm.common import (
+    SlurmParser,
+    add_clusters,
+    check_clusters,
+    client,
+    refuse,
+    run_command,
+    split_list,
+)
 
 PROG = "sprio"
 
@@ -26,7 +34,7 @@ def parser() -> SlurmParser:
     p.add_argument("-n", "--norm", action="store_true", help="factors, not weighted")
     p.add_argument("-w", "--weights", action="store_true", help="print the weights")
     p.add_argument("-h", "--noheader", action="store_true")
-    refuse(p, "-M", "--clusters", why="one cluster per controller", nargs=1)
+    add_clusters(p)
     refuse(p, "-o", "--format", why="the columns are fixed here", nargs=1)
     refuse(p, "-S", "--sort", why="the order is the queue's", nargs=1)
     return p
@@ -60,6 +68,7 @@ def main(argv: list[str]) -> int:
 def _main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     with client() as c:
+        check_clusters(c, args.clusters)
         if args.weights:
             weights = c.get("/v1/share")["weights"]
             if not args.noheader:

@@ -24,6 +24,8 @@ from phalanx.slurm.common import (
     Field,
     SlurmParser,
     SlurmUsageError,
+    add_clusters,
+    check_clusters,
     client,
     duration,
     job_id_text,
@@ -391,7 +393,7 @@ def parser() -> SlurmParser:
     refuse(p, "-q", "--qos", why="jobs are not filtered by QOS here")
     refuse(p, "-R", "--reservation", why="reservations do not exist here")
     refuse(p, "-L", "--licenses", why="licenses do not exist here")
-    refuse(p, "-M", "--clusters", why="Phalanx schedules a single cluster")
+    add_clusters(p)
     refuse(p, "--start", why="expected start times are not computed", nargs=0)
     refuse(p, "--yaml", why="use --json", nargs=0)
     p.add_argument("job_ids", nargs="*")
@@ -416,6 +418,7 @@ def _main(argv: list[str]) -> int:
         (prefix, fields), headers = parse_format(fmt, HEADERS), HEADERS
     users = split_list(args.user)
     with client() as c:
+        cluster = check_clusters(c, args.clusters)
         if args.me:
             users.append(str(c.get("/v1/whoami")["user"]))
         want = phalanx_states(states) if states is not None else phalanx_states(ACTIVE)
@@ -434,6 +437,8 @@ def _main(argv: list[str]) -> int:
     lines = format_rows(jobs, prefix, fields, headers=headers, header=not args.noheader, now=now)
     if args.long and not args.noheader:  # squeue -l starts with the date, as Slurm's
         lines.insert(0, time.strftime("%a %b %d %H:%M:%S %Y", time.localtime(now)))
+    if cluster is not None:  # with -M, Slurm heads each cluster's part with its name
+        lines.insert(0, f"CLUSTER: {cluster}")
     sys.stdout.write("".join(line + "\n" for line in lines))
     return 0
 

@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from phalanx.slurm.common import SlurmParser, client, refuse, run_command, split_list
+from phalanx.slurm.common import (
+    SlurmParser,
+    add_clusters,
+    check_clusters,
+    client,
+    refuse,
+    run_command,
+    split_list,
+)
 
 PROG = "sshare"
 COLUMNS = [
@@ -34,7 +42,7 @@ def parser() -> SlurmParser:
     p.add_argument("-n", "--noheader", action="store_true")
     p.add_argument("-p", "--parsable", action="store_true", help="'|' separated, trailing '|'")
     p.add_argument("-P", "--parsable2", action="store_true", help="'|' separated")
-    refuse(p, "-M", "--clusters", why="one cluster per controller", nargs=1)
+    add_clusters(p)
     refuse(p, "-o", "--format", why="the columns are fixed here (use --json)", nargs=1)
     p.add_argument("--json", action="store_true", help="the API's answer")
     return p
@@ -99,6 +107,7 @@ def _main(argv: list[str]) -> int:
 
     args = parser().parse_args(argv)
     with client() as c:
+        check_clusters(c, args.clusters)
         data = c.get("/v1/share")
         me = c.get("/v1/whoami")["user"]
     if args.json:
