@@ -125,6 +125,14 @@ def test_sbatch_forms_and_exit_codes(cluster: Cluster, tmp_path: Path) -> None:
         "--format=JobIdRaw,State", "-j", str(on),
     )  # fmt: skip
     assert (p.returncode, p.stdout) == (0, f"{on}|COMPLETED\n"), p.stderr
+    # long options shortened to unique prefixes, as getopt_long takes them
+    p = slurm(cluster, tmp_path, "sacct", "-X", "--parsable2", "--clus=all", "--nohead",
+              "--form=JobIdRaw,State", "-j", str(on))  # fmt: skip
+    assert (p.returncode, p.stdout) == (0, f"{on}|COMPLETED\n"), p.stderr
+    p = slurm(cluster, tmp_path, "squeue", "--st=R")
+    assert p.returncode == 1 and p.stderr.startswith("squeue: option '--st=R' is ambiguous"), (
+        p.stderr
+    )
     p = slurm(cluster, tmp_path, "squeue", "-M", "all", "-h", "-j", str(on))
     assert (p.returncode, p.stdout) == (0, f"CLUSTER: {name}\n"), p.stderr
     p = slurm(cluster, tmp_path, "sinfo", "-M", name, "-h", "-o", "%P")

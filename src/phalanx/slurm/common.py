@@ -12,6 +12,7 @@ Tools parse what these commands print, so the forms here are Slurm's own:
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from collections.abc import Collection, Mapping, Sequence
@@ -77,18 +78,30 @@ class SlurmUsageError(Exception):
     """Bad command-line use: printed as ``CMD: error: ...`` with exit code 1, as Slurm does."""
 
 
+class AmbiguousOption(SlurmUsageError):
+    """A long-option prefix that more than one option starts with: printed as getopt_long
+    prints it for Slurm's commands (``squeue: option '--st' is ambiguous; possibilities:
+    '--start' '--steps' '--states'``, then ``Try "squeue --help" ...``), exit code 1."""
+
+
 class SlurmParser(argparse.ArgumentParser):
     """argparse with Slurm's manners: errors are one line naming the option, exit code 1.
 
-    ``allow_abbrev`` is off: Slurm accepts unique prefixes of long options, but a prefix that
-    silently turns into another option is how typos go unnoticed; exact spellings only.
+    Long options may be shortened to any unique prefix, as Slurm's commands take them
+    (getopt_long: ``squeue --noh --form=%i``, scripts written against Slurm do it), and an
+    exact name wins over the longer ones it starts; an ambiguous prefix is refused with
+    getopt_long's message (`AmbiguousOption`).
     """
 
     def __init__(self, prog: str, **kw: Any) -> None:
-        kw.setdefault("allow_abbrev", False)
+        kw.setdefault("allow_abbrev", True)
         super().__init__(prog=prog, **kw)
 
     def error(self, message: str) -> NoReturn:
+        m = re.fullmatch(r"ambiguous option: (\S+) could match (.+)", message)
+        if m:
+            options = " ".join(f"'{o}'" for o in m.group(2).split(", "))
+            raise AmbiguousOption(f"option '{m.group(1)}' is ambiguous; possibilities: {options}")
         raise SlurmUsageError(message)
 
 
@@ -102,6 +115,9 @@ def run_command(prog: str, body: Any, argv: Sequence[str]) -> int:
     """Call ``body(argv)``; usage and client errors become one line and exit code 1."""
     try:
         return int(body(list(argv)) or 0)
+    except AmbiguousOption as e:
+        sys.stderr.write(f'{prog}: {e}\nTry "{prog} --help" for more information\n')
+        return 1
     except SlurmUsageError as e:
         sys.stderr.write(f"{prog}: error: {e}\n")
         return 1
