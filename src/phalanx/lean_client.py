@@ -17,8 +17,9 @@ import http.client
 import json
 import os
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
+from phalanx.api_calls import ApiCalls
 from phalanx.auth.credentials import default_source
 from phalanx.errors import BY_CODE, ControllerUnavailable, PhalanxError, Unauthenticated
 from phalanx.failover import Step, after_reply, after_transport_error, urls_from
@@ -26,7 +27,7 @@ from phalanx.failover import Step, after_reply, after_transport_error, urls_from
 TIMEOUT_S = 30.0
 
 
-class LeanClient:
+class LeanClient(ApiCalls):
     def __init__(self, urls: str | None = None) -> None:
         self.urls = urls_from(urls)
         self.credentials = default_source(None)
@@ -61,29 +62,52 @@ class LeanClient:
             self._conns[base] = conn
         return conn
 
-    def get(self, path: str) -> Any:
+    def get(self, path: str, **params: Any) -> Any:
+        """GET, with query parameters as the full client sends them (a list repeats its key,
+        None is left out)."""
+        given = {k: v for k, v in params.items() if v is not None}
+        if given:
+            path += ("&" if "?" in path else "?") + urlencode(given, doseq=True)
         return self.request("GET", path, None, idempotent=True)
 
-    def post(self, path: str, body: Any, *, idempotent: bool = False) -> Any:
-        return self.request("POST", path, body, idempotent=idempotent)
+    def post(
+        self, path: str, body: Any = None, *, idempotent: bool = False, timeout: float | None = None
+    ) -> Any:
+        return self.request(
+            "POST", path, body if body is not None else {}, idempotent=idempotent, timeout=timeout
+        )
 
-    def request(self, method: str, path: str, body: Any, *, idempotent: bool) -> Any:
+    def delete(self, path: str) -> Any:
+        return self.request("DELETE", path, None, idempotent=False)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        *,
+        idempotent: bool,
+        timeout: float | None = None,
+    ) -> Any:
         """Send with this client's credential; a local credential the controller found expired
-        (clocks apart) is replaced once and the call repeated (a 401 changed nothing)."""
+        (clocks apart) is replaced once and the call repeated (a 401 changed nothing).
+        `timeout`: seconds to wait for the answer, when not `TIMEOUT_S`."""
         try:
-            return self._send(method, path, body, idempotent=idempotent)
+            return self._send(method, path, body, idempotent=idempotent, timeout=timeout)
         except Unauthenticated as e:
             if e.details.get("reason") != "expired":
                 raise
             self.credentials.invalidate()
             try:
-                return self._send(method, path, body, idempotent=idempotent)
+                return self._send(method, path, body, idempotent=idempotent, timeout=timeout)
             except Unauthenticated as again:
                 raise Unauthenticated(
                     f"{again.message}; {self.credentials.renew_hint}", **again.details
                 ) from None
 
-    def _send(self, method: str, path: str, body: Any, *, idempotent: bool) -> Any:
+    def _send(
+        self, method: str, path: str, body: Any, *, idempotent: bool, timeout: float | None
+    ) -> Any:
         token = self.credentials.token()
         headers = {"Content-Type": "application/json"}
         if token is not None:
@@ -95,6 +119,9 @@ class LeanClient:
             idx = (self._current + i) % n
             base = self.urls[idx]
             conn = self._conn(base)
+            conn.timeout = timeout or TIMEOUT_S
+            if conn.sock is not None:
+                conn.sock.settimeout(conn.timeout)
             sent = False
             try:
                 conn.request(method, path, body=data, headers=headers)
@@ -117,7 +144,11 @@ class LeanClient:
                 continue
             self._current = idx
             if resp.status >= 400:
-                raise _error(raw, resp.status)
+                err = _error(raw, resp.status)
+                if isinstance(err, Unauthenticated) and token is None:
+                    # no credential was found: say why (the full client's message)
+                    err = Unauthenticated(self.credentials.problem or err.message, **err.details)
+                raise err
             return json.loads(raw or b"null")
         raise ControllerUnavailable("no controller answered: " + "; ".join(errors))
 

@@ -239,12 +239,24 @@ def test_whoami_is_the_unix_user(site: Site) -> None:
     p = site.phx(site.alice, "whoami")
     assert p.stdout.strip() == f"{ALICE} (user, local credential)"
     me = json.loads(site.phx(site.alice, "whoami", "--json").stdout)
-    assert me == {"user": ALICE, "role": "user", "kind": "local", "uid": site.alice.uid}
+    assert me == {
+        "user": ALICE,
+        "role": "user",
+        "kind": "local",
+        "uid": site.alice.uid,
+        "cluster": "phalanx",
+    }
     me = json.loads(site.phx(site.bob, "whoami", "--json").stdout)
-    assert me == {"user": BOB, "role": "user", "kind": "local", "uid": site.bob.uid}
+    assert me == {
+        "user": BOB,
+        "role": "user",
+        "kind": "local",
+        "uid": site.bob.uid,
+        "cluster": "phalanx",
+    }
     # root through the same socket: root is an admin because the kernel says uid 0
     me = json.loads(site.phx(None, "whoami", "--json").stdout)
-    assert me == {"user": "root", "role": "admin", "kind": "local", "uid": 0}
+    assert me == {"user": "root", "role": "admin", "kind": "local", "uid": 0, "cluster": "phalanx"}
 
 
 FETCH = r"""

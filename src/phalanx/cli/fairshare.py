@@ -82,7 +82,7 @@ def priority(
     as_json: bool = JsonOpt,
 ) -> None:
     """A job's priority factor by factor (like `sprio -l -j JOB`), with the arithmetic."""
-    from phalanx.client import seg
+    from phalanx.api_calls import seg
 
     with output.client(url) as c:
         data = output.run(lambda: c.get(f"/v1/jobs/{seg(job, 'job id')}/priority"))

@@ -24,7 +24,8 @@ from phalanx.domain.states import TERMINAL
 from phalanx.errors import PhalanxError
 
 if TYPE_CHECKING:
-    from phalanx.client import Client
+    from phalanx.api_calls import ApiCalls
+    from phalanx.lean_client import LeanClient
 
 # Phalanx state -> Slurm state name (what squeue %T and sacct State print).
 SLURM_STATE = {
@@ -131,12 +132,14 @@ def run_command(prog: str, body: Any, argv: Sequence[str]) -> int:
         return 0
 
 
-def client() -> Client:
-    """The same client as `phalanx`: $PHALANX_URL, and the local credential socket or a token.
-    (Imported here: httpx costs srun, which does not need it, 100+ ms a step.)"""
-    from phalanx.client import Client
+def client() -> LeanClient:
+    """The client of the one-shot commands: the standard library's HTTP, with the same
+    credentials ($PHALANX_URL, the local credential socket or a token), failover, calls and
+    errors as `phalanx`'s (`phalanx.api_calls`). httpx alone took 60-70 ms of every call's
+    start-up (bench/cli.py), which a loop of `sbatch` or a tool polling `squeue` pays each time."""
+    from phalanx.lean_client import LeanClient
 
-    return Client()
+    return LeanClient()
 
 
 def slurm_state(state: str) -> str:
@@ -501,7 +504,7 @@ def wait_exit_code(jobs: Sequence[dict[str, Any]]) -> int:
     return max(codes) if max(codes) > 0 else 1
 
 
-def wait_for_jobs(c: Client, ref: str | int, poll: float = 0.25) -> list[dict[str, Any]]:
+def wait_for_jobs(c: ApiCalls, ref: str | int, poll: float = 0.25) -> list[dict[str, Any]]:
     """Block until every job of ``ref`` (an array: all its tasks) has ended; their records."""
     delay = poll
     while True:

@@ -18,10 +18,11 @@ from typing import Any
 
 import httpx
 
-from phalanx.client import Client, urls_from
+from phalanx.api_calls import ApiCalls
 from phalanx.domain.hostlist import compress_hostlist, expand_hostlist
 from phalanx.domain.text import escape
 from phalanx.errors import Forbidden, NotFound, PhalanxError
+from phalanx.failover import urls_from
 from phalanx.slurm import records
 from phalanx.slurm.common import (
     SlurmParser,
@@ -326,7 +327,7 @@ def _results(results: dict[str, str], ok: tuple[str, ...]) -> int:
     return rc
 
 
-def show(cli: Client | None, words: list[str], *, oneliner: bool, now: float) -> int:
+def show(cli: ApiCalls | None, words: list[str], *, oneliner: bool, now: float) -> int:
     if not words:
         raise SlurmUsageError("show: say what to show (job, node, partition, hostnames, hostlist)")
     what, rest = words[0].lower(), words[1:]
@@ -416,7 +417,7 @@ def license_lines(lic: dict[str, Any]) -> list[str]:
     ]
 
 
-def update(cli: Client, words: list[str]) -> int:
+def update(cli: ApiCalls, words: list[str]) -> int:
     if not words:
         raise SlurmUsageError("update: give JobId=... or NodeName=... and what to change")
     first = words[0].split("=", 1)[0].lower()
@@ -443,7 +444,7 @@ def update(cli: Client, words: list[str]) -> int:
     )
 
 
-def token(cli: Client, words: list[str]) -> int:
+def token(cli: ApiCalls, words: list[str]) -> int:
     lifespan = 1800.0  # Slurm's default lifespan
     for key, value in parse_assignments(words):
         if key.lower() == "lifespan":

@@ -87,7 +87,7 @@ def _main(argv: list[str]) -> int:
             if not users and me["role"] == "user":
                 users = [me["user"]]  # a user may read only their own jobs' factors
             refs = [str(j["id"]) for j in pending if not users or j["user"] in users]
-        from phalanx.client import seg
+        from phalanx.api_calls import seg
 
         jobs = [
             j
