@@ -45,15 +45,17 @@ LAB_POINTER = Path("/tmp/slurmlab.current")
 class Target:
     """A scheduler's commands: where they are and the environment they run in."""
 
-    def __init__(self, name: str, bindir: Path, env: dict[str, str]) -> None:
+    def __init__(self, name: str, bindir: Path, env: dict[str, str], cwd: Path) -> None:
         self.name = name
         self.bindir = bindir
         self.env = env
+        self.cwd = cwd  # where the calls run: their jobs write slurm-<id>.out there
 
     def run(self, *argv: str) -> subprocess.CompletedProcess[str]:
         p = subprocess.run(
             [str(self.bindir / argv[0]), *argv[1:]],
             env=self.env,
+            cwd=self.cwd,
             capture_output=True,
             text=True,
             timeout=120,
@@ -80,7 +82,12 @@ class Target:
         script = f'for i in $(seq {n}); do "{self.bindir}/sbatch" --parsable --wrap=true; done'
         t0 = time.perf_counter()
         p = subprocess.run(
-            ["bash", "-c", script], env=self.env, capture_output=True, text=True, timeout=3600
+            ["bash", "-c", script],
+            env=self.env,
+            cwd=self.cwd,
+            capture_output=True,
+            text=True,
+            timeout=3600,
         )
         took = time.perf_counter() - t0
         if p.returncode != 0:
@@ -88,19 +95,19 @@ class Target:
         return took, [int(x.split(";")[0]) for x in p.stdout.split()]
 
 
-def phalanx_target(url: str) -> Target:
+def phalanx_target(url: str, cwd: Path) -> Target:
     env = {**os.environ, "PHALANX_URL": url}
-    return Target("phalanx", BIN, env)
+    return Target("phalanx", BIN, env, cwd)
 
 
-def slurm_target() -> Target | None:
+def slurm_target(cwd: Path) -> Target | None:
     """Slurm's lab, when it is up (its state dir named in /tmp/slurmlab.current)."""
     if not LAB_POINTER.is_file() or not (SLURM_BIN / "sbatch").is_file():
         return None
     conf = Path(LAB_POINTER.read_text().strip()) / "etc" / "slurm.conf"
     if not conf.is_file():
         return None
-    t = Target("slurm", SLURM_BIN, {**os.environ, "SLURM_CONF": str(conf)})
+    t = Target("slurm", SLURM_BIN, {**os.environ, "SLURM_CONF": str(conf)}, cwd)
     try:
         t.run("sinfo", "-h")
     except (RuntimeError, subprocess.TimeoutExpired) as e:
@@ -180,16 +187,18 @@ def main() -> int:
     ap.add_argument("--loop", type=int, default=500, help="sbatch calls in the shell loop")
     ap.add_argument("--no-slurm", action="store_true", help="Phalanx alone")
     args = ap.parse_args()
-    slurm = None if args.no_slurm else slurm_target()
+    state = common.state_dir("phalanx-bench-cli-")
+    work = state / "work"  # the jobs' working directory (their output files), removed after
+    work.mkdir()
+    slurm = None if args.no_slurm else slurm_target(work)
     runs: dict[str, list[dict[str, float]]] = {"phalanx": []}
     if slurm is not None:
         runs["slurm"] = []
-    state = common.state_dir("phalanx-bench-cli-")
     port = common.free_port()
     url = f"http://127.0.0.1:{port}"
     with common.phalanx_up(state, ["--port", str(port), *common.node_args(4)], url, keep=False):
         api = Api(url, timeout=60.0)
-        phalanx = phalanx_target(url)
+        phalanx = phalanx_target(url, work)
         held: dict[str, list[Any]] = {"phalanx": [], "slurm": []}
 
         def queue_phalanx() -> None:  # 1,000 held jobs for squeue to list
