@@ -612,7 +612,13 @@ def test_admin_tokens_work_and_are_never_recorded(
     token = r.json()["token"]
     assert r.json()["user"] == "carol" and r.json()["role"] == "operator"
     who = c.get("/v1/whoami", headers={"Authorization": f"Bearer {token}"}).json()
-    assert who == {"user": "carol", "role": "operator", "kind": "token", "uid": None}
+    assert who == {
+        "user": "carol",
+        "role": "operator",
+        "kind": "token",
+        "uid": None,
+        "cluster": "phalanx",
+    }
     # operator: may drain, and the drain is carol's
     r = c.post(
         "/v1/nodes/n2/drain",

@@ -35,7 +35,7 @@ def test_a_job_calls_the_api_as_its_user(cluster: Cluster, tmp_path: Path) -> No
     assert f"url={cluster.url}" in err
     me = json.loads(out.read_text())
     # the job runs as root here (the test's user): a local credential, root is admin
-    assert me == {"user": "root", "role": "admin", "kind": "local", "uid": 0}
+    assert me == {"user": "root", "role": "admin", "kind": "local", "uid": 0, "cluster": "phalanx"}
 
 
 @pytest.mark.timeout(180)

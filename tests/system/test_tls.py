@@ -100,6 +100,7 @@ def test_controller_serves_https(cluster: Cluster, tmp_path: Path) -> None:
             "role": "user",
             "kind": "token",
             "uid": None,
+            "cluster": "phalanx",
         }
     # a client that does not trust the CA never sends its request
     with (

@@ -37,7 +37,7 @@ LAYERS: dict[str, int] = {
         0,
     ),
     "job": 0,  # the in-job helper: standard library only
-    **dict.fromkeys(("domain", "auth"), 1),
+    **dict.fromkeys(("domain", "auth", "api_calls"), 1),
     **dict.fromkeys(("store", "config", "client", "lean_client", "submitting"), 2),
     "controller": 3,
     "agent": 4,
