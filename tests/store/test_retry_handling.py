@@ -72,6 +72,28 @@ def test_unlisted_exit_code_ends_at_once_and_says_why(store: Store) -> None:
     assert job["reason"].endswith("not retried: exit code 2 is not in --retry-on (exit:1)")
 
 
+def test_a_begin_time_is_the_jobs_eligible_time_from_submission(store: Store) -> None:
+    """sbatch --begin: stored as the job's eligible time by both submission paths (one job,
+    and a group of plain ones), kept out of the plan with BeginTime until it comes."""
+    add_node(store, "n1")
+    begin = time.time() + 600
+    alone = submit1(store, begin_time=begin)
+    grouped = store.submit([item(store, begin_time=begin), item(store)], "alice")
+    later, now_ = grouped[0][0], grouped[1][0]
+    for jid in (alone, later):
+        assert store.get_job(jid)["eligible_time"] == pytest.approx(begin)
+    plan = scheduling.plan(store.sched_snapshot(), time.time())
+    assert [p.job_id for p in plan.starts] == [now_]
+    assert plan.reasons[alone].startswith("BeginTime") and plan.reasons[later].startswith(
+        "BeginTime"
+    )
+    assert {p.job_id for p in scheduling.plan(store.sched_snapshot(), begin + 1).starts} == {
+        alone,
+        later,
+        now_,
+    }
+
+
 def test_backoff_becomes_the_jobs_eligible_time_and_keeps_it_out_of_the_plan(
     store: Store,
 ) -> None:

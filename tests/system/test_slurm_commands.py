@@ -142,9 +142,28 @@ def test_sbatch_forms_and_exit_codes(cluster: Cluster, tmp_path: Path) -> None:
         assert p.returncode == 1 and p.stdout == "", (cmd, p.stdout)
         assert p.stderr.startswith(f"{cmd}: error: 'elsewhere' can't be reached now"), p.stderr
 
-    # options Slurm has but Phalanx cannot honour are named, one line, exit 1
-    p = slurm(cluster, tmp_path, "sbatch", "--begin=now+1hour", "ok.sh")
+    # --begin: pending with reason BeginTime until then, as Slurm shows it
+    later = int(
+        slurm(cluster, tmp_path, "sbatch", "--parsable", "--begin=now+1hour", "ok.sh").stdout
+    )
+    wait_for(
+        lambda: (
+            slurm(cluster, tmp_path, "squeue", "-h", "-o", "%r", "-j", str(later)).stdout
+            == "BeginTime\n"
+        ),
+        what="squeue to show BeginTime",
+    )
+    t0 = time.time()
+    soon = _submitted(slurm(cluster, tmp_path, "sbatch", "-b", "now+3", "ok.sh"))
+    job = cluster.wait_terminal([soon])[soon]
+    assert job["state"] == "COMPLETED" and job["start_time"] >= t0 + 2.9, (job, t0)
+    assert slurm(cluster, tmp_path, "scancel", str(later)).returncode == 0
+    p = slurm(cluster, tmp_path, "sbatch", "--begin=whenever", "ok.sh")
     assert p.returncode == 1 and "--begin" in p.stderr and len(p.stderr.splitlines()) == 1
+
+    # options Slurm has but Phalanx cannot honour are named, one line, exit 1
+    p = slurm(cluster, tmp_path, "sbatch", "--input=data.txt", "ok.sh")
+    assert p.returncode == 1 and "--input" in p.stderr and len(p.stderr.splitlines()) == 1
 
 
 @pytest.mark.timeout(300)

@@ -281,7 +281,7 @@ def test_a_bad_nice_is_refused() -> None:
 @pytest.mark.parametrize(
     ("line", "reason"),
     [
-        ("--begin=now+1hour", "delayed start is not supported"),
+        ("--begin=whenever", "Invalid time specification: whenever"),
         ("--ntasks-per-gpu=2", "not supported; use --ntasks-per-node"),
         ("--test-only", "would not submit"),
         ("-M other", "single cluster"),

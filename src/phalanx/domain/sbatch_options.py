@@ -12,6 +12,7 @@ is a module of its own because it is data plus the value syntax, not the parsing
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -20,6 +21,7 @@ from typing import Any
 from phalanx.domain import policy, values
 from phalanx.domain.hostlist import expand_hostlist
 from phalanx.domain.licenses import format_licenses, parse_licenses
+from phalanx.domain.slurmtime import parse_time
 
 __all__ = [
     "BY_LONG",
@@ -287,6 +289,11 @@ def _nice(text: str) -> dict[str, Any]:
     return {"nice": int(word)}
 
 
+def _begin(text: str) -> dict[str, Any]:
+    """--begin: resolved to epoch seconds now, at submission, as Slurm resolves it."""
+    return {"begin_time": parse_time(text, time.time())}
+
+
 def _priority(text: str) -> dict[str, Any]:
     return {"priority": _whole(text, 0, example="100")}
 
@@ -447,6 +454,9 @@ OPTIONS: tuple[Option, ...] = (
          "ask for a checkpoint this often (e.g. 30m), or auto (Young/Daly)", "DURATION|auto"),
     # --- bookkeeping: kept and shown (account and QOS also weigh in fair share and limits) ---
     _opt("comment", None, R, ("comment",), _str_to("comment"), "free-text comment", "TEXT"),
+    _opt("begin", "b", R, ("begin_time",), _begin,
+         "do not start before TIME: now+1hour, 16:00, 2026-12-24T08:00, tomorrow, ...",
+         "TIME"),
     _opt("account", "A", R, ("account",), _str_to("account"),
          "account to charge (fair share, limits; docs/fairshare.md)", "ACCOUNT"),
     _opt("qos", "q", R, ("qos",), _str_to("qos"),
@@ -503,7 +513,6 @@ OPTIONS: tuple[Option, ...] = (
     _ignored("wait-all-nodes"),
     _ignored("wckey"),
     # --- Slurm options Phalanx cannot honour: refused, never silently dropped ---
-    _refused("begin", "delayed start is not supported; submit later or use --hold", "b"),
     _refused("test-only", "--test-only would not submit, but a script line cannot stop the "
              "submission; give it on the command line (sbatch --test-only job.sh)", arg=N),
     _refused("ntasks-per-gpu", "not supported; use --ntasks-per-node and --gpus-per-task"),

@@ -187,6 +187,11 @@ class JobSpec(BaseModel):
         description="subtracted from the multifactor priority; negative: admins only",
     )
     comment: str | None = Field(default=None, max_length=MAX_COMMENT)
+    begin_time: float | None = Field(
+        default=None,
+        ge=0,
+        description="sbatch --begin: epoch seconds; the job waits pending (BeginTime) until then",
+    )
     mail_user: str | None = Field(default=None, max_length=MAX_TEXT)
     mail_type: str | None = Field(default=None, max_length=MAX_TEXT)
     spares: int | None = Field(default=None, ge=0)

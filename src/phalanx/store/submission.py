@@ -284,6 +284,8 @@ class Submission(StoreBase):
             "reason": "held by user" if resolved.hold else None,
             "priority": resolved.priority,
             "submit_time": now,
+            # --begin: pending with reason BeginTime until then (scheduling.begin_reason)
+            "eligible_time": spec.get("begin_time"),
             "time_limit_s": resolved.time_limit_s,
             "nodes": resolved.nodes,
             "cpus_per_node": resolved.cpus_per_node,
