@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 
 from phalanx.agent import cgroup_roots, shepherd_control
+from phalanx.auth import localsock
 from phalanx.auth.credentials import LocalService
 from phalanx.client import Client
 from phalanx.errors import PhalanxError
@@ -90,6 +91,35 @@ def _remove_node_cgroups(state_dir: Path, timeout: float = JOBS_END_TIMEOUT) -> 
             )
 
 
+def publish_socket(auth_socket: Path, well_known: Path | None = None) -> bool:
+    """Make the local cluster's credential socket the one commands find without being told
+    (`localsock.DEFAULT_SOCKET`, /run/phalanx/auth.sock): a link there to `auth_socket`, so
+    that after `phalanx up` the commands need no exported variable. Only when that path is
+    free: absent, or a link left dangling by a cluster that is gone. A site's own service
+    there, or another running cluster's link, is never replaced. False when not published
+    (taken, or not writable for this user: the printed `export` line is then the way)."""
+    path = Path(well_known or localsock.DEFAULT_SOCKET)
+    try:
+        if path.is_symlink() and not path.exists():
+            path.unlink()  # dangling: its cluster is gone
+        if path.exists() or path.is_symlink():
+            return False
+        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        path.symlink_to(auth_socket.absolute())
+    except OSError:
+        return False
+    return True
+
+
+def unpublish_socket(auth_socket: Path, well_known: Path | None = None) -> None:
+    """Remove the well-known link if it is this cluster's (`publish_socket`)."""
+    path = Path(well_known or localsock.DEFAULT_SOCKET)
+    with contextlib.suppress(OSError):
+        if path.is_symlink() and Path(os.readlink(path)) == auth_socket.absolute():
+            path.unlink()
+            path.parent.rmdir()  # only if empty: a site's own files there stay
+
+
 def stop_from_pidfiles(state_dir: Path) -> list[str]:
     run = state_dir / "run"
     pids: dict[str, int] = {}
@@ -105,6 +135,7 @@ def stop_from_pidfiles(state_dir: Path) -> list[str]:
     _remove_node_cgroups(state_dir)
     for p in run.glob("*.pid"):
         p.unlink(missing_ok=True)
+    unpublish_socket(state_dir / "auth.sock")
     return stopped
 
 

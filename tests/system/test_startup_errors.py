@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -135,6 +136,20 @@ def test_up_detach_then_down_leaves_nothing(cluster: Cluster, tmp_path: Path) ->
         return pids or None
 
     job_pids = wait_for(running_task, what=f"job {job_id} to start")
+
+    # the commands find the cluster's credentials with nothing exported: `up` linked its
+    # socket at the default path, which is free here unless a site's own service holds it
+    published = info["published_socket"]
+    if published is not None:
+        assert os.readlink(published) == str(Path(info["auth_socket"]).absolute())
+        p = subprocess.run(
+            [sys.executable, "-m", "phalanx.slurm", "squeue", "-h", "-o", "%i"],
+            env=base_env(cluster.root, PHALANX_URL=url),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert p.returncode == 0 and str(job_id) in p.stdout.split(), p.stderr
     shepherds = cluster.live_shepherds()
     assert shepherds
     # each agent's own cgroups (where this host has usable ones): `down` removes them too
@@ -149,6 +164,7 @@ def test_up_detach_then_down_leaves_nothing(cluster: Cluster, tmp_path: Path) ->
     down = run_cli(["down", "--state-dir", str(state)], root=cluster.root)
     assert down.returncode == 0, down.stderr
     assert not list((state / "run").glob("*.pid"))
+    assert published is None or not os.path.lexists(published), "`down` removes its link"
     everything = [*pidfiles.values(), *shepherds, *job_pids]
     wait_for(
         lambda: not [p for p in everything if alive(p)],

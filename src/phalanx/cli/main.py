@@ -168,11 +168,22 @@ def up(
     except PhalanxError as e:
         cluster.stop(quiet=True)
         output.fail(e.message)
+    from phalanx.auth.localsock import DEFAULT_SOCKET
+    from phalanx.failover import DEFAULT_URL
+    from phalanx.local import publish_socket
+
+    # the commands find this cluster with nothing exported when it serves the default URL
+    # and its socket is linked at the default path (publish_socket says when it can be)
+    published = publish_socket(cluster.auth_socket)
+    exports = [] if cluster.url == DEFAULT_URL else [f"PHALANX_URL={cluster.url}"]
+    if not published:
+        exports.append(f"PHALANX_AUTH_SOCKET={cluster.auth_socket}")
     if as_json:
         output.emit(
             {
                 "url": cluster.url,
                 "auth_socket": str(cluster.auth_socket),
+                "published_socket": DEFAULT_SOCKET if published else None,
                 "pids": cluster.pids(),
                 "state_dir": str(state_dir.absolute()),
             }
@@ -181,11 +192,15 @@ def up(
         console.print(
             f"Phalanx cluster up: {controllers} controller(s), {nodes} node(s), state in {state_dir}"
         )
-        console.print(
-            f"export PHALANX_URL={cluster.url} PHALANX_AUTH_SOCKET={cluster.auth_socket}",
-            highlight=False,
-            soft_wrap=True,
-        )
+        if exports:
+            console.print(f"export {' '.join(exports)}", highlight=False, soft_wrap=True)
+        else:
+            console.print(
+                f"commands find it with nothing to export ({DEFAULT_URL}, {DEFAULT_SOCKET} "
+                f"-> {cluster.auth_socket})",
+                highlight=False,
+                soft_wrap=True,
+            )
     if detach:
         return
     console.print("Running in the foreground; Ctrl-C stops the cluster.")
