@@ -148,6 +148,37 @@ def test_a_running_job_cannot_be_updated(client: TestClient, ctl: Controller) ->
     r = client.post("/v1/jobs/update", json={"jobs": [str(jid)], "time_limit": "5:00"})
     res = r.json()["results"][str(jid)]
     assert res.startswith("running: only a pending job can be changed"), res
+    # with a label beside it, the whole change is refused: nothing half done
+    r = client.post(
+        "/v1/jobs/update", json={"jobs": [str(jid)], "time_limit": "5:00", "comment": "x"}
+    )
+    assert r.json()["results"][str(jid)].startswith("running: only a pending job")
+    assert job(client, jid).get("comment") in (None, "")
+
+
+def test_labels_of_pending_and_running_jobs_can_be_changed(
+    client: TestClient, ctl: Controller
+) -> None:
+    """scontrol update JobId=N Comment=... / JobName=...: scripts tag running jobs."""
+    agent = Agent(client, "n1")
+    jid, start = running(client, ctl, agent)
+
+    def update(**changes: Any) -> Any:
+        return client.post("/v1/jobs/update", json={"jobs": [str(jid)], **changes})
+
+    assert update(comment="stage 2 of 3", name="train-b").json()["results"] == {str(jid): "updated"}
+    j = job(client, jid)
+    assert (j["name"], j["state"]) == ("train-b", "RUNNING")
+    (detail,) = client.get("/v1/jobs", params={"job": str(jid), "detail": "true"}).json()["jobs"]
+    assert detail["comment"] == "stage 2 of 3"
+    assert update(comment="").json()["results"] == {str(jid): "updated"}  # cleared
+    (detail,) = client.get("/v1/jobs", params={"job": str(jid), "detail": "true"}).json()["jobs"]
+    assert detail["comment"] is None
+    r = update(comment="\x1b[2Jgotcha")  # others see comments: no terminal escapes
+    assert r.status_code == 422
+    agent.heartbeat([Agent.report(start, "exited", exit_code=0)])
+    res = update(comment="too late").json()["results"][str(jid)]
+    assert res == "completed: a finished job cannot be changed", res
 
 
 def test_history_window_and_detail(client: TestClient, ctl: Controller) -> None:

@@ -215,6 +215,18 @@ def test_squeue_scancel_sinfo(cluster: Cluster, tmp_path: Path) -> None:
         "S": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(running["start_time"])),
         "V": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(running["submit_time"])),
     }
+    # scripts tag running jobs: scontrol update Comment= / JobName=, as Slurm allows them
+    p = slurm(cluster, tmp_path, "scontrol", "update", f"JobId={trapper}", "Comment=epoch 3")
+    assert p.returncode == 0, p.stderr
+    p = slurm(cluster, tmp_path, "scontrol", "update", f"JobId={trapper}", "JobName=trap2")
+    assert p.returncode == 0, p.stderr
+    p = slurm(cluster, tmp_path, "squeue", "-h", "-j", str(trapper), "-o", "%k|%j")
+    assert p.stdout == "epoch 3|trap2\n", p.stdout
+    p = slurm(cluster, tmp_path, "scontrol", "update", f"JobId={trapper}", "TimeLimit=5")
+    assert p.returncode == 1 and "only a pending job" in p.stderr, p.stderr
+    p = slurm(cluster, tmp_path, "scontrol", "update", f"JobId={trapper}", "JobName=trapper")
+    assert p.returncode == 0, p.stderr  # (the name the checks below filter on)
+
     # -t by code; -u; -n
     p = slurm(cluster, tmp_path, "squeue", "-h", "-t", "PD", "-o", "%i")
     assert p.stdout == f"{held}\n"

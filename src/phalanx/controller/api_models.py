@@ -77,6 +77,9 @@ class UpdateIn(BaseModel):
         le=10_000_000,
         description="--nice: below 0 for operators and admins",
     )
+    # labels, which pending and running jobs take alike (scripts tag running jobs)
+    name: PlainText | None = Field(default=None, min_length=1, max_length=256)
+    comment: PlainText | None = Field(default=None, max_length=specs.MAX_COMMENT)
 
 
 class TokenIn(BaseModel):

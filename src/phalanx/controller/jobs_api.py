@@ -162,8 +162,9 @@ def router(api: ApiContext) -> APIRouter:
     @r.post("/v1/jobs/update")
     def update_jobs(body: UpdateIn, ident: Identity = Depends(caller)) -> dict[str, Any]:
         """scontrol update JobId=...: change pending jobs (time limit, nodes, partition,
-        dependency, priority, nice). Users may only lower a time limit; operators may raise
-        it. A priority above 0 or a negative nice: operators and admins, as on submission."""
+        dependency, priority, nice) and the labels of pending and running ones (name,
+        comment). Users may only lower a time limit; operators may raise it. A priority above
+        0 or a negative nice: operators and admins, as on submission."""
         changes: dict[str, Any] = {}
         if body.time_limit is not None:
             try:
@@ -186,9 +187,14 @@ def router(api: ApiContext) -> APIRouter:
             changes["priority"] = body.priority
         if body.nice is not None:
             changes["nice"] = body.nice
+        if body.name is not None:
+            changes["name"] = body.name
+        if body.comment is not None:
+            changes["comment"] = body.comment
         if not changes:
             raise InvalidSpec(
-                "nothing to change: give time_limit, nodes, partition, dependency, priority or nice"
+                "nothing to change: give time_limit, nodes, partition, dependency, priority, "
+                "nice, name or comment"
             )
         return api.bulk(
             body.jobs,

@@ -208,7 +208,8 @@ def partition_lines(part: dict[str, Any], nodes: list[dict[str, Any]]) -> list[s
 
 # ---------------------------------------------------------------------------- update
 JOB_KEYS = {"timelimit": "time_limit", "numnodes": "nodes", "partition": "partition",
-            "dependency": "dependency"}  # fmt: skip
+            "dependency": "dependency", "comment": "comment", "jobname": "name",
+            "name": "name"}  # fmt: skip
 
 
 def parse_assignments(words: Sequence[str]) -> list[tuple[str, str]]:
@@ -249,14 +250,14 @@ def parse_job_update(words: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
         else:
             raise SlurmUsageError(
                 f"Update of {key} is not supported here (supported: TimeLimit, NumNodes, "
-                "Partition, Dependency, Priority, Nice)"
+                "Partition, Dependency, Priority, Nice, JobName, Comment)"
             )
     if not refs:
         raise SlurmUsageError("No job id given: use JobId=<id>")
     if not changes:
         raise SlurmUsageError(
-            "Nothing to update: give TimeLimit=, NumNodes=, Partition=, Dependency=, Priority= "
-            "or Nice="
+            "Nothing to update: give TimeLimit=, NumNodes=, Partition=, Dependency=, Priority=, "
+            "Nice=, JobName= or Comment="
         )
     return refs, changes
 

@@ -31,6 +31,14 @@ from phalanx.store.sqlbits import JOB_SUMMARY as _JOB_SUMMARY
 from phalanx.store.sqlbits import Fence
 from phalanx.store.submission import HOLD_ADMIN, Submission, _hold_columns
 
+# the changes `update_pending` also makes to running jobs: labels, not the allocation
+_LABELS = frozenset({"name", "comment"})
+
+
+def _shown_labels(changes: dict[str, Any]) -> dict[str, Any]:
+    """The label changes as the update's event shows them (a comment, not the whole spec)."""
+    return {k: changes[k] for k in ("comment",) if k in changes}
+
 
 class JobCommands(Submission):
     """Job control."""
@@ -152,9 +160,12 @@ class JobCommands(Submission):
         self, job_ids: Sequence[int], changes: dict[str, Any], actor: str, *, may_raise: bool
     ) -> dict[int, str]:
         """Change pending jobs (scontrol update JobId=...): `time_limit_s`, `nodes`,
-        `partition`, `dependency` (text as --dependency), `priority`, `nice`. A running or finished job is refused
-        (its allocation is made); `may_raise` (operators) may also raise a time limit, as in
-        Slurm where users may only lower theirs. Results per job: "updated" or why not."""
+        `partition`, `dependency` (text as --dependency), `priority`, `nice`; and the labels
+        `name` and `comment` of pending and running jobs alike (scripts tag running jobs, as
+        Slurm lets them). Other changes to a running job are refused (its allocation is made),
+        and every change to a finished one; `may_raise` (operators) may also raise a time
+        limit, as in Slurm where users may only lower theirs. Results per job: "updated" or
+        why not."""
         out: dict[int, str] = {}
         with self.db.begin() as conn:
             found = self._jobs_by_id(conn, job_ids)
@@ -164,13 +175,23 @@ class JobCommands(Submission):
                 if job is None:
                     out[jid] = "not found"
                     continue
-                if job["state"] not in (JobState.PENDING.value, JobState.HELD.value):
+                pending = job["state"] in (JobState.PENDING.value, JobState.HELD.value)
+                labels_only = set(changes) <= _LABELS
+                if not pending and (not labels_only or JobState(job["state"]).terminal):
                     out[jid] = (
                         f"{job['state'].lower()}: only a pending job can be changed here "
                         "(its allocation is already made)"
+                        if not JobState(job["state"]).terminal
+                        else f"{job['state'].lower()}: a finished job cannot be changed"
                     )
                     continue
                 values: dict[str, Any] = {}
+                if "name" in changes:
+                    values["name"] = str(changes["name"])
+                if "comment" in changes:  # kept in the spec, as submitted (--comment)
+                    spec = dict(self._job_spec(conn, jid))
+                    spec["comment"] = str(changes["comment"]) or None
+                    values["spec"] = spec
                 part_names = job["partitions"].split(",")
                 if "partition" in changes:
                     name = str(changes["partition"])
@@ -208,7 +229,11 @@ class JobCommands(Submission):
                 if res.rowcount != 1:
                     out[jid] = "changed state meanwhile: try again"
                     continue
-                shown = ", ".join(f"{k}={v}" for k, v in sorted(values.items()))
+                shown = ", ".join(
+                    f"{k}={v}"
+                    for k, v in sorted({**values, **_shown_labels(changes)}.items())
+                    if k != "spec"
+                )
                 self._event(
                     conn, "job.update", f"updated by {actor}: {shown}", job_id=jid, actor=actor
                 )
@@ -271,6 +296,10 @@ class JobCommands(Submission):
                 self._bump_gen(conn, att["nodes"])  # wakes the nodes' long-polling heartbeats
                 out[jid] = "signalled"
         return out
+
+    def _job_spec(self, conn: Connection, job_id: int) -> dict[str, Any]:
+        got = conn.execute(select(s.jobs.c.spec).where(s.jobs.c.id == job_id)).scalar_one()
+        return dict(got or {})
 
     def _jobs_by_id(self, conn: Connection, job_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         q = select(*_JOB_SUMMARY).where(s.jobs.c.id.in_(list(job_ids)))
