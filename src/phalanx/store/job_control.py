@@ -175,14 +175,15 @@ class JobCommands(Submission):
                 if job is None:
                     out[jid] = "not found"
                     continue
-                pending = job["state"] in (JobState.PENDING.value, JobState.HELD.value)
-                labels_only = set(changes) <= _LABELS
-                if not pending and (not labels_only or JobState(job["state"]).terminal):
+                state = JobState(job["state"])
+                if state.terminal:
+                    out[jid] = f"{state.value.lower()}: a finished job cannot be changed"
+                    continue
+                pending = state in (JobState.PENDING, JobState.HELD)
+                if not pending and not set(changes) <= _LABELS:
                     out[jid] = (
-                        f"{job['state'].lower()}: only a pending job can be changed here "
+                        f"{state.value.lower()}: only a pending job can be changed here "
                         "(its allocation is already made)"
-                        if not JobState(job["state"]).terminal
-                        else f"{job['state'].lower()}: a finished job cannot be changed"
                     )
                     continue
                 values: dict[str, Any] = {}
