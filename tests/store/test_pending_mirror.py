@@ -102,6 +102,24 @@ def test_a_job_purged_between_two_reads_leaves_the_mirror(store: Store) -> None:
     assert set(mirrored(store)) == {kept} == set(truth(store))
 
 
+def test_a_row_deleted_elsewhere_leaves_the_mirror_at_the_next_count_check(store: Store) -> None:
+    """Another controller's purge raises no flag here: the count (pending.COUNT_CHECK_EVERY)
+    catches it at its next check, not at every pass (it cost 7% of PostgreSQL's time)."""
+    from sqlalchemy import delete
+
+    gone, kept = submit1(store, name="gone"), submit1(store, name="kept")
+    assert set(mirrored(store)) == {gone, kept}
+    with store.db.begin() as conn:  # as a purge by another process: no stamp, no flag
+        for table in (s.events, s.jobs):
+            col = table.c.job_id if table is s.events else table.c.id
+            conn.execute(delete(table).where(col == gone))
+    mirror = store.pending_mirror
+    assert set(mirrored(store)) == {gone, kept}, "counted a moment ago: not checked again yet"
+    mirror.counted_at -= pending.COUNT_CHECK_EVERY  # as if that long had passed
+    assert set(mirrored(store)) == {kept} == set(truth(store))
+    assert mirror.whole_reads == 2
+
+
 def test_purging_the_newest_stamped_row_does_not_hide_the_next_change(store: Store) -> None:
     """Stamps must never repeat: had a stamp been the largest one plus one, purging the row
     that held the largest would give the next change a stamp below the mirror's mark, and a

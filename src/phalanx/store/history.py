@@ -173,6 +173,12 @@ class History(MetricsQueries):
             for table, rows_of in JOB_ROWS:
                 conn.execute(delete(table).where(rows_of(ids)))
             conn.execute(delete(s.jobs).where(s.jobs.c.id.in_(ids)))
+        # the pending mirror's next sync checks its count at once (pending.COUNT_CHECK_EVERY):
+        # a job it still lists may be among those gone (a cached property: none made yet, none
+        # to tell)
+        mirror = self.__dict__.get("pending_mirror")
+        if mirror is not None:
+            mirror.purged = True
         return len(ids)
 
     def add_event(self, kind: str, message: str, **kw: Any) -> None:
