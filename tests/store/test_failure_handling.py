@@ -196,6 +196,22 @@ def test_avoiding_is_dropped_when_it_would_leave_too_few_nodes(store: Store) -> 
     assert store.get_job(jid)["avoid_nodes"] is None  # the only node: the job may come back there
 
 
+def test_a_node_the_job_asks_for_by_name_is_never_avoided(store: Store) -> None:
+    """-w/--nodelist n1: avoiding n1 after a failure there left the job pending
+    ("Resources") for ever on a healthy cluster; it comes back to n1 instead."""
+    add_node(store, "n1")
+    add_node(store, "n2")
+    jid = submit1(store, requeue=True, nodelist=["n1"])
+    att = start(store, jid, ["n1"])
+    store.apply_reports("n1", [running(att)], None)
+    store.fail_node_tasks("n1", "node n1 is DOWN", None)
+    job = store.get_job(jid)
+    assert job["state"] == "PENDING" and not job["avoid_nodes"], job
+    store.record_heartbeats({"n1": 0.0})
+    plan = scheduling.plan(store.sched_snapshot(), time.time())
+    assert [(p.job_id, list(p.nodes)) for p in plan.starts] == [(jid, ["n1"])]
+
+
 def _start_on(
     store: Store, job_id: int, nodes: list[str], *, cpus: int = 1, gpus=None, exclusive=False
 ) -> list[int]:

@@ -408,8 +408,10 @@ class AttemptProgress(JobSteps):
     ) -> list[str] | None:
         """Nodes the job should avoid from now on, unless that would leave too few to run it:
         its nodes and its spares (a job with --spares=1 on three nodes that avoided two of them
-        would wait for ever, "Resources", on a healthy cluster)."""
-        avoid = sorted(set(job["avoid_nodes"] or []) | set(failed))
+        would wait for ever, "Resources", on a healthy cluster). A node the job asks for by
+        name (-w/--nodelist) is never avoided: the job could run nowhere else."""
+        required = set(job["nodelist"] or [])
+        avoid = sorted((set(job["avoid_nodes"] or []) | set(failed)) - required)
         _, spares = self._elastic_of(conn, int(job["id"]))
         usable = conn.execute(
             select(func.count())
