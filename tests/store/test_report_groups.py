@@ -6,11 +6,19 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import func, select
-from test_store_contract import add_node, exited, running, start, state, store, submit1
+from test_store_contract import (
+    add_node,
+    exited,
+    running,
+    start,
+    state,
+    store,
+    submit1,
+    wait_for,
+)
 
 from phalanx.store import schema as s
 from phalanx.store.groupcommit import GroupCommit
@@ -19,14 +27,6 @@ from phalanx.store.store import Store, TaskReport
 __all__ = ["store"]
 
 DEADLINE = 60.0
-
-
-def wait_for(cond: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)  # polling interval of a wait on a condition
 
 
 def report_together(
@@ -50,10 +50,10 @@ def report_together(
     with store.db.writers.turn(store.db.url):
         threads = [threading.Thread(target=call, args=x) for x in exchanges]
         threads[0].start()
-        wait_for(lambda: group.groups == before + 1, "the first exchange to lead")
+        wait_for(lambda: group.groups == before + 1, DEADLINE)  # the first leads
         for t in threads[1:]:
             t.start()
-        wait_for(lambda: group.waiting() == len(exchanges) - 1, "the others to queue")
+        wait_for(lambda: group.waiting() == len(exchanges) - 1, DEADLINE)  # the others queue
     for t in threads:
         t.join(DEADLINE)
     assert not errors, errors

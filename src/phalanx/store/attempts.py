@@ -9,6 +9,7 @@ one commit.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,9 +94,7 @@ class AttemptProgress(JobSteps):
             dict(r)
             for r in conn.execute(select(s.attempts).where(s.attempts.c.id.in_(ids))).mappings()
         ]
-        per_job: dict[int, int] = {}
-        for a in atts:
-            per_job[a["job_id"]] = per_job.get(a["job_id"], 0) + 1
+        per_job = Counter(a["job_id"] for a in atts)
         out.ended = {a["id"] for a in atts if a["state"] == AttemptState.ENDED.value}
         atts = [a for a in atts if per_job[a["job_id"]] == 1 and a["id"] not in out.ended]
         if not atts:

@@ -72,15 +72,18 @@ class TaskReport:
 # What `apply_reports` compares a heartbeat's reports with: only the columns it reads. Every
 # held task of the node is read on every heartbeat, and whole rows decoded their JSON columns
 # (gpu_ids, detail, usage) each time, which cost more than the rest of an "exited" report.
+_REPORTED_COLUMNS = (
+    s.tasks.c.attempt_id,
+    s.tasks.c.rank,
+    s.tasks.c.state,
+    s.tasks.c.started_at,
+    s.attempts.c.token,
+    s.attempts.c.state.label("attempt_state"),
+)
 _REPORTED_TASKS = Prebuilt(
-    _active_tasks(
-        s.tasks.c.attempt_id,
-        s.tasks.c.rank,
-        s.tasks.c.state,
-        s.tasks.c.started_at,
-        s.attempts.c.token,
-        s.attempts.c.state.label("attempt_state"),
-    ).where(s.tasks.c.node == bindparam("node"), s.tasks.c.spare.is_(False))
+    _active_tasks(*_REPORTED_COLUMNS).where(
+        s.tasks.c.node == bindparam("node"), s.tasks.c.spare.is_(False)
+    )
 )
 
 
@@ -111,15 +114,9 @@ _CLEAR_LAUNCH_FAILURES = (
 )
 
 # _REPORTED_TASKS for several nodes at once (a group of exchanges), with each task's node
-_REPORTED_TASKS_OF = _active_tasks(
-    s.tasks.c.node,
-    s.tasks.c.attempt_id,
-    s.tasks.c.rank,
-    s.tasks.c.state,
-    s.tasks.c.started_at,
-    s.attempts.c.token,
-    s.attempts.c.state.label("attempt_state"),
-).where(s.tasks.c.node.in_(bindparam("nodes", expanding=True)), s.tasks.c.spare.is_(False))
+_REPORTED_TASKS_OF = _active_tasks(s.tasks.c.node, *_REPORTED_COLUMNS).where(
+    s.tasks.c.node.in_(bindparam("nodes", expanding=True)), s.tasks.c.spare.is_(False)
+)
 
 _Exchange = tuple[str, Sequence[TaskReport], float | None]  # (node, reports, taken_at)
 
