@@ -7,11 +7,14 @@ BIN    := $(VENV)/bin
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# The Slurm commands in .venv/bin become the compiled ones (docs/slurm.md, "What a call
+# costs"); without a C compiler pip's Python console scripts stay, and say nothing different.
+$(VENV)/.installed: pyproject.toml src/phalanx/slurm/commands.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Phalanx needs Python 3.11 or newer")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/phalanx slurm-commands --install $(BIN) || echo "the Python Slurm commands stay in $(BIN)"
 	@touch $@
 
 demo: install

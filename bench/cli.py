@@ -5,8 +5,8 @@
 
 Users and workflow engines call the commands one process at a time: `sbatch` in a shell
 loop, Snakemake and Nextflow per rule, tools polling `squeue` and `sacct`. So this runs the
-installed console scripts as separate processes, as they do, against a local cluster
-(`phalanx up`, 4 nodes, SQLite), and measures
+installed commands as separate processes, as they do, against a local cluster (`phalanx up`,
+4 nodes, SQLite), and measures
 
 * `sbatch --wrap=true`: seconds a call (median of `--calls` sequential calls);
 * `squeue` with 1,000 jobs queued (held): seconds a call;
@@ -14,6 +14,12 @@ installed console scripts as separate processes, as they do, against a local clu
 * a shell loop of `--loop` sequential `sbatch --wrap=true` (`for i in ...; do sbatch ...;
   done` in bash): jobs submitted a second, and all of them completed a second (from the
   loop's start to the last one's end).
+
+Column "phalanx" is the compiled commands `make install` puts in .venv/bin (`phalanx
+slurm-commands --install`), served by the cluster's command server (slurm/cmdserver.py);
+column "python" is the same commands with the server turned off (PHALANX_COMMAND_SOCKET=off:
+each call starts the interpreter and runs the Python command), as before the server
+(`--no-python` leaves it out).
 
 The same calls go to Slurm 22.05 when its lab (../shared/slurm-lab, `./up.sh`) is running:
 `/tmp/slurmlab.current` names its state dir, whose etc/slurm.conf the calls use, and
@@ -95,9 +101,12 @@ class Target:
         return took, [int(x.split(";")[0]) for x in p.stdout.split()]
 
 
-def phalanx_target(url: str, cwd: Path) -> Target:
-    env = {**os.environ, "PHALANX_URL": url}
-    return Target("phalanx", BIN, env, cwd)
+def phalanx_target(url: str, cwd: Path, state: Path, *, server: bool) -> Target:
+    """The compiled commands through the cluster's command server, or (not `server`) the
+    Python commands they fall back to."""
+    sock = str(state / "commands.sock") if server else "off"
+    env = {**os.environ, "PHALANX_URL": url, "PHALANX_COMMAND_SOCKET": sock}
+    return Target("phalanx" if server else "python", BIN, env, cwd)
 
 
 def slurm_target(cwd: Path) -> Target | None:
@@ -186,19 +195,25 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=20, help="sequential calls a per-call figure")
     ap.add_argument("--loop", type=int, default=500, help="sbatch calls in the shell loop")
     ap.add_argument("--no-slurm", action="store_true", help="Phalanx alone")
+    ap.add_argument("--no-python", action="store_true", help="not the Python commands' column")
     args = ap.parse_args()
     state = common.state_dir("phalanx-bench-cli-")
     work = state / "work"  # the jobs' working directory (their output files), removed after
     work.mkdir()
     slurm = None if args.no_slurm else slurm_target(work)
+    if not (BIN / "sbatch").is_symlink():
+        log(f"{BIN / 'sbatch'} is not the compiled command: `phalanx slurm-commands --install`")
     runs: dict[str, list[dict[str, float]]] = {"phalanx": []}
+    if not args.no_python:
+        runs["python"] = []
     if slurm is not None:
         runs["slurm"] = []
     port = common.free_port()
     url = f"http://127.0.0.1:{port}"
     with common.phalanx_up(state, ["--port", str(port), *common.node_args(4)], url, keep=False):
         api = Api(url, timeout=60.0)
-        phalanx = phalanx_target(url, work)
+        phalanx = phalanx_target(url, work, state, server=True)
+        python = phalanx_target(url, work, state, server=False)
         held: dict[str, list[Any]] = {"phalanx": [], "slurm": []}
 
         def queue_phalanx() -> None:  # 1,000 held jobs for squeue to list
@@ -218,6 +233,10 @@ def main() -> int:
                 r = one_run(phalanx, args, queue_phalanx)
                 log(f"phalanx run {i + 1}: " + " ".join(f"{k}={v:.3f}" for k, v in r.items()))
                 runs["phalanx"].append(r)
+                if not args.no_python:
+                    r = one_run(python, args, queue_phalanx)
+                    log(f"python run {i + 1}: " + " ".join(f"{k}={v:.3f}" for k, v in r.items()))
+                    runs["python"].append(r)
                 if slurm is not None:
                     r = one_run(slurm, args, queue_slurm)
                     log(f"slurm run {i + 1}: " + " ".join(f"{k}={v:.3f}" for k, v in r.items()))

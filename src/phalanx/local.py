@@ -25,6 +25,7 @@ from phalanx.auth import localsock
 from phalanx.auth.credentials import LocalService
 from phalanx.client import Client
 from phalanx.errors import PhalanxError
+from phalanx.slurm.cmdserver import DEFAULT_SOCKET as COMMAND_SOCKET
 
 READY_TIMEOUT = 60.0
 # how long `phalanx down` waits for the stopped jobs to end before removing the nodes' cgroups
@@ -136,6 +137,7 @@ def stop_from_pidfiles(state_dir: Path) -> list[str]:
     for p in run.glob("*.pid"):
         p.unlink(missing_ok=True)
     unpublish_socket(state_dir / "auth.sock")
+    unpublish_socket(state_dir / "commands.sock", COMMAND_SOCKET)
     return stopped
 
 
@@ -171,6 +173,8 @@ class LocalCluster:
         self.url = ",".join(self.urls)
         # where users of this cluster get local credentials (`phalanx up` prints it)
         self.auth_socket = self.state_dir / "auth.sock"
+        # where the compiled Slurm commands find this host's command server (slurm/cmdserver.py)
+        self.command_socket = self.state_dir / "commands.sock"
 
     def node_names(self) -> list[str]:
         width = max(2, len(str(self.n_nodes)))
@@ -179,7 +183,7 @@ class LocalCluster:
     def pids(self) -> dict[str, int]:
         return {n: p.pid for n, p in self.procs.items()}
 
-    def _spawn(self, name: str, args: list[str]) -> None:
+    def _spawn(self, name: str, args: list[str], module: str = "phalanx") -> None:
         logs = self.state_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log = open(logs / f"{name}.log", "ab")  # noqa: SIM115 (owned by the child)
@@ -188,7 +192,7 @@ class LocalCluster:
         if self.config:
             env["PHALANX_CONFIG"] = str(self.config.absolute())
         proc = subprocess.Popen(
-            [sys.executable, "-m", "phalanx", *args],
+            [sys.executable, "-m", module, *args],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -264,6 +268,11 @@ class LocalCluster:
                 "--log-level",
                 self.log_level,
             ],
+        )
+        self._spawn(
+            "cmdserver",
+            ["--socket", str(self.command_socket), "--log-level", self.log_level],
+            module="phalanx.slurm.cmdserver",
         )
         for node in self.node_names():
             name = f"agent-{node}"

@@ -113,6 +113,7 @@ def test_up_detach_then_down_leaves_nothing(cluster: Cluster, tmp_path: Path) ->
     assert set(pidfiles) == {
         "controller-1",
         "authd",
+        "cmdserver",  # the host's command server for the compiled Slurm commands
         *(f"agent-node0{i}" for i in range(1, 5)),
     }
     assert pidfiles == info["pids"]
@@ -150,6 +151,10 @@ def test_up_detach_then_down_leaves_nothing(cluster: Cluster, tmp_path: Path) ->
             timeout=60,
         )
         assert p.returncode == 0 and str(job_id) in p.stdout.split(), p.stderr
+    # and the compiled commands find its command server there (a link, as the socket's)
+    commands = info["published_command_socket"]
+    if commands is not None:
+        assert os.readlink(commands) == info["command_socket"]
     shepherds = cluster.live_shepherds()
     assert shepherds
     # each agent's own cgroups (where this host has usable ones): `down` removes them too
@@ -165,6 +170,7 @@ def test_up_detach_then_down_leaves_nothing(cluster: Cluster, tmp_path: Path) ->
     assert down.returncode == 0, down.stderr
     assert not list((state / "run").glob("*.pid"))
     assert published is None or not os.path.lexists(published), "`down` removes its link"
+    assert commands is None or not os.path.lexists(commands), "and the command server's"
     everything = [*pidfiles.values(), *shepherds, *job_pids]
     wait_for(
         lambda: not [p for p in everything if alive(p)],

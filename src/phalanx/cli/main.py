@@ -170,11 +170,13 @@ def up(
         output.fail(e.message)
     from phalanx.auth.localsock import DEFAULT_SOCKET
     from phalanx.failover import DEFAULT_URL
-    from phalanx.local import publish_socket
+    from phalanx.local import COMMAND_SOCKET, publish_socket
 
     # the commands find this cluster with nothing exported when it serves the default URL
     # and its socket is linked at the default path (publish_socket says when it can be)
     published = publish_socket(cluster.auth_socket)
+    # and the compiled Slurm commands find its command server there (docs/slurm.md)
+    commands_published = publish_socket(cluster.command_socket, COMMAND_SOCKET)
     exports = [] if cluster.url == DEFAULT_URL else [f"PHALANX_URL={cluster.url}"]
     if not published:
         exports.append(f"PHALANX_AUTH_SOCKET={cluster.auth_socket}")
@@ -184,6 +186,8 @@ def up(
                 "url": cluster.url,
                 "auth_socket": str(cluster.auth_socket),
                 "published_socket": DEFAULT_SOCKET if published else None,
+                "command_socket": str(cluster.command_socket),
+                "published_command_socket": str(COMMAND_SOCKET) if commands_published else None,
                 "pids": cluster.pids(),
                 "state_dir": str(state_dir.absolute()),
             }
@@ -592,6 +596,40 @@ def cluster(url: str | None = UrlOpt, as_json: bool = JsonOpt) -> None:
         output.emit(st)
     else:
         console.print(render.cluster_summary(st), highlight=False)
+
+
+@app.command("slurm-commands")
+def slurm_commands(
+    install_dir: Path = typer.Option(
+        ..., "--install", help="the directory to link sbatch, squeue, ... in (e.g. /usr/local/bin)"
+    ),
+) -> None:
+    """Install the compiled Slurm commands (they run in the host's command server)."""
+    from phalanx import native
+    from phalanx.slurm import install
+
+    try:
+        done = install.install(install_dir)
+    except (native.BuildError, OSError) as e:
+        output.fail(f"phalanx slurm-commands: the compiled commands cannot be built: {e}", 1)
+    for why in done.kept:
+        print(f"phalanx slurm-commands: left alone: {why}", file=sys.stderr)
+    console.print(
+        f"{', '.join(done.linked) or 'nothing'} in {install_dir} -> {done.program}", highlight=False
+    )
+
+
+@app.command(
+    "command-server",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def command_server(ctx: typer.Context) -> None:
+    """Serve the compiled Slurm commands on this host (`--help` for its options)."""
+    # its own interpreter image: the server's workers fork from it, so it holds only what the
+    # commands import (not this CLI's)
+    args = [sys.executable, "-m", "phalanx.slurm.cmdserver", *ctx.args]
+    os.execv(sys.executable, args)
 
 
 app.add_typer(maintenance.app, name="maint")

@@ -1,0 +1,433 @@
+"""The command server: Slurm's commands without an interpreter's start-up per call.
+
+Shell loops and workflow engines call ``sbatch``, ``squeue``, ``sacct`` one process at a
+time, and a Python command spends 50-70 ms starting (the interpreter, its imports) for a
+millisecond or two of work; Slurm's C commands answer in a few.  This server is a Python
+process that has imported the commands once.  The compiled commands (slurm/commands.c,
+installed by ``phalanx slurm-commands --install``) connect to its socket and pass their
+arguments, directory, umask, environment and stdin, stdout and stderr; the server forks a
+worker per call that becomes the caller (its uid and gid from the kernel, SO_PEERCRED, never
+from the request), takes all of that, and runs the same Python code ``python -m phalanx.slurm
+COMMAND`` would.  Output goes straight to the caller's descriptors; the exit status goes back
+over the socket.  So what a command prints and returns does not depend on the path it took,
+and one source of truth (the Python commands) parses every option and formats every field.
+
+Run as root it serves every local user, each worker dropping to the caller's uid, primary
+gid and groups (initgroups) before it reads anything of the request but strings; run as
+another user it serves that user only.  It holds no secrets (it imports modules, nothing
+more), so a worker that becomes a user inherits nothing that user could not read.  Each worker
+closes every descriptor but its own connection and the caller's three.
+
+What differs from a process the caller starts, by design: the worker is the server's child
+(its cgroup, its resource limits, its session: the caller's terminal is its stdin but not its
+controlling terminal), and the interpreter's own start-up variables (``PYTHONPATH``,
+``PYTHONWARNINGS``, ...) do not apply.  The compiled command sends a worker SIGINT, SIGTERM,
+SIGHUP and SIGQUIT it receives, and ends the way the worker ended (an exit status, or the
+same signal).  A request the server does not serve (another installation's interpreter,
+another user's on a non-root server, too many running) is answered "fallback", and the
+compiled command runs the Python command itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import logging
+import os
+import pwd
+import selectors
+import signal
+import socket
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+log = logging.getLogger("phalanx.slurm.cmdserver")
+
+DEFAULT_SOCKET = Path("/run/phalanx/commands.sock")
+SERVED = ("sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct", "sshare", "sprio")
+# modules a call imports after its command module (found with `python -X importtime`):
+# imported once here, so no worker pays for them
+PRELOAD = (
+    "phalanx.lean_client",
+    "phalanx.auth.localsock",
+    "encodings.idna",
+    "json",
+    "shutil",
+    "selectors",
+    "logging",
+    "threading",
+    "random",
+    "datetime",
+    "textwrap",
+    "traceback",
+)
+MAX_WORKERS = 64  # calls running at once; beyond, a caller runs the Python command itself
+REQUEST_TIMEOUT_S = 10.0  # a caller that connected but sends no whole request by then: dropped
+MAX_REQUEST = 4 << 20  # bytes: arguments and environment (Linux's ARG_MAX is 2 MiB)
+PROTOCOL = "cmd1"
+
+
+class BadRequest(ValueError):
+    """A request that is not the protocol: the worker drops it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    python: str  # the interpreter of the installation that built the compiled command
+    command: str
+    cwd: str
+    umask: int
+    args: list[str]
+    env: dict[str, str]
+
+
+def parse_request(payload: bytes) -> Request:
+    """``cmd1\\0PYTHON\\0COMMAND\\0CWD\\0UMASK\\0ARGC\\0ARG...\\0KEY=VALUE...`` (slurm/commands.c)."""
+    fields = payload.split(b"\0")
+    if len(fields) < 6 or fields[0] != PROTOCOL.encode():
+        raise BadRequest("not a command request")
+    try:
+        text = [os.fsdecode(f) for f in fields]
+        umask = int(text[4], 8)
+        argc = int(text[5])
+    except ValueError as e:
+        raise BadRequest(f"bad umask or argument count: {e}") from None
+    if not 0 <= argc <= len(text) - 6 or not 0 <= umask <= 0o777:
+        raise BadRequest("bad umask or argument count")
+    env: dict[str, str] = {}
+    for item in text[6 + argc :]:
+        key, sep, value = item.partition("=")
+        if sep and key:
+            env[key] = value
+    return Request(
+        python=text[1],
+        command=text[2],
+        cwd=text[3],
+        umask=umask,
+        args=text[6 : 6 + argc],
+        env=env,
+    )
+
+
+def refusal(request: Request, peer_uid: int, server_uid: int, python: str) -> str | None:
+    """Why this server does not run `request` for the peer (the caller runs the Python
+    command itself), or None: it does."""
+    if request.command not in SERVED:
+        return f"{request.command!r} is not a command served here"
+    if os.path.realpath(request.python) != os.path.realpath(python):
+        return f"another installation's command ({request.python}; this server: {python})"
+    if server_uid != 0 and peer_uid != server_uid:
+        return f"uid {peer_uid}: this server runs as uid {server_uid} and serves only it"
+    return None
+
+
+def exit_line(status: int) -> bytes:
+    """How a worker ended, for the compiled command: ``exit N`` or ``signal N``."""
+    if os.WIFSIGNALED(status):
+        return f"signal {os.WTERMSIG(status)}\n".encode()
+    return f"exit {os.waitstatus_to_exitcode(status) & 0xFF}\n".encode()
+
+
+class CommandServer:
+    """Accepts calls on `path` and forks a worker for each (the module's docstring)."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_workers: int = MAX_WORKERS,
+        request_timeout: float = REQUEST_TIMEOUT_S,
+    ) -> None:
+        self.path = path
+        self.max_workers = max_workers
+        self.request_timeout = request_timeout
+        self._listener: socket.socket | None = None
+        self._workers: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, conn)
+        self._stop = False
+
+    def bind(self) -> None:
+        from phalanx.auth.localsock import in_use, reachable
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.is_socket() or self.path.exists():
+            if in_use(self.path):
+                raise OSError(f"{self.path} is already served by another process")
+            self.path.unlink()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with reachable(self.path) as name:
+            sock.bind(name)
+        # anyone may call: a worker only ever acts as the caller's own uid
+        os.chmod(self.path, 0o666 if os.geteuid() == 0 else 0o600)
+        sock.listen(512)
+        self._listener = sock
+
+    def stop(self) -> None:
+        self._stop = True
+
+    def serve(self) -> None:
+        """Until stop(): accept calls, fork their workers, report how each ended."""
+        assert self._listener is not None, "bind() first"
+        sel = selectors.DefaultSelector()
+        sel.register(self._listener, selectors.EVENT_READ, None)
+        try:
+            while not self._stop:
+                for key, _ in sel.select(timeout=0.5):
+                    if key.data is None:
+                        self._accept(sel)
+                    else:
+                        self._reap(sel, key.fd)
+        finally:
+            sel.close()
+            self._listener.close()
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+
+    def _accept(self, sel: selectors.BaseSelector) -> None:
+        assert self._listener is not None
+        try:
+            conn, _ = self._listener.accept()
+        except OSError:
+            return
+        if len(self._workers) >= self.max_workers:
+            with contextlib.suppress(OSError):
+                conn.sendall(b"fallback\n")
+            conn.close()
+            return
+        pid = os.fork()
+        if pid == 0:  # the worker: never returns
+            _worker(conn, self.request_timeout)
+        pidfd = os.pidfd_open(pid)
+        self._workers[pidfd] = (pid, conn)
+        sel.register(pidfd, selectors.EVENT_READ, pid)
+
+    def _reap(self, sel: selectors.BaseSelector, pidfd: int) -> None:
+        pid, conn = self._workers.pop(pidfd)
+        sel.unregister(pidfd)
+        os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
+        line = exit_line(status)
+        log.debug("call in worker %d ended: %s", pid, line.decode().strip())
+        # the worker said "exit N" itself unless it was killed; a second line is ignored
+        with contextlib.suppress(OSError):
+            conn.sendall(line)
+        conn.close()
+
+
+def _worker(conn: socket.socket, request_timeout: float) -> None:
+    """In the forked child: take the call, become the caller, run the command, os._exit."""
+    code = 1
+    try:
+        keep = conn.fileno()
+        os.closerange(3, keep)
+        os.closerange(keep + 1, 1 << 16)
+        for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP, signal.SIGQUIT):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        code = _take_call(conn, request_timeout)
+    except BaseException:  # a worker must end in os._exit, whatever happened
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()
+    os._exit(code)
+
+
+def _receive(conn: socket.socket, timeout: float) -> tuple[bytes, list[int]]:
+    conn.settimeout(timeout)
+    data, fds, _, _ = socket.recv_fds(conn, 4096, 3)
+    try:
+        head, nl, rest = data.partition(b"\n")
+        word, _, length = head.partition(b" ")
+        if not nl or word != PROTOCOL.encode() or not length.isdigit():
+            raise BadRequest("no request header")
+        size = int(length)
+        if size > MAX_REQUEST or len(fds) != 3:
+            raise BadRequest("request too large, or not three descriptors")
+        chunks = [rest]
+        have = len(rest)
+        while have < size:
+            part = conn.recv(min(size - have, 1 << 16))
+            if not part:
+                raise BadRequest("the caller went away mid-request")
+            chunks.append(part)
+            have += len(part)
+        return b"".join(chunks)[:size], fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def _become(uid: int, gid: int) -> None:
+    """Drop root to the caller: groups, gid, then uid (after which there is no way back)."""
+    if os.geteuid() != 0 or uid == 0:
+        return
+    try:
+        name = pwd.getpwuid(uid).pw_name
+        os.initgroups(name, gid)
+    except KeyError:
+        os.setgroups([])  # a uid with no name: its primary gid only
+    os.setgid(gid)
+    os.setuid(uid)
+    if os.getuid() != uid or os.geteuid() != uid:
+        raise PermissionError("could not become the caller")
+
+
+def _take_call(conn: socket.socket, request_timeout: float) -> int:
+    from phalanx.auth.localsock import peer_credentials
+
+    try:
+        payload, fds = _receive(conn, request_timeout)
+        request = parse_request(payload)
+    except (BadRequest, OSError) as e:
+        log.debug("dropped a call: %s", e)
+        return 1
+    _, uid, gid = peer_credentials(conn)
+    why = refusal(request, uid, os.geteuid(), sys.executable)
+    if why is None:
+        try:
+            _become(uid, gid)
+            os.chdir(request.cwd)
+        except OSError as e:
+            why = f"cannot act as uid {uid} in {request.cwd}: {e}"
+    if why is not None:
+        for fd in fds:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            conn.sendall(b"fallback\n")
+        return 0
+    os.umask(request.umask)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    for fd in fds:
+        if fd > 2:
+            os.close(fd)
+    conn.settimeout(None)
+    conn.sendall(f"pid {os.getpid()}\n".encode())
+    code = _run(request)
+    with contextlib.suppress(OSError):
+        conn.sendall(f"exit {code & 0xFF}\n".encode())
+    return code
+
+
+def _streams() -> None:
+    """New sys.stdin/stdout/stderr on the caller's descriptors, as the interpreter would make
+    them (stdout line-buffered on a terminal; stderr always)."""
+    enc = sys.__stdout__.encoding if sys.__stdout__ else "utf-8"
+    errors = sys.__stdout__.errors if sys.__stdout__ else "strict"
+    sys.stdin = open(0, encoding=enc, errors=errors, closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", encoding=enc, errors=errors, closefd=False)  # noqa: SIM115
+    sys.stderr = open(  # noqa: SIM115
+        2, "w", buffering=1, encoding=enc, errors="backslashreplace", closefd=False
+    )
+
+
+def _run(request: Request) -> int:
+    """Run the command as ``python -m phalanx.slurm`` would: its exit status, or (^C) dies of
+    SIGINT after the traceback, as the interpreter does."""
+    import atexit
+
+    from phalanx.slurm.main import run
+
+    os.environ.clear()
+    os.environ.update(request.env)
+    sys.argv = [request.command, *request.args]
+    _streams()
+    try:
+        code = run(request.command, list(request.args))
+    except SystemExit as e:
+        if e.code is None:
+            code = 0
+        elif isinstance(e.code, int):
+            code = e.code
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        _flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        code = 130
+    except BaseException:  # the interpreter prints it and exits 1
+        traceback.print_exc()
+        code = 1
+    atexit._run_exitfuncs()
+    return 120 if not _flush() and code == 0 else code
+
+
+def _flush() -> bool:
+    """Flush stdout and stderr as the interpreter does at exit; False where stdout failed
+    (a closed pipe: the interpreter says so and exits 120)."""
+    ok = True
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        ok = False
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(
+                "Exception ignored on flushing sys.stdout:\nBrokenPipeError: [Errno 32] Broken pipe\n"
+            )
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.flush()
+    return ok
+
+
+def preload() -> None:
+    """Import the commands and what a call imports later, once, before any fork."""
+    import importlib
+
+    for command in SERVED:
+        importlib.import_module(f"phalanx.slurm.{command}")
+    for module in PRELOAD:
+        importlib.import_module(module)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="phalanx command-server",
+        description="Serve the compiled Slurm commands on this host (docs/slurm.md).",
+    )
+    ap.add_argument("--socket", type=Path, default=None, help=f"default: {DEFAULT_SOCKET}")
+    ap.add_argument(
+        "--max-workers",
+        type=int,
+        default=MAX_WORKERS,
+        help=f"calls running at once; more run as Python commands (default {MAX_WORKERS})",
+    )
+    ap.add_argument(
+        "--request-timeout",
+        type=float,
+        default=REQUEST_TIMEOUT_S,
+        help="seconds a caller has to send its whole request once connected "
+        f"(default {REQUEST_TIMEOUT_S:g})",
+    )
+    ap.add_argument("--log-level", default="info")
+    args = ap.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s cmdserver %(levelname)s %(message)s"
+    )
+    if args.max_workers < 1:
+        ap.error(f"--max-workers {args.max_workers}: must be at least 1")
+    if not 0 < args.request_timeout <= 3600:
+        ap.error(f"--request-timeout {args.request_timeout:g}: must be above 0 s, at most 3600 s")
+    path = args.socket or Path(os.environ.get("PHALANX_COMMAND_SOCKET") or DEFAULT_SOCKET)
+    preload()
+    server = CommandServer(
+        path, max_workers=args.max_workers, request_timeout=args.request_timeout
+    )
+    try:
+        server.bind()
+    except OSError as e:
+        print(f"phalanx command-server: cannot serve on {path}: {e}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    signal.signal(signal.SIGINT, lambda *_: server.stop())
+    log.info("serving the Slurm commands on %s", path)
+    server.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
