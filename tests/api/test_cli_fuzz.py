@@ -29,7 +29,10 @@ from phalanx.cli import main as cli
 from phalanx.slurm import main as slurm_main
 
 # not quick argument parsers: daemons, key/token files, waiting, running a step
-SKIP = {"up", "down", "agent", "controller", "authd", "sim", "keys", "wait", "token"}
+SKIP = {
+    *("up", "down", "agent", "controller", "authd", "command-server", "sim", "keys", "wait"),
+    *("token", "slurm-commands"),  # writes files: tokens, the compiled commands' links
+}
 SLURM = ("sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct", "sshare", "sprio")
 
 HOSTILE = st.sampled_from(

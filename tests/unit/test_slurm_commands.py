@@ -399,3 +399,30 @@ def test_scontrol_knows_when_it_requeues_its_own_job() -> None:
     assert requeues_itself(["9"], task) and requeues_itself(["7_2"], task)
     assert requeues_itself(["7"], task)  # its whole array
     assert not requeues_itself(["7_1"], task)
+
+
+@pytest.mark.parametrize(
+    ("option", "env", "refused"),
+    [
+        (None, None, None),
+        ("none", None, None),
+        ("None", "", None),
+        ("pmix", None, "--mpi=pmix"),
+        ("pmi2", None, "--mpi=pmi2"),
+        ("pmix_v4", None, "--mpi=pmix_v4"),
+        (None, "pmix", "SLURM_MPI_TYPE=pmix"),  # srun's input variable counts as the option
+    ],
+)
+def test_srun_refuses_an_mpi_plugin_it_cannot_provide(
+    option: str | None, env: str | None, refused: str | None
+) -> None:
+    from phalanx.slurm.srun.command import check_mpi, prepare
+
+    if refused is None:
+        check_mpi(option, env)
+        return
+    with pytest.raises(SlurmUsageError, match=f"{refused} is not supported.*no PMI server"):
+        check_mpi(option, env)
+    if option is not None:  # and through srun's own parsing, by name
+        with pytest.raises(SlurmUsageError, match=f"--mpi={option} is not supported"):
+            prepare([f"--mpi={option}", "hostname"])

@@ -4,13 +4,13 @@ their events and why they wait or ended."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 from fastapi import APIRouter, Depends, Query
 
 from phalanx.auth.tokens import Identity
 from phalanx.controller import access, explain
-from phalanx.controller.api_context import ApiContext, caller, user_may_release
+from phalanx.controller.api_context import ApiContext, caller, fast_json, user_may_release
 from phalanx.controller.api_models import RefsIn, RequeueIn, SignalIn, UpdateIn
 from phalanx.controller.views import allocation_view, job_view
 from phalanx.domain import efficiency
@@ -68,8 +68,11 @@ def router(api: ApiContext) -> APIRouter:
             submitted_before=submitted_before,
             with_spec=detail,
         )
+        # the annotation is the OpenAPI document's; the reply is made ready (fast_json): a
+        # listing of thousands of jobs (squeue, sacct) spent most of its time in FastAPI's
+        # encoder walking every value
         if not detail:
-            return {"jobs": [job_view(r) for r in rows]}
+            return cast(dict[str, Any], fast_json({"jobs": [job_view(r) for r in rows]}))
         views = []
         steps = ctl.store.steps_of_jobs([int(r["id"]) for r in rows])
         last = ctl.store.attempts_by_id([int(r["attempt_id"]) for r in rows if r["attempt_id"]])
@@ -81,7 +84,7 @@ def router(api: ApiContext) -> APIRouter:
             # sacct's TotalCPU/MaxRSS: what the current or last attempt used
             view["usage"] = efficiency.job_usage([att] if att else [], now)
             views.append(access.redact(view) if api.private(ident, r) else view)
-        return {"jobs": views}
+        return cast(dict[str, Any], fast_json({"jobs": views}))
 
     @r.get("/v1/jobs/{ref}")
     def show_job(ref: str, ident: Identity = Depends(caller)) -> dict[str, Any]:

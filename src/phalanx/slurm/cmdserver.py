@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import gc
 import logging
 import os
 import pwd
@@ -382,6 +383,10 @@ def preload() -> None:
         importlib.import_module(f"phalanx.slurm.{command}")
     for module in PRELOAD:
         importlib.import_module(module)
+    # what is loaded now is never collected: out of the collector's sight, so a worker's
+    # collections do not touch (and copy, page by page) the server's memory
+    gc.collect()
+    gc.freeze()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

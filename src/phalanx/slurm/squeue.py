@@ -296,8 +296,14 @@ def sort_jobs(jobs: list[dict[str, Any]], spec: str | None, now: float) -> list[
         if letter in ("S", "V", "e"):
             field = {"S": "start_time", "V": "submit_time", "e": "end_time"}[letter]
             return j.get(field) or 0.0
-        return job_values(j, now)[letter]
+        if letter == "P":
+            return str(j.get("partition") or j.get("partitions") or "")
+        values = computed.get(id(j))
+        if values is None:  # each record's values once, whatever the number of keys
+            values = computed[id(j)] = job_values(j, now)
+        return values[letter]
 
+    computed: dict[int, dict[str, str]] = {}
     out = sorted(jobs, key=numeric_id)
     keys = [k.strip() for k in (spec or "P,t,-p").split(",") if k.strip()]
     for k in reversed(keys):
@@ -324,8 +330,8 @@ def format_rows(
         lines.append(render_line(prefix, fields, {f.key: headers[f.key] for f in fields}))
     for j in jobs:
         # others' names, comments and reasons: never a control character on the terminal
-        values = {k: escape(v) for k, v in job_values(j, now).items()}
-        lines.append(render_line(prefix, fields, values))
+        values = job_values(j, now)
+        lines.append(render_line(prefix, fields, {f.key: escape(values[f.key]) for f in fields}))
     return lines
 
 

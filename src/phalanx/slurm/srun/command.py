@@ -69,6 +69,7 @@ def parser() -> SlurmParser:
     a("--pty", action="store_true")
     a("--jobid")
     # placement and binding hints: accepted, the allocation's cgroup and CPU set apply
+    # (--mpi is checked in prepare(): only "none" is honoured)
     for name in ("--cpu-bind", "--gpu-bind", "--distribution", "-m", "--mpi", "--hint"):
         a(name, dest=name.lstrip("-").replace("-", "_") + "_hint")
     for flag in ("-u", "--unbuffered", "--exact", "--overlap", "--exclusive", "-Q", "--quiet"):
@@ -136,11 +137,29 @@ def prepare(argv: list[str]) -> Any:
         if not arg.startswith("-"):
             break
     opts = parser().parse_args(argv)
+    check_mpi(opts.mpi_hint, os.environ.get("SLURM_MPI_TYPE"))
     if not opts.command:
         raise SlurmUsageError("no command given: srun [OPTIONS] COMMAND [ARGS...]")
     if opts.exclude:
         raise SlurmUsageError("--exclude is not supported inside an allocation; use --nodelist")
     return opts
+
+
+# what srun --mpi may name: no PMI server is started for the tasks, so only "none"
+MPI_TYPES = ("none",)
+
+
+def check_mpi(option: str | None, env: str | None) -> None:
+    """Refuse an MPI plugin srun would have to provide (pmix, pmi2, ...): an MPI program
+    launched without its PMI server dies in MPI_Init with no word from us."""
+    for given, where in ((option, "--mpi"), (env, "SLURM_MPI_TYPE")):
+        if given is None or given.strip().lower() in ("", *MPI_TYPES):
+            continue
+        raise SlurmUsageError(
+            f"{where}={given} is not supported: Phalanx's srun starts no PMI server "
+            "(pmix, pmi2), so an MPI program it launched would fail in MPI_Init; "
+            f"{where}=none runs programs that do not need one"
+        )
 
 
 def _main(argv: list[str]) -> int:
