@@ -419,9 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--request-timeout {args.request_timeout:g}: must be above 0 s, at most 3600 s")
     path = args.socket or Path(os.environ.get("PHALANX_COMMAND_SOCKET") or DEFAULT_SOCKET)
     preload()
-    server = CommandServer(
-        path, max_workers=args.max_workers, request_timeout=args.request_timeout
-    )
+    server = CommandServer(path, max_workers=args.max_workers, request_timeout=args.request_timeout)
     try:
         server.bind()
     except OSError as e:

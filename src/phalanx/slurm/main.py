@@ -20,6 +20,7 @@ COMMANDS = (
     "sacct",
     "sshare",
     "sprio",
+    "salloc",
 )
 
 
