@@ -59,10 +59,22 @@ def test_empty_arguments_and_environment_are_kept_apart() -> None:
 
 
 @given(
-    args=st.lists(st.text(alphabet=st.characters(blacklist_characters="\0"), max_size=8)),
+    args=st.lists(
+        st.text(
+            alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"),
+            max_size=8,
+        )
+    ),
     env=st.dictionaries(
-        st.text(alphabet=st.characters(blacklist_characters="\0="), min_size=1, max_size=6),
-        st.text(alphabet=st.characters(blacklist_characters="\0"), max_size=6),
+        st.text(
+            alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\0="),
+            min_size=1,
+            max_size=6,
+        ),
+        st.text(
+            alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"),
+            max_size=6,
+        ),
         max_size=5,
     ),
 )
@@ -108,6 +120,7 @@ def test_who_is_served() -> None:
         "sacct",
         "sshare",
         "sprio",
+        "sdiag",
     }
 
 

@@ -92,6 +92,13 @@ def router(api: ApiContext) -> APIRouter:
             ]
         }
 
+    @r.get("/v1/diag")
+    def diag() -> dict[str, Any]:
+        """This controller's scheduler and API statistics since it started (sdiag)."""
+        from phalanx.controller.diag import diag_view
+
+        return diag_view(ctl.store)
+
     @r.get("/v1/cluster")
     def cluster() -> dict[str, Any]:
         # each partition's preemption tier and mode, from the config (docs/preemption.md)

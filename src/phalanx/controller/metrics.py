@@ -68,6 +68,23 @@ METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 MAX_CHECKPOINTING = 10_000  # running jobs whose interval in force one refresh computes
 
 # ---------------------------------------------------------------- process-local instruments
+SINCE = time.time()  # when this process's instruments started counting (sdiag's "Data since")
+
+
+class PassTimes:
+    """The last and the longest scheduling pass of this process (sdiag's "Last cycle" and
+    "Max cycle"; the histogram below keeps their count and sum)."""
+
+    def __init__(self) -> None:
+        self.last_s = 0.0
+        self.max_s = 0.0
+
+    def record(self, seconds: float) -> None:
+        self.last_s = seconds
+        self.max_s = max(self.max_s, seconds)
+
+
+PASS_TIMES = PassTimes()
 SCHED_PASS_SECONDS = Histogram(
     "phalanx_scheduling_pass_seconds",
     "Duration of one scheduling pass of this controller (passes over partitions it schedules)",

@@ -21,6 +21,7 @@ COMMANDS = (
     "sshare",
     "sprio",
     "salloc",
+    "sdiag",
 )
 
 

@@ -251,6 +251,17 @@ class History(MetricsQueries):
             "nodes": {"total": int(n_nodes), "down": int(down), "drain": int(drain)},
         }
 
+    def ended_since(self, since: float) -> dict[str, int]:
+        """Jobs (array tasks one each) that ended at or after `since`, by final state: sdiag's
+        completed, canceled and failed."""
+        with self.db.begin(write=False) as conn:
+            rows = conn.execute(
+                select(s.jobs.c.state, func.count().label("n"))
+                .where(s.jobs.c.end_time >= since)
+                .group_by(s.jobs.c.state)
+            )
+            return {r.state: int(r.n) for r in rows}
+
     def failure_history(
         self, now: float, window_s: float = checkpointing.FAILURE_WINDOW_S
     ) -> tuple[float, int]:

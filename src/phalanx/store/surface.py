@@ -281,6 +281,8 @@ class HistoryStore(Protocol):
 
     def cluster_counts(self) -> dict[str, Any]: ...
 
+    def ended_since(self, since: float) -> dict[str, int]: ...
+
     def metrics_figures(
         self,
         *,
