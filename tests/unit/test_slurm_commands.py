@@ -426,3 +426,24 @@ def test_srun_refuses_an_mpi_plugin_it_cannot_provide(
     if option is not None:  # and through srun's own parsing, by name
         with pytest.raises(SlurmUsageError, match=f"--mpi={option} is not supported"):
             prepare([f"--mpi={option}", "hostname"])
+
+
+@pytest.mark.parametrize("command", ["sbatch", "squeue", "sacct", "scontrol", "sinfo", "sdiag"])
+@pytest.mark.parametrize("flag", ["-V", "--version"])
+def test_version_is_slurms_line(
+    command: str, flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Tools look at `sinfo --version` before they call: Slurm's one line, exit 0, no
+    controller asked (sbatch would otherwise wait for a script on stdin)."""
+    from phalanx.slurm.main import SLURM_RELEASE, run
+
+    assert run(command, [flag]) == 0
+    out = capsys.readouterr()
+    assert out.out == f"slurm {SLURM_RELEASE}\n" and out.err == ""
+
+
+def test_scontrol_version_is_the_same_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from phalanx.slurm.main import SLURM_RELEASE, run
+
+    assert run("scontrol", ["version"]) == 0
+    assert capsys.readouterr().out == f"slurm {SLURM_RELEASE}\n"

@@ -25,6 +25,11 @@ COMMANDS = (
 )
 
 
+# the Slurm release whose commands these follow (their options, output and errors, checked
+# against it): what `CMD --version` prints, as Slurm's do, for tools that look before they call
+SLURM_RELEASE = "22.05.8"
+
+
 def run(command: str, argv: list[str], *, fast: bool = True) -> int:
     """Run one Slurm command with its arguments; returns its exit status.  `fast`: srun tries
     the job's helper first (main() has already when it passes False)."""
@@ -33,6 +38,9 @@ def run(command: str, argv: list[str], *, fast: bool = True) -> int:
             f"phalanx: '{command}' is not a Slurm command known here ({', '.join(COMMANDS)})\n"
         )
         return 1
+    if argv[:1] in (["-V"], ["--version"]):
+        sys.stdout.write(f"slurm {SLURM_RELEASE}\n")
+        return 0
     if command == "srun" and fast:
         # the job's resident helper runs the step when it can: no heavy imports here
         from phalanx.slurm.srun import thin as srun_fast

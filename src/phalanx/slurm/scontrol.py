@@ -502,6 +502,11 @@ def body(argv: list[str]) -> int:
         return show(None, rest, oneliner=opts.oneliner, now=now)
     if cmd == "ping":
         return ping(urls_from(None))
+    if cmd == "version":  # as `scontrol --version`
+        from phalanx.slurm.main import SLURM_RELEASE
+
+        sys.stdout.write(f"slurm {SLURM_RELEASE}\n")
+        return 0
     if cmd in ("suspend", "resume"):
         raise CommandError(
             f"scontrol: error: {cmd} is not supported: Phalanx does not suspend jobs (use "
