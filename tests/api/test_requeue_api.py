@@ -147,7 +147,7 @@ def test_a_running_job_cannot_be_updated(client: TestClient, ctl: Controller) ->
     jid, _ = running(client, ctl, agent)
     r = client.post("/v1/jobs/update", json={"jobs": [str(jid)], "time_limit": "5:00"})
     res = r.json()["results"][str(jid)]
-    assert res.startswith("running: only a pending job can be changed"), res
+    assert res.endswith("only a pending job can be changed here (its allocation is already made)")
     # with a label beside it, the whole change is refused: nothing half done
     r = client.post(
         "/v1/jobs/update", json={"jobs": [str(jid)], "time_limit": "5:00", "comment": "x"}
@@ -201,3 +201,47 @@ def test_history_window_and_detail(client: TestClient, ctl: Controller) -> None:
     assert ids(job=f"{old},{new}") == [old, new]
     (j,) = client.get("/v1/jobs", params={"job": str(old), "detail": "true"}).json()["jobs"]
     assert (j["workdir"], j["account"]) == ("/tmp/w", "physics")
+
+
+def test_excluded_nodes_and_an_arrays_throttle_change_while_pending(
+    client: TestClient, ctl: Controller
+) -> None:
+    """scontrol update JobId=N ExcNodeList=... (pending jobs) and ArrayTaskThrottle=N
+    (an array's pending and running tasks): what the scheduler then does."""
+    agent = Agent(client, "n1")
+    agent.register(cpus=4)
+    (jid,) = submit(client, cpus_per_task=1)
+
+    def update(ref: int | str, **changes: Any) -> Any:
+        return client.post("/v1/jobs/update", json={"jobs": [str(ref)], **changes}, headers=ADMIN)
+
+    assert update(jid, exclude="n[1-2]").json()["results"] == {str(jid): "updated"}
+    assert job(client, jid)["exclude"] == ["n1", "n2"]
+    ctl.leases.tick()
+    assert not ctl.schedule_tick().startswith("started")  # its only node is excluded now
+    assert job(client, jid)["state"] == "PENDING"
+    r = update(jid, exclude="n[1-")
+    assert r.status_code == 422 and "exclude" in r.text, r.text
+    assert update(jid, exclude="").json()["results"] == {str(jid): "updated"}
+    run_to_start(ctl, agent)
+    res = update(jid, exclude="n1").json()["results"][str(jid)]
+    assert res.endswith("only a pending job can be changed here (its allocation is already made)")
+    # a throttle is for arrays only; an array's tasks take it whatever their state
+    assert update(jid, array_throttle=1).json()["results"][str(jid)].startswith("not a job array")
+    ids = submit(client, array="1-4%4", cpus_per_task=1)
+    assert update(ids[0], array_throttle=1).json()["results"] == {
+        f"{ids[0]}_{t}": "updated" for t in range(1, 5)
+    }
+
+    def limits() -> set[int | None]:
+        tasks = client.get("/v1/jobs", params={"job": str(ids[0])}).json()["jobs"]
+        assert len(tasks) == 4, tasks
+        return {t["array_limit"] for t in tasks}
+
+    assert limits() == {1}
+    ctl.leases.tick()
+    assert ctl.schedule_tick().startswith("started 1 jobs")  # the other three wait
+    assert update(ids[0], array_throttle=0).json()["results"] == {
+        f"{ids[0]}_{t}": "updated" for t in range(1, 5)
+    }
+    assert limits() == {None}

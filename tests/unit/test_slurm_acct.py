@@ -160,7 +160,12 @@ def test_update_parsing() -> None:
     assert refs == ["12", "13_2"]
     assert changes == {"time_limit": "2:00:00", "nodes": 2, "partition": "gpu",
                        "dependency": "afterok:5"}  # fmt: skip
+    refs, changes = scontrol.parse_job_update(
+        ["JobId=7", "ExcNodeList=node[01-02]", "ArrayTaskThrottle=3"]
+    )
+    assert (refs, changes) == (["7"], {"exclude": "node[01-02]", "array_throttle": 3})
     for words, msg in (
+        (["JobId=1", "ArrayTaskThrottle=-1"], "give the number of tasks"),
         (["JobId=1", "Shared=1"], "Update of Shared is not supported here"),
         (["JobId=1", "NumNodes=1-4"], "node ranges are not supported"),
         (["TimeLimit=5"], "No job id given"),

@@ -77,6 +77,15 @@ class UpdateIn(BaseModel):
         le=10_000_000,
         description="--nice: below 0 for operators and admins",
     )
+    exclude: PlainText | None = Field(
+        default=None, max_length=65536, description="ExcNodeList: a host list; '' clears it"
+    )
+    array_throttle: int | None = Field(
+        default=None,
+        ge=0,
+        le=1_000_000,
+        description="ArrayTaskThrottle: an array's tasks running at most, 0 for no limit",
+    )
     # labels, which pending and running jobs take alike (scripts tag running jobs)
     name: PlainText | None = Field(default=None, min_length=1, max_length=256)
     comment: PlainText | None = Field(default=None, max_length=specs.MAX_COMMENT)

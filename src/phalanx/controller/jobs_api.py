@@ -14,6 +14,7 @@ from phalanx.controller.api_context import ApiContext, caller, fast_json, user_m
 from phalanx.controller.api_models import RefsIn, RequeueIn, SignalIn, UpdateIn
 from phalanx.controller.views import allocation_view, job_view
 from phalanx.domain import efficiency
+from phalanx.domain.hostlist import expand_hostlist
 from phalanx.domain.states import JobState
 from phalanx.domain.values import parse_dependency, parse_duration
 from phalanx.errors import Forbidden, InvalidSpec
@@ -190,6 +191,13 @@ def router(api: ApiContext) -> APIRouter:
             changes["priority"] = body.priority
         if body.nice is not None:
             changes["nice"] = body.nice
+        if body.exclude is not None:
+            try:
+                changes["exclude"] = expand_hostlist(body.exclude) if body.exclude.strip() else []
+            except ValueError as e:
+                raise InvalidSpec(f"exclude: {e}", field="exclude") from None
+        if body.array_throttle is not None:
+            changes["array_limit"] = body.array_throttle
         if body.name is not None:
             changes["name"] = body.name
         if body.comment is not None:
@@ -197,7 +205,7 @@ def router(api: ApiContext) -> APIRouter:
         if not changes:
             raise InvalidSpec(
                 "nothing to change: give time_limit, nodes, partition, dependency, priority, "
-                "nice, name or comment"
+                "nice, exclude, array_throttle, name or comment"
             )
         return api.bulk(
             body.jobs,

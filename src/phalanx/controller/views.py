@@ -48,6 +48,8 @@ def job_view(row: dict[str, Any], *, detail: bool = False) -> dict[str, Any]:
         "restart_count": row["restart_count"],
         "retries": int(row.get("retries") or 0),  # failure retries used (docs/retries.md)
         "avoid_nodes": row.get("avoid_nodes"),  # nodes it failed on, kept off its next attempt
+        "exclude": row.get("exclude") or [],  # --exclude (scontrol's ExcNodeList)
+        "array_limit": row.get("array_limit"),  # its array's %P (ArrayTaskThrottle)
         # a restart reservation (elastic/spare job after a node failure), while pending
         "reserved_nodes": row.get("reserved_nodes"),
         "reserved_until": row.get("reserved_until"),

@@ -65,6 +65,8 @@ def job_lines(job: dict[str, Any], now: float) -> list[str]:
     first = f"JobId={job['id']}"
     if job.get("array_job_id") is not None:
         first += f" ArrayJobId={job['array_job_id']} ArrayTaskId={job['array_task_id']}"
+        if job.get("array_limit"):
+            first += f" ArrayTaskThrottle={job['array_limit']}"
     first += f" JobName={job.get('name') or ''}"
     deps = job.get("dependency") or []
     dep_text = ",".join(
@@ -93,6 +95,8 @@ def job_lines(job: dict[str, Any], now: float) -> list[str]:
         f"Partition={job.get('partition') or ''}",
         f"NodeList={_null(job.get('nodelist'))}",
     ]
+    if job.get("exclude"):  # Slurm's ExcNodeList= (its ReqNodeList is Phalanx's --nodelist)
+        lines.append(f"ExcNodeList={compress_hostlist(list(job['exclude']))}")
     if host:
         lines.append(f"BatchHost={host}")
     lines += [
@@ -245,19 +249,28 @@ def parse_job_update(words: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
                 changes[k] = int(value)
             except ValueError:
                 raise SlurmUsageError(f"{key}={value}: give a whole number") from None
+        elif k == "arraytaskthrottle":
+            if not value.isdecimal():
+                raise SlurmUsageError(
+                    f"ArrayTaskThrottle={value}: give the number of tasks (0: no limit)"
+                )
+            changes["array_throttle"] = int(value)
+        elif k == "excnodelist":
+            changes["exclude"] = value
         elif k in JOB_KEYS:
             changes[JOB_KEYS[k]] = value
         else:
             raise SlurmUsageError(
                 f"Update of {key} is not supported here (supported: TimeLimit, NumNodes, "
-                "Partition, Dependency, Priority, Nice, JobName, Comment)"
+                "Partition, Dependency, Priority, Nice, ExcNodeList, ArrayTaskThrottle, "
+                "JobName, Comment)"
             )
     if not refs:
         raise SlurmUsageError("No job id given: use JobId=<id>")
     if not changes:
         raise SlurmUsageError(
             "Nothing to update: give TimeLimit=, NumNodes=, Partition=, Dependency=, Priority=, "
-            "Nice=, JobName= or Comment="
+            "Nice=, ExcNodeList=, ArrayTaskThrottle=, JobName= or Comment="
         )
     return refs, changes
 

@@ -33,6 +33,9 @@ from phalanx.store.submission import HOLD_ADMIN, Submission, _hold_columns
 
 # the changes `update_pending` also makes to running jobs: labels, not the allocation
 _LABELS = frozenset({"name", "comment"})
+# what a running job may change besides its labels: its array's throttle (Slurm lets
+# ArrayTaskThrottle change while tasks run; it limits the tasks still to start)
+_RUNNING_OK = _LABELS | {"array_limit"}
 
 
 def _shown_labels(changes: dict[str, Any]) -> dict[str, Any]:
@@ -160,9 +163,11 @@ class JobCommands(Submission):
         self, job_ids: Sequence[int], changes: dict[str, Any], actor: str, *, may_raise: bool
     ) -> dict[int, str]:
         """Change pending jobs (scontrol update JobId=...): `time_limit_s`, `nodes`,
-        `partition`, `dependency` (text as --dependency), `priority`, `nice`; and the labels
-        `name` and `comment` of pending and running jobs alike (scripts tag running jobs, as
-        Slurm lets them). Other changes to a running job are refused (its allocation is made),
+        `partition`, `dependency` (text as --dependency), `priority`, `nice`, `exclude` (node
+        names); the labels `name` and `comment` of pending and running jobs alike (scripts tag
+        running jobs, as Slurm lets them), and `array_limit` of an array's pending and running
+        tasks (ArrayTaskThrottle: 0 or None lifts it; a finished task has nothing to
+        throttle). Other changes to a running job are refused (its allocation is made),
         and every change to a finished one; `may_raise` (operators) may also raise a time
         limit, as in Slurm where users may only lower theirs. Results per job: "updated" or
         why not."""
@@ -176,11 +181,17 @@ class JobCommands(Submission):
                     out[jid] = "not found"
                     continue
                 state = JobState(job["state"])
+                if "array_limit" in changes and job["array_job_id"] is None:
+                    out[jid] = "not a job array: ArrayTaskThrottle applies to arrays"
+                    continue
                 if state.terminal:
+                    if set(changes) == {"array_limit"}:  # a finished task of the array
+                        out[jid] = "updated (finished: nothing to throttle)"
+                        continue
                     out[jid] = f"{state.value.lower()}: a finished job cannot be changed"
                     continue
                 pending = state in (JobState.PENDING, JobState.HELD)
-                if not pending and not set(changes) <= _LABELS:
+                if not pending and not set(changes) <= _RUNNING_OK:
                     out[jid] = (
                         f"{state.value.lower()}: only a pending job can be changed here "
                         "(its allocation is already made)"
@@ -216,6 +227,10 @@ class JobCommands(Submission):
                     values["nodes"] = int(changes["nodes"])
                 if "dependency" in changes:
                     values["dependency"] = self._resolve_dependencies(conn, changes["dependency"])
+                if "exclude" in changes:
+                    values["exclude"] = list(changes["exclude"])
+                if "array_limit" in changes:  # 0 or None: no limit
+                    values["array_limit"] = int(changes["array_limit"] or 0) or None
                 for key in ("priority", "nice"):  # the API checked who may set them
                     if key in changes:
                         values[key] = int(changes[key])
