@@ -203,6 +203,7 @@ BODIES: dict[tuple[str, str], tuple[str, Any]] = {
     ("POST", "/v1/nodes/{name}/drain"): ("/v1/nodes/n1/drain", {"reason": "disk"}),
     ("POST", "/v1/nodes/{name}/resume"): ("/v1/nodes/n1/resume", None),
     ("GET", "/v1/cluster"): ("/v1/cluster", None),
+    ("GET", "/v1/diag"): ("/v1/diag", None),
     ("GET", "/v1/licenses"): ("/v1/licenses", None),
     ("GET", "/v1/events"): ("/v1/events", None),
     ("GET", "/v1/maintenance"): ("/v1/maintenance", None),

@@ -206,7 +206,7 @@ def test_every_call_through_the_server_is_the_python_commands_call(
         ["squeue"],
         ["squeue", "-h", "-o", "%i %j %T %r %u"],
         ["squeue", "-O", "JobID,Name,State,Reason", "--noheader"],
-        ["squeue", "-j", held, "-l"],
+        ["squeue", "-j", held, "--states=all"],
         ["squeue", "--state=nonsense"],
         ["squeue", "--no-such-option"],
         ["sacct", "-j", held, "--parsable2", "-o", "JobID,JobName,State"],
