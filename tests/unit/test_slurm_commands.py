@@ -70,8 +70,8 @@ def test_format_spec_keeps_literals_widths_and_sides() -> None:
 
 
 def test_unknown_format_letter_is_refused_naming_it() -> None:
-    with pytest.raises(SlurmUsageError, match="%Z"):
-        parse_format("%i %Z", squeue.HEADERS)
+    with pytest.raises(SlurmUsageError, match="%!"):
+        parse_format("%i %!", squeue.HEADERS)
     with pytest.raises(SlurmUsageError, match="bare %"):
         parse_format("%i %.1", squeue.HEADERS)
 
@@ -98,13 +98,13 @@ def test_every_documented_letter_prints() -> None:
     letters = "ijuTtMlDRPNAakCbLSVr"
     prefix, fields = parse_format("|".join(f"%{x}" for x in letters), squeue.HEADERS)
     running = job(gpus_per_node=4, gpu_type="h100", comment="note")
-    values = render_line(prefix, fields, squeue.job_values(running, NOW)).split("|")
+    values = render_line(prefix, fields, squeue.field_values(running, NOW, letters)).split("|")
     got = dict(zip(letters, values, strict=True))
     assert got["i"] == "12" and got["j"] == "train.sh" and got["u"] == "alice"
     assert got["T"] == "RUNNING" and got["t"] == "R"
     assert got["M"] == "1:05" and got["l"] == "1:00:00" and got["L"] == "58:55"
     assert got["D"] == "2" and got["R"] == "node[01-02]" and got["N"] == "node[01-02]"
-    assert got["P"] == "gpu" and got["A"] == "12" and got["a"] == "N/A"
+    assert got["P"] == "gpu" and got["A"] == "12" and got["a"] == "(null)"  # %a: the account
     assert got["k"] == "note" and got["C"] == "8" and got["b"] == "gres:gpu:h100:4"
     assert got["r"] == "None"
     assert got["S"] == time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(NOW - 65))
@@ -132,16 +132,16 @@ def test_no_time_limit_is_unlimited() -> None:
 
 def test_long_format_fields_take_widths_and_default_to_20() -> None:
     fields = parse_long_format("JobID:10,name,StateCompact:.3", squeue.LONG_FIELDS)
-    assert fields == [Field("i", 10, False), Field("j", 20, False), Field("t", 3, True)]
-    line = render_line("", fields, squeue.job_values(job(), NOW))
+    assert fields == [Field("jobid", 10, False), Field("j", 20, False), Field("t", 3, True)]
+    keys = [f.key for f in fields]
+    line = render_line("", fields, squeue.field_values(job(), NOW, keys))
     assert line == "12        " + "train.sh".ljust(20) + "  R"
     with pytest.raises(SlurmUsageError, match="Bogus"):
         parse_long_format("JobID,Bogus", squeue.LONG_FIELDS)
     # a suffix after the width: Slurm's "type[:[.][size][suffix]]"
     fields = parse_long_format("JobID:.5|,UserName:|", squeue.LONG_FIELDS)
-    assert (
-        render_line("", fields, squeue.job_values(job(), NOW)) == "   12|" + "alice".ljust(20) + "|"
-    )
+    values = squeue.field_values(job(), NOW, [f.key for f in fields])
+    assert render_line("", fields, values) == "   12|" + "alice".ljust(20) + "|"
 
 
 # ---------------------------------------------------------------- arrays, sorting, states
@@ -163,7 +163,7 @@ def test_pending_array_tasks_fold_and_running_ones_do_not() -> None:
     running = job(id=13, job_id="12_1", array_job_id=12, array_task_id=1)
     folded = squeue.fold_arrays([running, *tasks])
     assert [squeue.job_values(j, NOW)["i"] for j in folded] == ["12_1", "12_[3-5,7-8]"]
-    assert squeue.job_values(folded[1], NOW)["a"] == "[3-5,7-8]"
+    assert squeue.job_values(folded[1], NOW)["K"] == "[3-5,7-8]"  # %K: the array index
     one = squeue.fold_arrays(tasks[:1])
     assert squeue.job_values(one[0], NOW)["i"] == "12_3"
 

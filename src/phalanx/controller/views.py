@@ -49,6 +49,10 @@ def job_view(row: dict[str, Any], *, detail: bool = False) -> dict[str, Any]:
         "retries": int(row.get("retries") or 0),  # failure retries used (docs/retries.md)
         "avoid_nodes": row.get("avoid_nodes"),  # nodes it failed on, kept off its next attempt
         "exclude": row.get("exclude") or [],  # --exclude (scontrol's ExcNodeList)
+        "req_nodes": row.get("nodelist") or [],  # --nodelist (squeue's REQ_NODES)
+        "account": row.get("account"),
+        "qos": row.get("qos"),
+        "constraint": row.get("constraint_expr"),
         "array_limit": row.get("array_limit"),  # its array's %P (ArrayTaskThrottle)
         # a restart reservation (elastic/spare job after a node failure), while pending
         "reserved_nodes": row.get("reserved_nodes"),
@@ -86,6 +90,9 @@ def job_view(row: dict[str, Any], *, detail: bool = False) -> dict[str, Any]:
                 "qos": row.get("qos") or spec.get("qos"),
                 "comment": spec.get("comment"),
                 "nodes_max": spec.get("nodes_max"),
+                "ntasks": spec.get("ntasks"),
+                "ntasks_per_node": spec.get("ntasks_per_node"),
+                "cpus_per_task": spec.get("cpus_per_task"),
                 "spares": int(spec.get("spares") or 0),
                 "licenses": spec.get("licenses"),
                 "checkpoint_spec": spec.get("checkpoint_parsed"),

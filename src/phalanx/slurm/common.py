@@ -331,10 +331,7 @@ def parse_long_format(
         name, _, size = item.partition(":")
         key = known.get(name.strip().lower())
         if key is None:
-            raise SlurmUsageError(
-                f"Invalid job format specification: {name.strip()} (known here: "
-                f"{', '.join(sorted(known))})"
-            )
+            raise SlurmUsageError(f"Invalid job format specification: {name.strip()}")
         right = size.startswith(".")
         size = size[1:] if right else size
         digits = size[: len(size) - len(size.lstrip("0123456789"))]

@@ -14,12 +14,13 @@ import functools
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from phalanx.domain.hostlist import expand_hostlist
 from phalanx.domain.text import escape
 from phalanx.errors import NotFound
+from phalanx.slurm import squeue_fields
 from phalanx.slurm.common import (
     Field,
     SlurmParser,
@@ -61,8 +62,7 @@ HEADERS = {
     "R": "NODELIST(REASON)",
     "P": "PARTITION",
     "N": "NODELIST",
-    "A": "ARRAY_JOB_ID",
-    "a": "ARRAY_TASK_ID",
+    "A": "JOBID",  # Slurm 22.05: an array's tasks show the array's id
     "k": "COMMENT",
     "C": "CPUS",
     "b": "TRES_PER_NODE",
@@ -77,58 +77,10 @@ HEADERS = {
     "e": "END_TIME",
     "E": "DEPENDENCY",
 }
-# -O field names (lower case) -> the same letters; their headers are Slurm's -O headers.
-LONG_FIELDS = {
-    "jobid": "i",
-    "name": "j",
-    "username": "u",
-    "state": "T",
-    "statecompact": "t",
-    "timeused": "M",
-    "timelimit": "l",
-    "numnodes": "D",
-    "nodelist": "N",
-    "reason": "r",
-    "reasonlist": "R",
-    "partition": "P",
-    "arrayjobid": "A",
-    "arraytaskid": "a",
-    "numcpus": "C",
-    "timeleft": "L",
-    "starttime": "S",
-    "submittime": "V",
-    "endtime": "e",
-    "comment": "k",
-    "tres-per-node": "b",
-    "priority": "Q",
-    "dependency": "E",
-}
-LONG_HEADERS = {
-    "i": "JOBID",
-    "j": "NAME",
-    "u": "USER",
-    "T": "STATE",
-    "t": "ST",
-    "M": "TIME",
-    "l": "TIME_LIMIT",
-    "D": "NODES",
-    "N": "NODELIST",
-    "r": "REASON",
-    "R": "NODELIST(REASON)",
-    "P": "PARTITION",
-    "A": "ARRAY_JOB_ID",
-    "a": "ARRAY_TASK_ID",
-    "C": "CPUS",
-    "L": "TIME_LEFT",
-    "S": "START_TIME",
-    "V": "SUBMIT_TIME",
-    "e": "END_TIME",
-    "k": "COMMENT",
-    "b": "TRES_PER_NODE",
-    "Q": "PRIORITY",
-    "E": "DEPENDENCY",
-}
-# --sort keys (Slurm's letters) -> a sort key over a job record.
+HEADERS = {**squeue_fields.LETTER_HEADERS, **HEADERS}  # every letter Slurm documents
+# -O field names (lower case) -> the key their value is printed from, and Slurm's -O headers
+LONG_FIELDS = {name: key for name, (key, _) in squeue_fields.NAMES.items()}
+LONG_HEADERS = {key: header for key, header in squeue_fields.NAMES.values()}
 SORT_KEYS = "iAaCDjlLMNPpQrSTtuVe"
 
 
@@ -190,9 +142,6 @@ def job_values(job: dict[str, Any], now: float) -> dict[str, str]:
         "P": str(job.get("partition") or job.get("partitions") or ""),
         "N": nodelist,
         "A": str(arr if arr is not None else job.get("id", job["job_id"])),
-        "a": f"[{folded}]"
-        if folded
-        else str(job.get("array_task_id") if arr is not None else "N/A"),
         "F": str(arr if arr is not None else job.get("id", job["job_id"])),
         "K": f"[{folded}]"
         if folded
@@ -301,7 +250,7 @@ def sort_jobs(jobs: list[dict[str, Any]], spec: str | None, now: float) -> list[
         values = computed.get(id(j))
         if values is None:  # each record's values once, whatever the number of keys
             values = computed[id(j)] = job_values(j, now)
-        return values[letter]
+        return values[letter] if letter in values else squeue_fields.EXTRA[letter](j, now)
 
     computed: dict[int, dict[str, str]] = {}
     out = sorted(jobs, key=numeric_id)
@@ -313,6 +262,13 @@ def sort_jobs(jobs: list[dict[str, Any]], spec: str | None, now: float) -> list[
             raise SlurmUsageError(f"Invalid sort specification: {k} (use letters such as i,P,t,-p)")
         out.sort(key=functools.partial(key_of, letter), reverse=desc)
     return out
+
+
+def field_values(job: dict[str, Any], now: float, keys: Iterable[str]) -> dict[str, str]:
+    """The printed values of `keys` for one job record: the common letters (``job_values``)
+    and any other field of squeue_fields.py, computed only when asked for."""
+    base = job_values(job, now)
+    return {k: base[k] if k in base else squeue_fields.EXTRA[k](job, now) for k in keys}
 
 
 def format_rows(
@@ -330,7 +286,7 @@ def format_rows(
         lines.append(render_line(prefix, fields, {f.key: headers[f.key] for f in fields}))
     for j in jobs:
         # others' names, comments and reasons: never a control character on the terminal
-        values = job_values(j, now)
+        values = field_values(j, now, (f.key for f in fields))
         lines.append(render_line(prefix, fields, {f.key: escape(values[f.key]) for f in fields}))
     return lines
 
@@ -428,9 +384,14 @@ def _main(argv: list[str]) -> int:
         if args.me:
             users.append(str(c.get("/v1/whoami")["user"]))
         want = phalanx_states(states) if states is not None else phalanx_states(ACTIVE)
-        jobs = _load(c, refs, want if not refs else None)
-        if any(f.key == "k" for f in fields) and not args.json:
-            jobs = _with_details(c, jobs)
+        keys = {f.key for f in fields}
+        # the command, directory, output files and comment are in the jobs' detail: the same
+        # one call asks for it when a field needs it
+        detail = bool(keys & squeue_fields.DETAIL) and not args.json
+        jobs = _load(c, refs, want if not refs else None, detail=detail)
+        if "cluster" in keys:
+            name = str(c.get("/v1/whoami")["cluster"])
+            jobs = [{**j, "_cluster": name} for j in jobs]
     # -j: Slurm shows the listed jobs in their active states only (a finished one: no line)
     jobs = [j for j in jobs if j["state"] in want]
     jobs = _filter(jobs, users, split_list(args.partition), split_list(args.name), args.nodelist)
@@ -449,12 +410,15 @@ def _main(argv: list[str]) -> int:
     return 0
 
 
-def _load(c: Any, refs: list[str], states: list[str] | None) -> list[dict[str, Any]]:
-    """Jobs from the API; with ``-j``, every state (finished ones are then left out), and an
-    unknown single id fails as Slurm's does."""
+def _load(
+    c: Any, refs: list[str], states: list[str] | None, *, detail: bool = False
+) -> list[dict[str, Any]]:
+    """Jobs from the API (with their detail when asked); with ``-j``, every state (finished
+    ones are then left out), and an unknown single id fails as Slurm's does."""
+    more = {"detail": "true"} if detail else {}
     if not refs:
-        return list(c.jobs(state=states, limit=100_000))
-    jobs = list(c.jobs(job=refs, limit=100_000))
+        return list(c.jobs(state=states, limit=100_000, **more))
+    jobs = list(c.jobs(job=refs, limit=100_000, **more))
     if not jobs and len(refs) == 1:
         try:
             c.job(refs[0])
@@ -462,18 +426,6 @@ def _load(c: Any, refs: list[str], states: list[str] | None) -> list[dict[str, A
             sys.stderr.write("slurm_load_jobs error: Invalid job id specified\n")
             raise SystemExit(1) from None
     return jobs
-
-
-def _with_details(c: Any, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The comment lives in the job's detail; fetched only when %k/Comment is asked for."""
-    out = []
-    for j in jobs:
-        try:
-            detail = c.job(j["job_id"])[0]
-        except NotFound:  # gone in between
-            continue
-        out.append({**j, "comment": detail.get("comment")})
-    return out
 
 
 def _filter(
