@@ -384,3 +384,46 @@ def test_a_users_requeue_is_planned_and_requeuehold_holds() -> None:
         )  # fmt: skip
         assert (v.action, v.state, v.retry) == (Action.REQUEUE, want, False)
     assert not is_user_requeue("requeue: node n1 drained by ops: disk")
+
+
+def test_every_sacct_field_slurm_documents_prints() -> None:
+    """sacct(1)'s "Job Accounting Fields" of Slurm 22.05 (tests/data/slurm-22.05/): each is a
+    field here, headed by its name; those Phalanx keeps no figure for print blank, as sacct
+    prints a field it has no data for."""
+    from pathlib import Path
+
+    listed = [
+        x
+        for x in (Path(__file__).parents[1] / "data/slurm-22.05/sacct-format.txt")
+        .read_text()
+        .splitlines()
+        if x and not x.startswith("#")
+    ]
+    assert len(listed) == 109
+    fields = sacct.parse_format(",".join(listed))
+    assert [f.name.lower() for f, _ in fields] == [n.lower() for n in listed]
+    job = {
+        "id": 7,
+        "job_id": "7",
+        "name": "train",
+        "user": "root",
+        "state": "COMPLETED",
+        "partition": "batch",
+        "nodes": 1,
+        "cpus_per_node": 4,
+        "submit_time": 1000.0,
+        "eligible_time": 1000.0,
+        "start_time": 1010.0,
+        "end_time": 1070.0,
+        "time_limit_s": 3600,
+        "nodelist": "node01",
+        "qos": "normal",
+    }
+    text = sacct.render(sacct.job_rows(job, 2000.0), fields, parsable="2")
+    header, first, *_ = text.splitlines()
+    assert header.split("|") == [f.name for f, _ in fields]
+    got = dict(zip(header.split("|"), first.split("|"), strict=True))
+    # a minute on 4 CPUs; its 10 s of waiting; its limit in minutes
+    assert got["CPUTime"] == "00:04:00" and got["CPUTimeRAW"] == "240"
+    assert got["Reserved"] == "00:00:10" and got["TimelimitRaw"] == "60"
+    assert got["Suspended"] == "00:00:00" and got["AveRSS"] == "" and got["WCKey"] == ""

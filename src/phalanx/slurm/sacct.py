@@ -65,6 +65,82 @@ def _elapsed(r: dict[str, Any]) -> float:
     return max(0.0, (r.get("end_time") or r["_now"]) - start)
 
 
+def _cpu_seconds(r: dict[str, Any]) -> float:
+    """sacct's CPUTime: elapsed time times the CPUs allocated."""
+    return _elapsed(r) * int(r.get("_ncpus") or 0)
+
+
+def _blank(r: dict[str, Any]) -> str:
+    return ""
+
+
+# sacct(1) fields Phalanx keeps no figure for: printed blank, as sacct prints a field it has
+# no data for (per-task I/O, page and VM figures, energy, CPU frequencies, minima, the split
+# of CPU time into user and system, reservations, wckeys, containers, admin texts). Widths
+# are sacct's.
+_NOT_MEASURED = (
+    ("AdminComment", 15),
+    ("AveCPU", 10),
+    ("AveCPUFreq", 10),
+    ("AveDiskRead", 14),
+    ("AveDiskWrite", 14),
+    ("AvePages", 10),
+    ("AveRSS", 10),
+    ("AveVMSize", 10),
+    ("BlockID", 16),
+    ("ConsumedEnergy", 14),
+    ("ConsumedEnergyRaw", 17),
+    ("Container", 19),
+    ("Flags", 19),
+    ("Layout", 9),
+    ("MCSLabel", 12),
+    ("MaxDiskRead", 12),
+    ("MaxDiskReadNode", 15),
+    ("MaxDiskReadTask", 15),
+    ("MaxDiskWrite", 12),
+    ("MaxDiskWriteNode", 16),
+    ("MaxDiskWriteTask", 16),
+    ("MaxPages", 8),
+    ("MaxPagesNode", 12),
+    ("MaxPagesTask", 14),
+    ("MaxRSSNode", 10),
+    ("MaxRSSTask", 10),
+    ("MaxVMSize", 10),
+    ("MaxVMSizeNode", 14),
+    ("MaxVMSizeTask", 14),
+    ("MinCPU", 10),
+    ("MinCPUNode", 10),
+    ("MinCPUTask", 10),
+    ("ReqCPUFreq", 10),
+    ("ReqCPUFreqGov", 13),
+    ("ReqCPUFreqMax", 13),
+    ("ReqCPUFreqMin", 13),
+    ("Reservation", 20),
+    ("ReservationId", 8),
+    ("ResvCPU", 10),
+    ("ResvCPURAW", 10),
+    ("SystemCPU", 10),
+    ("SystemComment", 15),
+    ("TRESUsageInAve", 14),
+    ("TRESUsageInMax", 14),
+    ("TRESUsageInMaxNode", 18),
+    ("TRESUsageInMaxTask", 18),
+    ("TRESUsageInMin", 14),
+    ("TRESUsageInMinNode", 18),
+    ("TRESUsageInMinTask", 18),
+    ("TRESUsageInTot", 14),
+    ("TRESUsageOutAve", 15),
+    ("TRESUsageOutMax", 15),
+    ("TRESUsageOutMaxNode", 19),
+    ("TRESUsageOutMaxTask", 19),
+    ("TRESUsageOutMin", 15),
+    ("TRESUsageOutMinNode", 19),
+    ("TRESUsageOutMinTask", 19),
+    ("TRESUsageOutTot", 15),
+    ("UserCPU", 10),
+    ("WCKey", 10),
+)
+
 FIELDS: dict[str, Field] = {
     f.name.lower(): f
     for f in (
@@ -109,6 +185,21 @@ FIELDS: dict[str, Field] = {
         Field("UID", 6, lambda r: r.get("_uid", "")),
         Field("ArrayJobID", 15, lambda r: r.get("_arrayjob", "")),
         Field("ArrayTaskID", 15, lambda r: r.get("_arraytask", "")),
+        # the rest of sacct(1)'s fields (Slurm 22.05), with sacct's widths
+        Field("CPUTime", 10, lambda r: duration_full(_cpu_seconds(r))),
+        Field("CPUTimeRAW", 10, lambda r: int(_cpu_seconds(r))),
+        Field("Cluster", 10, lambda r: r.get("_cluster", "")),
+        Field("GID", 6, lambda r: r.get("_gid", "")),
+        Field("QOSRAW", 6, lambda r: 1 if r.get("_qos") else ""),  # one QOS: normal, id 1
+        Field("TimelimitRaw", 10, lambda r: r.get("_timelimitraw", "")),
+        Field("Planned", 10, lambda r: r.get("_planned", "")),
+        Field("Reserved", 10, lambda r: r.get("_planned", "")),  # Planned's older name
+        Field("Suspended", 10, lambda r: "00:00:00"),  # Phalanx never suspends a job
+        Field("SubmitLine", 20, lambda r: r.get("_submitline", "")),
+        Field("AssocID", 7, lambda r: 0 if r.get("_qos") else ""),
+        Field("DBIndex", -21, lambda r: r.get("id", "") if r.get("_qos") else ""),
+        Field("WCKeyID", 10, lambda r: 0 if r.get("_qos") else ""),
+        *(Field(name, width, _blank) for name, width in _NOT_MEASURED),
     )
 }
 
@@ -198,6 +289,15 @@ def last_run_steps(job: dict[str, Any]) -> list[dict[str, Any]]:
     return [s for s in steps if s.get("attempt_seq") is None or int(s["attempt_seq"]) == last]
 
 
+def _planned(job: dict[str, Any], now: float) -> float:
+    """Time eligible but waiting (sacct's Planned, Reserved before 23.02)."""
+    eligible = job.get("eligible_time") or job.get("submit_time")
+    if eligible is None:
+        return 0.0
+    started = job.get("start_time") if job.get("state") not in ("PENDING", "HELD") else None
+    return max(0.0, (started or now) - float(eligible))
+
+
 def job_rows(job: dict[str, Any], now: float, *, steps: bool = True) -> list[dict[str, Any]]:
     """The rows of one job: the allocation, then (unless `steps` is off: -X) its batch step
     and job steps."""
@@ -243,6 +343,12 @@ def job_rows(job: dict[str, Any], now: float, *, steps: bool = True) -> list[dic
         "_arraytask": job.get("array_task_id") if job.get("array_task_id") is not None else "",
         "_maxrss": efficiency.max_rss(usage.get("max_rss_bytes")),
         "_totalcpu": efficiency.total_cpu(usage.get("cpu_time_s")),
+        "_gid": records.user_ids(str(job.get("user") or "?"))[1].split("(")[1].rstrip(")"),
+        "_timelimitraw": (
+            int(job["time_limit_s"]) // 60 if job.get("time_limit_s") else "UNLIMITED"
+        ),
+        "_planned": duration_full(_planned(job, now)),
+        "_submitline": job.get("command") or "",
     }
     if not ran and job.get("state") in ("PENDING", "HELD"):
         base["start_time"] = None
@@ -281,6 +387,10 @@ def job_rows(job: dict[str, Any], now: float, *, steps: bool = True) -> list[dic
         "_constraints": "",
         "_arrayjob": "",
         "_arraytask": "",
+        "_gid": "",
+        "_timelimitraw": "",
+        "_planned": "",
+        "_submitline": "",
     }
     rows.append(batch)
     for s in sorted(step_list, key=lambda s: int(s.get("step_id") or 0)):
@@ -467,6 +577,9 @@ def body(argv: list[str]) -> int:
     users = [u for x in opts.user or [] for u in x.split(",") if u]
     with client() as cli:
         check_clusters(cli, opts.clusters)
+        cluster = ""
+        if any(f.name == "Cluster" for f, _ in fields):  # the one call more it needs
+            cluster = str(cli.get("/v1/whoami")["cluster"])
         if not users and not refs and not opts.allusers:
             users = [str(cli.get("/v1/whoami")["user"])]
         params: dict[str, Any] = {"detail": "true"}
@@ -499,7 +612,11 @@ def body(argv: list[str]) -> int:
         out["jobs"] = [json_job(j, now) for j in jobs]
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
         return 0
-    rows = [r for j in jobs for r in job_rows(j, now, steps=not opts.allocations)]
+    rows = [
+        {**r, "_cluster": cluster}
+        for j in jobs
+        for r in job_rows(j, now, steps=not opts.allocations)
+    ]
     parsable = "2" if opts.parsable2 else ("1" if opts.parsable else None)
     delimiter = opts.delimiter if opts.delimiter is not None else "|"
     sys.stdout.write(
