@@ -208,7 +208,7 @@ def test_squeue_scancel_sinfo(cluster: Cluster, tmp_path: Path) -> None:
         "P": running["partition"],
         "N": running["nodelist"],
         "A": str(trapper),
-        "a": "N/A",
+        "a": "default",  # %a: the account (the default one here)
         "C": str(running["cpus_per_node"]),
         "b": "N/A",
         "r": "None",

@@ -28,12 +28,14 @@ from phalanx.slurm.common import (
     client,
     duration,
     parse_format,
+    parse_long_format,
     refuse,
     render_line,
     run_command,
     split_list,
     timestamp,
 )
+from phalanx.slurm.main import SLURM_RELEASE
 
 PROG = "sinfo"
 DEFAULT_FORMAT = "%9P %.5a %.10l %.6D %.6t %N"
@@ -73,7 +75,72 @@ HEADERS = {
     "r": "ROOT",
     "h": "OVERSUBSCRIBE",
     "g": "GROUPS",
+    # the rest of sinfo(1)'s letters (Slurm 22.05), with its headers
+    "B": "MAX_CPUS_PER_NODE",
+    "I": "PRIO_JOB_FACTOR",
+    "M": "PREEMPT_MODE",
+    "O": "CPU_LOAD",
+    "S": "ALLOCNODES",
+    "U": "USER",
+    "V": "CLUSTER",
+    "X": "SOCKETS",
+    "Y": "CORES",
+    "Z": "THREADS",
+    "o": "NODE_ADDR",
+    "p": "PRIO_TIER",
+    "v": "VERSION",
 }
+# -O/--Format names (lower case) -> (the key printed, Slurm 22.05's header)
+FORMAT_NAMES: dict[str, tuple[str, str]] = {
+    "allocmem": ("allocmem", "ALLOCMEM"),
+    "allocnodes": ("S", "ALLOCNODES"),
+    "available": ("a", "AVAIL"),
+    "cluster": ("V", "CLUSTER"),
+    "comment": ("comment", "COMMENT"),
+    "cores": ("Y", "CORES"),
+    "cpus": ("c", "CPUS"),
+    "cpusload": ("O", "CPU_LOAD"),
+    "cpusstate": ("C", "CPUS(A/I/O/T)"),
+    "defaulttime": ("L", "DEFAULTTIME"),
+    "disk": ("d", "TMP_DISK"),
+    "extra": ("extra", "EXTRA"),
+    "features": ("f", "AVAIL_FEATURES"),
+    "features_act": ("b", "ACTIVE_FEATURES"),
+    "freemem": ("e", "FREE_MEM"),
+    "gres": ("G", "GRES"),
+    "gresused": ("gresused", "GRES_USED"),
+    "groups": ("g", "GROUPS"),
+    "maxcpuspernode": ("B", "MAX_CPUS_PER_NODE"),
+    "memory": ("m", "MEMORY"),
+    "nodeaddr": ("o", "NODE_ADDR"),
+    "nodeai": ("A", "NODES(A/I)"),
+    "nodeaiot": ("F", "NODES(A/I/O/T)"),
+    "nodehost": ("n", "HOSTNAMES"),
+    "nodelist": ("N", "NODELIST"),
+    "nodes": ("D", "NODES"),
+    "oversubscribe": ("h", "OVERSUBSCRIBE"),
+    "partition": ("P", "PARTITION"),
+    "partitionname": ("R", "PARTITION"),
+    "port": ("port", "PORT"),
+    "preemptmode": ("M", "PREEMPT_MODE"),
+    "priorityjobfactor": ("I", "PRIO_JOB_FACTOR"),
+    "reason": ("E", "REASON"),
+    "root": ("r", "ROOT"),
+    "size": ("s", "JOB_SIZE"),
+    "socketcorethread": ("z", "S:C:T"),
+    "sockets": ("X", "SOCKETS"),
+    "statecompact": ("t", "STATE"),
+    "statelong": ("T", "STATE"),
+    "statecomplete": ("statecomplete", "STATECOMPLETE"),
+    "threads": ("Z", "THREADS"),
+    "time": ("l", "TIMELIMIT"),
+    "timestamp": ("H", "TIMESTAMP"),
+    "user": ("u", "USER"),
+    "userlong": ("U", "USER"),
+    "version": ("v", "VERSION"),
+    "weight": ("w", "WEIGHT"),
+}
+FORMAT_HEADERS = {key: header for key, header in FORMAT_NAMES.values()}
 # What each node's state is called: (compact %t, long %T).
 STATE_WORDS = {
     "IDLE": ("idle", "idle"),
@@ -177,6 +244,25 @@ def node_values(
         "r": "no",
         "h": "NO",
         "g": "all",
+        "B": "UNLIMITED",
+        "I": "1",
+        "M": str((partition or {}).get("preempt_mode") or "off").upper(),
+        "O": "N/A",  # not measured here
+        "S": "all",
+        "U": str(node.get("drain_by") or ("slurm" if node.get("down") else "Unknown")),
+        "V": "N/A",  # Slurm's unless federated
+        "X": str(cpus),  # each CPU a socket of one core, as %z's S:C:T
+        "Y": "1",
+        "Z": "1",
+        "o": str(node.get("address") or node["name"]),
+        "p": str(int((partition or {}).get("priority_tier") or 1)),
+        "v": SLURM_RELEASE,
+        "allocmem": str(int(node.get("mem_alloc_mb") or 0)),
+        "comment": "(null)",
+        "extra": "(null)",
+        "gresused": "(null)",
+        "port": "0",
+        "statecomplete": long + star,
     }
     # drain reasons, features: never a control character on the terminal (domain/text.py)
     return {k: escape(v) for k, v in values.items()}
@@ -299,7 +385,7 @@ def parser() -> SlurmParser:
     p.add_argument("--local", action="store_true")
     p.add_argument("--federation", action="store_true")
     refuse(p, "-i", "--iterate", why="run sinfo in a loop (e.g. watch sinfo)")
-    refuse(p, "-O", "--Format", why="use -o with % fields")
+    p.add_argument("-O", "--Format", dest="long_format")
     refuse(p, "-S", "--sort", why="sinfo prints partitions and nodes in their natural order")
     refuse(p, "-T", "--reservation", why="reservations do not exist here", nargs=0)
     add_clusters(p)
@@ -333,7 +419,19 @@ def _main(argv: list[str]) -> int:
         cluster = check_clusters(c, args.clusters)
         nodes = c.nodes()
         partitions = list(c.cluster().get("partitions") or [])
-    _, probe = parse_format(fmt.replace("%#N", "%N"), HEADERS, PROG)
+    if args.long_format and args.format:
+        raise SlurmUsageError("-o/--format and -O/--Format cannot be used together")
+    if args.long_format and "all" in (
+        x.split(":")[0].strip().lower() for x in args.long_format.split(",")
+    ):
+        raise SlurmUsageError("-O All is not supported here: name the fields you want")
+    if args.long_format:
+        long_fields = parse_long_format(
+            args.long_format, {n: k for n, (k, _) in FORMAT_NAMES.items()}, prog=PROG
+        )
+        probe = long_fields
+    else:
+        _, probe = parse_format(fmt.replace("%#N", "%N"), HEADERS, PROG)
     rows = rows_for(
         nodes,
         partitions,
@@ -346,12 +444,16 @@ def _main(argv: list[str]) -> int:
     )
     if args.list_reasons and not args.format:
         rows = _by_reason(rows)
-    prefix, fields = parse_format(expand_widths(fmt, rows), HEADERS, PROG)
+    if args.long_format:
+        prefix, fields, headers = "", long_fields, FORMAT_HEADERS
+    else:
+        prefix, fields = parse_format(expand_widths(fmt, rows), HEADERS, PROG)
+        headers = HEADERS
     out = [] if cluster is None else [f"CLUSTER: {cluster}"]  # as Slurm heads it with -M
     if args.long and not args.noheader:  # the date line, as Slurm's long form starts
         out.append(time.strftime("%a %b %d %H:%M:%S %Y"))
     if not args.noheader:
-        out.append(render_line(prefix, fields, {f.key: HEADERS[f.key] for f in fields}))
+        out.append(render_line(prefix, fields, {f.key: headers[f.key] for f in fields}))
     out.extend(render_line(prefix, fields, r) for r in rows)
     sys.stdout.write("".join(line + "\n" for line in out))
     return 0
