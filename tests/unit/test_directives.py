@@ -506,3 +506,22 @@ def test_phalanx_submit_names_the_unknown_option_before_reading_the_script(
     with pytest.raises(InvalidSpec) as info:
         build_spec(argv, cwd=str(tmp_path), environ={})
     assert message in info.value.message
+
+
+def test_every_sbatch_option_slurm_documents_is_handled_or_refused_by_name() -> None:
+    """sbatch(1) of Slurm 22.05 (tests/data/slurm-22.05/sbatch-options.txt): each long option
+    is in the one table (domain/sbatch_options.py) or is one of sbatch's own flags; a refused
+    one names itself and why, in one line."""
+    from pathlib import Path
+
+    from phalanx.domain.sbatch_options import Effect, find_option
+
+    data = Path(__file__).parents[1] / "data" / "slurm-22.05" / "sbatch-options.txt"
+    listed = [x for x in data.read_text().splitlines() if x and not x.startswith("#")]
+    assert len(listed) == 101
+    own = {"parsable", "wait", "test-only", "wrap", "help", "usage", "version", "clusters"}
+    for name in listed:
+        option = find_option(name)
+        assert option is not None or name in own, name
+        if option is not None and option.effect is Effect.REFUSED:
+            assert option.long == name and len(option.help) > 10, name

@@ -525,6 +525,10 @@ OPTIONS: tuple[Option, ...] = (
     _refused("container", "OCI containers are not supported; run the container in the script"),
     _refused("uid", "submitting as another user is not supported"),
     _refused("gid", "submitting as another group is not supported"),
+    _refused("batch", "features for the batch host alone are not supported; use --constraint"),
+    _refused("bb", "burst buffers are not supported"),
+    _refused("bbf", "burst buffers are not supported"),
+    _refused("cluster-constraint", "Phalanx schedules a single cluster, not a federation"),
 )
 # fmt: on
 
