@@ -14,7 +14,7 @@ import functools
 import json
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from phalanx.domain.hostlist import expand_hostlist
@@ -116,48 +116,80 @@ def _cpus(job: dict[str, Any]) -> int:
     return int(nodes) * int(job.get("cpus_per_node") or 1)
 
 
-def job_values(job: dict[str, Any], now: float) -> dict[str, str]:
-    """Every printable field of one job record, by format letter, as Slurm prints it."""
-    pending = job["state"] in ("PENDING", "HELD")
-    used = _elapsed(job, now)
+def _limit(job: dict[str, Any]) -> float | None:
     limit = job.get("time_limit_s")
-    limit = limit if limit else None  # 0 and None: no limit
-    folded = job.get("fold")
+    return limit if limit else None  # 0 and None: no limit
+
+
+def _nodelist(job: dict[str, Any]) -> str:
+    return "" if job["state"] in ("PENDING", "HELD") else (job.get("nodelist") or "")
+
+
+def _own_id(job: dict[str, Any]) -> str:
     arr = job.get("array_job_id")
-    nodelist = "" if pending else (job.get("nodelist") or "")
-    reason = slurm_reason(job)
-    left: float | None = None
-    if limit is not None:
-        left = limit - (used or 0)
-    return {
-        "i": f"{arr}_[{folded}]" if folded else job_id_text(job),
-        "j": str(job.get("name") or ""),
-        "u": str(job.get("user") or ""),
-        "T": slurm_state(job["state"]),
-        "t": state_code(job["state"]),
-        "M": duration(used),
-        "l": duration(limit, unlimited=True),
-        "D": str(job.get("nodes_alloc") or job.get("nodes") or 1),
-        "R": f"({reason})" if pending else (nodelist or f"({reason})"),
-        "P": str(job.get("partition") or job.get("partitions") or ""),
-        "N": nodelist,
-        "A": str(arr if arr is not None else job.get("id", job["job_id"])),
-        "F": str(arr if arr is not None else job.get("id", job["job_id"])),
-        "K": f"[{folded}]"
-        if folded
-        else str(job.get("array_task_id") if arr is not None else "N/A"),
-        "k": str(job.get("comment") or "(null)"),
-        "C": str(_cpus(job)),
-        "b": _tres(job),
-        "L": duration(left, unlimited=True) if left is None or left >= 0 else "0:00",
-        "S": timestamp(job.get("start_time")),
-        "V": timestamp(job.get("submit_time")),
-        "e": timestamp(job.get("end_time")),
-        "r": reason,
-        "Q": str(job.get("priority") or 0),
-        "p": str(job.get("priority") or 0),
-        "E": str(_dependency(job)),
-    }
+    return str(arr if arr is not None else job.get("id", job["job_id"]))
+
+
+def _index(job: dict[str, Any]) -> str:
+    folded, arr = job.get("fold"), job.get("array_job_id")
+    if folded:
+        return f"[{folded}]"
+    return str(job.get("array_task_id") if arr is not None else "N/A")
+
+
+def _reason_list(job: dict[str, Any]) -> str:
+    if job["state"] in ("PENDING", "HELD"):
+        return f"({slurm_reason(job)})"
+    return _nodelist(job) or f"({slurm_reason(job)})"
+
+
+def _left(job: dict[str, Any], now: float) -> str:
+    limit = _limit(job)
+    if limit is None:
+        return duration(None, unlimited=True)
+    left = limit - (_elapsed(job, now) or 0)
+    return duration(left, unlimited=True) if left >= 0 else "0:00"
+
+
+def _job_id(job: dict[str, Any]) -> str:
+    folded = job.get("fold")
+    return f"{job.get('array_job_id')}_[{folded}]" if folded else job_id_text(job)
+
+
+# the common letters' values, each computed only when a format asks for it (a listing of
+# thousands of jobs pays for its eight default columns, not for all of them)
+VALUES: dict[str, Callable[[dict[str, Any], float], str]] = {
+    "i": lambda j, now: _job_id(j),
+    "j": lambda j, now: str(j.get("name") or ""),
+    "u": lambda j, now: str(j.get("user") or ""),
+    "T": lambda j, now: slurm_state(j["state"]),
+    "t": lambda j, now: state_code(j["state"]),
+    "M": lambda j, now: duration(_elapsed(j, now)),
+    "l": lambda j, now: duration(_limit(j), unlimited=True),
+    "D": lambda j, now: str(j.get("nodes_alloc") or j.get("nodes") or 1),
+    "R": lambda j, now: _reason_list(j),
+    "P": lambda j, now: str(j.get("partition") or j.get("partitions") or ""),
+    "N": lambda j, now: _nodelist(j),
+    "A": lambda j, now: _own_id(j),
+    "F": lambda j, now: _own_id(j),
+    "K": lambda j, now: _index(j),
+    "k": lambda j, now: str(j.get("comment") or "(null)"),
+    "C": lambda j, now: str(_cpus(j)),
+    "b": lambda j, now: _tres(j),
+    "L": _left,
+    "S": lambda j, now: timestamp(j.get("start_time")),
+    "V": lambda j, now: timestamp(j.get("submit_time")),
+    "e": lambda j, now: timestamp(j.get("end_time")),
+    "r": lambda j, now: slurm_reason(j),
+    "Q": lambda j, now: str(j.get("priority") or 0),
+    "p": lambda j, now: str(j.get("priority") or 0),
+    "E": lambda j, now: str(_dependency(j)),
+}
+
+
+def job_values(job: dict[str, Any], now: float) -> dict[str, str]:
+    """Every common field of one job record, by format letter, as Slurm prints it."""
+    return {k: f(job, now) for k, f in VALUES.items()}
 
 
 def _dependency(job: dict[str, Any]) -> str:
@@ -247,12 +279,8 @@ def sort_jobs(jobs: list[dict[str, Any]], spec: str | None, now: float) -> list[
             return j.get(field) or 0.0
         if letter == "P":
             return str(j.get("partition") or j.get("partitions") or "")
-        values = computed.get(id(j))
-        if values is None:  # each record's values once, whatever the number of keys
-            values = computed[id(j)] = job_values(j, now)
-        return values[letter] if letter in values else squeue_fields.EXTRA[letter](j, now)
+        return field_values(j, now, [letter])[letter]
 
-    computed: dict[int, dict[str, str]] = {}
     out = sorted(jobs, key=numeric_id)
     keys = [k.strip() for k in (spec or "P,t,-p").split(",") if k.strip()]
     for k in reversed(keys):
@@ -264,11 +292,14 @@ def sort_jobs(jobs: list[dict[str, Any]], spec: str | None, now: float) -> list[
     return out
 
 
+def _unknown(job: dict[str, Any], now: float) -> str:
+    raise KeyError("a field no table has")  # parse_format/parse_long_format refuse them first
+
+
 def field_values(job: dict[str, Any], now: float, keys: Iterable[str]) -> dict[str, str]:
     """The printed values of `keys` for one job record: the common letters (``job_values``)
     and any other field of squeue_fields.py, computed only when asked for."""
-    base = job_values(job, now)
-    return {k: base[k] if k in base else squeue_fields.EXTRA[k](job, now) for k in keys}
+    return {k: VALUES.get(k, squeue_fields.EXTRA.get(k, _unknown))(job, now) for k in keys}
 
 
 def format_rows(
