@@ -56,17 +56,27 @@ def bindir(public: Path) -> Path:
 class Server:
     """A command server process on `sock`, logging each call it ran."""
 
-    def __init__(self, sock: Path, log: Path) -> None:
+    def __init__(self, sock: Path, log: Path, *, no_pidfd: bool = False) -> None:
         self.sock, self.log = sock, log
+        self.no_pidfd = no_pidfd  # as on a kernel before 5.3: workers watched by polling
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Server:
+        args = ["--socket", str(self.sock), "--log-level", "debug"]
+        if self.no_pidfd:
+            code = (
+                "import os, sys\n"
+                "def no_pidfd(pid, flags=0): raise OSError(38, 'Function not implemented')\n"
+                "os.pidfd_open = no_pidfd\n"
+                "from phalanx.slurm.cmdserver import main\n"
+                "sys.exit(main(sys.argv[1:]))\n"
+            )
+            argv = [sys.executable, "-c", code, *args]
+        else:
+            argv = [sys.executable, "-m", "phalanx.slurm.cmdserver", *args]
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "phalanx.slurm.cmdserver"),
-                    *("--socket", str(self.sock), "--log-level", "debug"),
-                ],
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -373,3 +383,20 @@ def test_a_hostile_caller_gets_nothing_and_the_server_goes_on(
     env = env_for(cluster)
     a = fast(bindir, server, env, tmp_path, "sinfo", "-h", "-o", "%T")
     assert a == python(env, tmp_path, "sinfo", "-h", "-o", "%T") and a[0] == 0, a
+
+
+@pytest.mark.timeout(120)
+def test_without_pidfd_the_server_watches_its_workers_by_polling(
+    cluster: Cluster, bindir: Path, public: Path, tmp_path: Path
+) -> None:
+    """A kernel before Linux 5.3 (RHEL 8) has no pidfd_open: calls are served all the same."""
+    cluster.start(nodes=1, cpus=2)
+    server = Server(public / "nopidfd.sock", public / "nopidfd.log", no_pidfd=True).start()
+    try:
+        env = env_for(cluster)
+        for argv in (["sinfo", "-h", "-o", "%D %T"], ["squeue", "--no-such-option"]):
+            a = fast(bindir, server, env, tmp_path, *argv)
+            assert a == python(env, tmp_path, *argv), (argv, a)
+        wait_for(lambda: server.calls() >= 2, what="both calls in the server's log")
+    finally:
+        server.stop()

@@ -68,6 +68,7 @@ PRELOAD = (
     "traceback",
 )
 MAX_WORKERS = 64  # calls running at once; beyond, a caller runs the Python command itself
+POLL_S = 0.02  # how often workers are checked where the kernel has no pidfd_open
 REQUEST_TIMEOUT_S = 10.0  # a caller that connected but sends no whole request by then: dropped
 MAX_REQUEST = 4 << 20  # bytes: arguments and environment (Linux's ARG_MAX is 2 MiB)
 PROTOCOL = "cmd1"
@@ -149,6 +150,8 @@ class CommandServer:
         self.request_timeout = request_timeout
         self._listener: socket.socket | None = None
         self._workers: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, conn)
+        # workers watched by polling where the kernel has no pidfd_open (before Linux 5.3)
+        self._polled: dict[int, socket.socket] = {}  # pid -> conn
         self._stop = False
 
     def bind(self) -> None:
@@ -177,11 +180,15 @@ class CommandServer:
         sel.register(self._listener, selectors.EVENT_READ, None)
         try:
             while not self._stop:
-                for key, _ in sel.select(timeout=0.5):
+                for key, _ in sel.select(timeout=POLL_S if self._polled else 0.5):
                     if key.data is None:
                         self._accept(sel)
                     else:
                         self._reap(sel, key.fd)
+                for pid in list(self._polled):
+                    done, status = os.waitpid(pid, os.WNOHANG)
+                    if done:
+                        self._report(pid, status, self._polled.pop(pid))
         finally:
             sel.close()
             self._listener.close()
@@ -194,7 +201,7 @@ class CommandServer:
             conn, _ = self._listener.accept()
         except OSError:
             return
-        if len(self._workers) >= self.max_workers:
+        if len(self._workers) + len(self._polled) >= self.max_workers:
             with contextlib.suppress(OSError):
                 conn.sendall(b"fallback\n")
             conn.close()
@@ -202,7 +209,11 @@ class CommandServer:
         pid = os.fork()
         if pid == 0:  # the worker: never returns
             _worker(conn, self.request_timeout)
-        pidfd = os.pidfd_open(pid)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:  # an older kernel: watched by polling
+            self._polled[pid] = conn
+            return
         self._workers[pidfd] = (pid, conn)
         sel.register(pidfd, selectors.EVENT_READ, pid)
 
@@ -211,6 +222,9 @@ class CommandServer:
         sel.unregister(pidfd)
         os.close(pidfd)
         _, status = os.waitpid(pid, 0)
+        self._report(pid, status, conn)
+
+    def _report(self, pid: int, status: int, conn: socket.socket) -> None:
         line = exit_line(status)
         log.debug("call in worker %d ended: %s", pid, line.decode().strip())
         # the worker said "exit N" itself unless it was killed; a second line is ignored
