@@ -129,3 +129,17 @@ def test_how_a_worker_ended() -> None:
     assert exit_line(3 << 8) == b"exit 3\n"
     assert exit_line(signal.SIGINT) == b"signal 2\n"  # killed: the status's low bits
     assert exit_line(signal.SIGKILL) == b"signal 9\n"
+
+
+def test_the_compiled_command_serves_the_same_names_as_the_server() -> None:
+    """commands.c's list and SERVED are the same list (a name only one knows would be linked
+    but never served, or served but never linked)."""
+    import re
+    from pathlib import Path
+
+    import phalanx.slurm
+
+    source = (Path(phalanx.slurm.__file__).parent / "commands.c").read_text()
+    block = re.search(r"SERVED\[\] = \{(.*?)\};", source, re.S)
+    assert block is not None
+    assert re.findall(r'"([a-z]+)"', block.group(1)) == list(SERVED)

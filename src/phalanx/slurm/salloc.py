@@ -218,7 +218,6 @@ def _run_with_allocation(
         proc = subprocess.Popen(command, env=env, preexec_fn=own_group)
     except OSError as e:
         raise SlurmUsageError(f"cannot run {command[0]}: {e.strerror or e}") from None
-    revoked = threading.Event()
     done = threading.Event()
 
     def watch() -> None:
@@ -228,7 +227,6 @@ def _run_with_allocation(
             except Exception:  # the controllers are unreachable for now: the next check
                 continue
             if state != "RUNNING" and not done.is_set():
-                revoked.set()
                 sys.stderr.write(f"{PROG}: Job allocation {jid} has been revoked.\n")
                 _signal_group(proc.pid, flags.kill_signal)
                 if not done.wait(KILL_GRACE_S):
@@ -246,6 +244,7 @@ def _run_with_allocation(
         status = proc.wait()
     finally:
         done.set()
+        watcher.join()  # its client is the one the release uses next: one thread at a time
         for s, h in previous.items():
             signal.signal(s, h)
         if tty is not None:
