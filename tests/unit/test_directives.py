@@ -525,3 +525,21 @@ def test_every_sbatch_option_slurm_documents_is_handled_or_refused_by_name() -> 
         assert option is not None or name in own, name
         if option is not None and option.effect is Effect.REFUSED:
             assert option.long == name and len(option.help) > 10, name
+
+
+def test_every_salloc_option_slurm_documents_is_handled_or_refused_by_name() -> None:
+    """salloc(1) of Slurm 22.05: salloc's own flags (slurm/salloc.py), or the one option
+    table its allocation's spec is built with."""
+    from phalanx.slurm.salloc import split_salloc_flags
+
+    data = Path(__file__).parents[1] / "data" / "slurm-22.05" / "salloc-options.txt"
+    listed = [x for x in data.read_text().splitlines() if x and not x.startswith("#")]
+    assert len(listed) == 90
+    own = {"no-shell", "quiet", "bell", "no-bell", "kill-command", "help", "usage", "version"}
+    for name in listed:
+        assert name in own or find_option(name) is not None, name
+    flags, kept, command = split_salloc_flags(["--no-shell", "-Q", "--kill-command=TERM", "-N2"])
+    assert (flags.no_shell, flags.quiet, int(flags.kill_signal)) == (True, True, 15)
+    assert (kept, command) == (["-N2"], [])
+    with pytest.raises(InvalidSpec, match="--x11: X11 forwarding is not supported"):
+        build_spec(["--x11", "--wrap=true"])

@@ -529,6 +529,9 @@ OPTIONS: tuple[Option, ...] = (
     _refused("bb", "burst buffers are not supported"),
     _refused("bbf", "burst buffers are not supported"),
     _refused("cluster-constraint", "Phalanx schedules a single cluster, not a federation"),
+    # salloc's and srun's: refused there by name through this table (salloc builds its
+    # allocation's spec here)
+    _refused("x11", "X11 forwarding is not supported; use ssh -X to the node", arg=Arg.OPTIONAL),
 )
 # fmt: on
 
