@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_slurm_commands import NOW
+from test_slurm_commands import job as listing_job
 
 from phalanx.slurm import squeue, squeue_fields
 from phalanx.slurm.common import SlurmUsageError, parse_format, parse_long_format
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm-22.05"
-NOW = 1_800_000_000.0
 
 
 def _lines(name: str) -> list[str]:
@@ -27,28 +28,11 @@ LETTERS = _lines("squeue-format.txt")
 
 
 def job(**kw: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "id": 12,
-        "job_id": "12",
-        "array_job_id": None,
-        "array_task_id": None,
-        "name": "train.sh",
-        "user": "root",
-        "partition": "gpu",
-        "state": "RUNNING",
-        "reason": None,
+    """squeue's test record (test_slurm_commands.py) with what these fields read besides."""
+    more: dict[str, Any] = {
+        "user": "root",  # a user this host knows: uid and group come from it
         "priority": 10,
-        "nice": 0,
-        "submit_time": NOW - 100,
-        "start_time": NOW - 65,
-        "end_time": None,
-        "time_limit_s": 3600,
-        "nodes": 2,
-        "nodes_alloc": 2,
-        "cpus_per_node": 4,
         "mem_per_node_mb": 1000,
-        "gpus_per_node": 0,
-        "nodelist": "node[01-02]",
         "exclude": ["node09"],
         "req_nodes": [],
         "batch_host": "node01",
@@ -57,7 +41,7 @@ def job(**kw: Any) -> dict[str, Any]:
         "exit_code": None,
         "restart_count": 0,
     }
-    return {**base, **kw}
+    return listing_job(**{**more, **kw})
 
 
 def test_the_lists_are_slurms_whole() -> None:

@@ -68,17 +68,8 @@ class CredentialServer:
         self._stop = threading.Event()
 
     def start(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.is_socket() or self.path.exists():
-            if in_use(self.path):
-                raise OSError(f"{self.path} is already served by another process")
-            self.path.unlink()
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        with reachable(self.path) as name:
-            sock.bind(name)
         # anyone may ask: the answer is only ever a credential for the asker's own uid
-        os.chmod(self.path, 0o666)
-        sock.listen(512)
+        sock = listen_at(self.path, 0o666)
         sock.settimeout(0.5)
         self._sock = sock
         self._thread = threading.Thread(target=self._serve, name="phx-authd", daemon=True)
@@ -126,6 +117,27 @@ class CredentialServer:
             log.error("cannot mint a credential for %s: %s", user, e)
             return json.dumps({"error": f"this host cannot mint credentials: {e}"})
         return json.dumps({"token": token, "expires_at": expires, "user": user})
+
+
+def listen_at(path: Path, mode: int, backlog: int = 512) -> socket.socket:
+    """A Unix socket listening at `path` with permissions `mode`, its directory made. A socket
+    file left by a process that is gone is replaced; one a live process serves is not
+    (OSError): two services on one path would each get half the callers."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_socket() or path.exists():
+        if in_use(path):
+            raise OSError(f"{path} is already served by another process")
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with reachable(path) as name:
+            sock.bind(name)
+        os.chmod(path, mode)
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def in_use(path: Path) -> bool:

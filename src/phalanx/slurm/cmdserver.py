@@ -155,20 +155,10 @@ class CommandServer:
         self._stop = False
 
     def bind(self) -> None:
-        from phalanx.auth.localsock import in_use, reachable
+        from phalanx.auth.localsock import listen_at
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.is_socket() or self.path.exists():
-            if in_use(self.path):
-                raise OSError(f"{self.path} is already served by another process")
-            self.path.unlink()
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        with reachable(self.path) as name:
-            sock.bind(name)
         # anyone may call: a worker only ever acts as the caller's own uid
-        os.chmod(self.path, 0o666 if os.geteuid() == 0 else 0o600)
-        sock.listen(512)
-        self._listener = sock
+        self._listener = listen_at(self.path, 0o666 if os.geteuid() == 0 else 0o600)
 
     def stop(self) -> None:
         self._stop = True

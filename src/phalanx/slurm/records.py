@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import grp
 import pwd
+from dataclasses import dataclass
 from typing import Any
 
 from phalanx.slurm.common import acct_state
@@ -43,18 +44,41 @@ def exit_code_text(job: dict[str, Any]) -> str:
     return f"{int(job.get('exit_code') or 0)}:{int(job.get('exit_signal') or 0)}"
 
 
-def user_ids(user: str) -> tuple[str, str]:
-    """`alice(1000)` and `alice(1000)` (the user's primary group) as show job prints them; a
-    user unknown on this host shows its name with `(?)`."""
+def null_text(value: Any) -> str:
+    """A value as Slurm prints one that is unset: ``(null)``."""
+    return "(null)" if value in (None, "", [], ()) else str(value)
+
+
+@dataclass(frozen=True)
+class Account:
+    """A job user's ids on this host (a cluster's hosts share one user database)."""
+
+    uid: int
+    gid: int
+    group: str  # the primary group's name, or its gid where it has none
+
+
+def user_account(user: str) -> Account | None:
+    """`user`'s uid, primary gid and group name from this host's user database; None for a
+    user unknown here."""
     try:
         pw = pwd.getpwnam(user)
     except KeyError:
-        return f"{user}(?)", f"{user}(?)"
+        return None
     try:
         group = grp.getgrgid(pw.pw_gid).gr_name
     except KeyError:
         group = str(pw.pw_gid)
-    return f"{user}({pw.pw_uid})", f"{group}({pw.pw_gid})"
+    return Account(pw.pw_uid, pw.pw_gid, group)
+
+
+def user_ids(user: str) -> tuple[str, str]:
+    """`alice(1000)` and `alice(1000)` (the user's primary group) as show job prints them; a
+    user unknown on this host shows its name with `(?)`."""
+    acct = user_account(user)
+    if acct is None:
+        return f"{user}(?)", f"{user}(?)"
+    return f"{user}({acct.uid})", f"{acct.group}({acct.gid})"
 
 
 def mem_text(mb: int | float | None) -> str:

@@ -312,6 +312,7 @@ def job_rows(job: dict[str, Any], now: float, *, steps: bool = True) -> list[dic
     ]
     derived = max(codes)
     usage = job.get("usage") or {}
+    acct = records.user_account(str(job.get("user") or "?"))
     base = {
         **job,
         "_now": now,
@@ -337,13 +338,13 @@ def job_rows(job: dict[str, Any], now: float, *, steps: bool = True) -> list[dic
         "_qos": job.get("qos") or "normal",
         "_comment": job.get("comment") or "",
         "_constraints": job.get("constraint") or "",
-        "_group": records.user_ids(str(job.get("user") or "?"))[1].split("(")[0],
-        "_uid": records.user_ids(str(job.get("user") or "?"))[0].split("(")[1].rstrip(")"),
+        "_group": acct.group if acct else str(job.get("user") or "?"),
+        "_uid": str(acct.uid) if acct else "?",
         "_arrayjob": job.get("array_job_id") if job.get("array_job_id") is not None else "",
         "_arraytask": job.get("array_task_id") if job.get("array_task_id") is not None else "",
         "_maxrss": efficiency.max_rss(usage.get("max_rss_bytes")),
         "_totalcpu": efficiency.total_cpu(usage.get("cpu_time_s")),
-        "_gid": records.user_ids(str(job.get("user") or "?"))[1].split("(")[1].rstrip(")"),
+        "_gid": str(acct.gid) if acct else "?",
         "_timelimitraw": (
             int(job["time_limit_s"]) // 60 if job.get("time_limit_s") else "UNLIMITED"
         ),

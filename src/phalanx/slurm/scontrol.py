@@ -43,10 +43,6 @@ class CommandError(Exception):
 
 
 # ---------------------------------------------------------------------------- show job
-def _null(value: Any) -> str:
-    return "(null)" if value in (None, "", []) else str(value)
-
-
 def job_lines(job: dict[str, Any], now: float) -> list[str]:
     """One job as `scontrol show job` prints it: the first line, then lines indented by 3."""
     state = job.get("state") or "PENDING"
@@ -80,10 +76,10 @@ def job_lines(job: dict[str, Any], now: float) -> list[str]:
     lines = [
         first,
         f"UserId={user} GroupId={group} MCS_label=N/A",
-        f"Priority={job.get('priority') or 0} Nice={job.get('nice') or 0} Account={_null(job.get('account'))} "
+        f"Priority={job.get('priority') or 0} Nice={job.get('nice') or 0} Account={records.null_text(job.get('account'))} "
         f"QOS={job.get('qos') or 'normal'}",
         f"JobState={slurm_state(state)} Reason={records.reason_word(job)} "
-        f"Dependency={_null(dep_text)}",
+        f"Dependency={records.null_text(dep_text)}",
         f"Requeue={int(bool(job.get('requeue', True)))} Restarts={job.get('restart_count') or 0} "
         f"BatchFlag=1 Reboot=0 ExitCode={records.exit_code_text(job)}",
         f"RunTime={duration_full(run)} TimeLimit={duration_full(limit, unlimited=True)} "
@@ -93,7 +89,7 @@ def job_lines(job: dict[str, Any], now: float) -> list[str]:
         f"StartTime={start_text} EndTime={end_text} Deadline=N/A",
         f"PreemptTime={_preempt_time(job)} SuspendTime=None SecsPreSuspend=0",
         f"Partition={job.get('partition') or ''}",
-        f"NodeList={_null(job.get('nodelist'))}",
+        f"NodeList={records.null_text(job.get('nodelist'))}",
     ]
     if job.get("exclude"):  # Slurm's ExcNodeList= (its ReqNodeList is Phalanx's --nodelist)
         lines.append(f"ExcNodeList={compress_hostlist(list(job['exclude']))}")
@@ -103,18 +99,18 @@ def job_lines(job: dict[str, Any], now: float) -> list[str]:
         f"NumNodes={nodes} NumCPUs={cpus} NumTasks={job.get('ntasks') or nodes} "
         f"CPUs/Task={job.get('cpus_per_task') or 1}",
         f"TRES={records.tres_text(job)}",
-        f"Features={_null(job.get('constraint'))}",
+        f"Features={records.null_text(job.get('constraint'))}",
         # Slurm prints Licenses= on every job; here only on jobs that asked for some
         *([f"Licenses={job['licenses']}"] if job.get("licenses") else []),
-        f"Command={_null(job.get('command'))}",
-        f"WorkDir={_null(job.get('workdir'))}",
+        f"Command={records.null_text(job.get('command'))}",
+        f"WorkDir={records.null_text(job.get('workdir'))}",
     ]
     if job.get("comment"):
         lines.append(f"Comment={job['comment']}")
     lines += [
-        f"StdErr={_null(job.get('stderr'))}",
+        f"StdErr={records.null_text(job.get('stderr'))}",
         "StdIn=/dev/null",
-        f"StdOut={_null(job.get('stdout'))}",
+        f"StdOut={records.null_text(job.get('stdout'))}",
     ]
     return lines
 

@@ -249,7 +249,6 @@ def node_values(
         "M": str((partition or {}).get("preempt_mode") or "off").upper(),
         "O": "N/A",  # not measured here
         "S": "all",
-        "U": str(node.get("drain_by") or ("slurm" if node.get("down") else "Unknown")),
         "V": "N/A",  # Slurm's unless federated
         "X": str(cpus),  # each CPU a socket of one core, as %z's S:C:T
         "Y": "1",
@@ -264,6 +263,7 @@ def node_values(
         "port": "0",
         "statecomplete": long + star,
     }
+    values["U"] = values["u"]  # -O UserLong: the same user here
     # drain reasons, features: never a control character on the terminal (domain/text.py)
     return {k: escape(v) for k, v in values.items()}
 

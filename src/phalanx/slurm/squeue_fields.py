@@ -15,10 +15,11 @@ for in the same call.
 
 from __future__ import annotations
 
-import grp
-import pwd
 from collections.abc import Callable
 from typing import Any
+
+from phalanx.slurm.common import timestamp
+from phalanx.slurm.records import null_text, user_account
 
 # key -> (header); a key is the -o letter where there is one, else the -O name (lower case)
 LETTERS: dict[str, str] = {
@@ -241,36 +242,21 @@ DETAIL = frozenset(
 Value = Callable[[dict[str, Any], float], str]
 
 
-def _null(v: Any) -> str:
-    return "(null)" if v in (None, "", [], ()) else str(v)
-
-
 def _iso(t: float | None) -> str:
-    import time
-
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t)) if t else "N/A"
+    return timestamp(t or None)  # Slurm's ISO form, N/A when unset
 
 
 def _uid(job: dict[str, Any]) -> str:
-    try:
-        return str(pwd.getpwnam(str(job.get("user"))).pw_uid)
-    except KeyError:
-        return "(null)"
+    acct = user_account(str(job.get("user")))
+    return str(acct.uid) if acct else "(null)"
 
 
 def _group(job: dict[str, Any], numeric: bool) -> str:
-    """The job user's primary group, from this host's user database (a cluster's hosts
-    share it)."""
-    try:
-        gid = pwd.getpwnam(str(job.get("user"))).pw_gid
-    except KeyError:
+    """The job user's primary group (records.user_account)."""
+    acct = user_account(str(job.get("user")))
+    if acct is None:
         return "(null)"
-    if numeric:
-        return str(gid)
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return str(gid)
+    return str(acct.gid) if numeric else acct.group
 
 
 def _hosts(names: Any) -> str:
@@ -315,11 +301,11 @@ def _constant(text: str) -> Value:
 # values of the keys the squeue module does not compute itself (its own: i j u T t M l D R
 # P N A a F K k C b L S V e r Q p E)
 EXTRA: dict[str, Value] = {
-    "a": lambda j, now: _null(j.get("account")),
-    "B": lambda j, now: "n/a" if _pending(j) else _null(j.get("batch_host")),
+    "a": lambda j, now: null_text(j.get("account")),
+    "B": lambda j, now: "n/a" if _pending(j) else null_text(j.get("batch_host")),
     "c": lambda j, now: str(int(j.get("cpus_per_node") or 1)),
     "d": lambda j, now: "0",
-    "f": lambda j, now: _null(j.get("constraint")),
+    "f": lambda j, now: null_text(j.get("constraint")),
     "g": lambda j, now: _group(j, numeric=False),
     "G": lambda j, now: _group(j, numeric=True),
     "h": lambda j, now: "NO" if j.get("exclusive") else "OK",
@@ -328,20 +314,20 @@ EXTRA: dict[str, Value] = {
     "J": lambda j, now: "*",
     "m": lambda j, now: _memory(j),
     "n": lambda j, now: _hosts(j.get("req_nodes")),
-    "o": lambda j, now: _null(j.get("command")),
+    "o": lambda j, now: null_text(j.get("command")),
     "O": lambda j, now: "0",
-    "q": lambda j, now: _null(j.get("qos")),
+    "q": lambda j, now: null_text(j.get("qos")),
     "s": lambda j, now: "",
     "U": lambda j, now: _uid(j),
     "v": lambda j, now: "(null)",
     "w": lambda j, now: "(null)",
-    "W": lambda j, now: _null(j.get("licenses")),
+    "W": lambda j, now: null_text(j.get("licenses")),
     "x": lambda j, now: _hosts(j.get("exclude")),
     "X": lambda j, now: "N/A",
     "y": lambda j, now: str(int(j.get("nice") or 0)),
     "Y": lambda j, now: "(null)",
     "z": lambda j, now: "*:*:*",
-    "Z": lambda j, now: _null(j.get("workdir")),
+    "Z": lambda j, now: null_text(j.get("workdir")),
     # -O only
     **{name: _constant(v) for name, v in CONSTANT.items()},
     "maxcpus": lambda j, now: str(
@@ -370,8 +356,8 @@ EXTRA: dict[str, Value] = {
     "profile": lambda j, now: "NotSet",
     "requeue": lambda j, now: str(int(bool(j.get("requeue", True)))),
     "restartcnt": lambda j, now: str(int(j.get("restart_count") or 0)),
-    "stderr": lambda j, now: _null(j.get("stderr")),
+    "stderr": lambda j, now: null_text(j.get("stderr")),
     "stdin": lambda j, now: "/dev/null",
-    "stdout": lambda j, now: _null(j.get("stdout")),
+    "stdout": lambda j, now: null_text(j.get("stdout")),
     "tres-alloc": lambda j, now: _tres_alloc(j),
 }
