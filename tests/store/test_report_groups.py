@@ -30,16 +30,21 @@ DEADLINE = 60.0
 
 
 def report_together(
-    store: Store, exchanges: list[tuple[str, list[TaskReport]]]
+    store: Store,
+    exchanges: list[tuple[str, list[TaskReport]]],
+    work: dict[str, list[dict[str, Any]]] | None = None,
 ) -> GroupCommit[Any, Any]:
     """Apply the exchanges from one thread each while this thread holds the store's write
     turn, so that all but the first (which leads, and waits for the turn) queue up and run as
-    one group. Returns the group commit, for its counts."""
+    one group. Returns the group commit, for its counts; each call's answer (the node's
+    work) goes into `work`."""
     errors: list[BaseException] = []
 
     def call(node: str, reports: list[TaskReport]) -> None:
         try:
-            store.apply_reports(node, reports, time.time())
+            got = store.apply_reports(node, reports, time.time())
+            if work is not None:
+                work[node] = got
         except BaseException as e:
             errors.append(e)
 
@@ -76,13 +81,22 @@ def test_exchanges_from_many_nodes_are_written_together(store: Store) -> None:
     for n in nodes:
         add_node(store, n)
         atts[n] = start(store, submit1(store), [n])
-    group = report_together(store, [(n, [running(atts[n])]) for n in nodes])
+    work: dict[str, list[dict[str, Any]]] = {}
+    group = report_together(store, [(n, [running(atts[n])]) for n in nodes], work)
     assert group.largest == len(nodes) - 1
     assert {state(store, a["job_id"]) for a in atts.values()} == {"RUNNING"}
+    # each exchange answers with its own node's work as the group's transaction left it
+    # (read for the whole group in one statement), the same rows a read of its own gives
+    for n in nodes:
+        assert [(w["attempt_id"], w["task_state"]) for w in work[n]] == [(atts[n]["id"], "RUNNING")]
+        assert work[n] == store.node_work(n)
     assert events_of(store, "job.running") == len(nodes)  # one each, none lost or doubled
     group = report_together(
-        store, [(n, [exited(atts[n], code=0 if i % 2 else 3)]) for i, n in enumerate(nodes)]
+        store,
+        [(n, [exited(atts[n], code=0 if i % 2 else 3)]) for i, n in enumerate(nodes)],
+        work,
     )
+    assert all(work[n] == [] for n in nodes)  # ended: the agents may forget them
     assert [state(store, atts[n]["job_id"]) for n in nodes] == ["FAILED", "COMPLETED"] * 3
     with store.db.begin(write=False) as conn:
         held = conn.execute(

@@ -75,34 +75,34 @@ def test_needs_write_for_silence_only_with_taken_at() -> None:
 
 def test_decide_starts_unreported_starting_tasks() -> None:
     w = [work(1), work(2, "RUNNING", "RUNNING"), work(3)]
-    reply = decide(w, [rep(3, "starting")], set())
+    reply = decide(w, [rep(3, "starting")])
     assert [x["attempt_id"] for x in reply.start] == [1]
     assert reply.stop == [] and reply.forget == [] and not reply.empty
 
 
 def test_decide_does_not_restart_a_running_task_it_no_longer_hears_of() -> None:
     # task already RUNNING in the store: only the lost-task rule (store side) handles it
-    reply = decide([work(2, "RUNNING", "RUNNING")], [], set())
+    reply = decide([work(2, "RUNNING", "RUNNING")], [])
     assert reply.empty
 
 
 def test_decide_stops_alive_tasks_of_stopping_attempts() -> None:
     w = [work(1, "RUNNING", "STOPPING", stop_reason="cancel: cancelled by ops")]
-    reply = decide(w, [rep(1, "running")], set())
+    reply = decide(w, [rep(1, "running")])
     assert reply.stop == [{"attempt_id": 1, "token": "tok1", "reason": "cancel: cancelled by ops"}]
     assert reply.start == []
     # not yet launched: never start it, nothing to stop either
-    assert decide([work(1, "STARTING", "STOPPING")], [], set()).empty
+    assert decide([work(1, "STARTING", "STOPPING")], []).empty
     # already exited: nothing to stop
-    assert decide(w, [rep(1, "exited")], set()).stop == []
+    assert decide(w, [rep(1, "exited")]).stop == []
     # a stop without a recorded reason still says something
-    reply = decide([work(1, "RUNNING", "STOPPING")], [rep(1, "starting")], set())
+    reply = decide([work(1, "RUNNING", "STOPPING")], [rep(1, "starting")])
     assert reply.stop[0]["reason"] == "stop"
 
 
 def test_decide_stops_stale_attempts() -> None:
     reply = decide(
-        [work(1, "RUNNING", "RUNNING")], [rep(1, "running", token="old"), rep(9, "starting")], set()
+        [work(1, "RUNNING", "RUNNING")], [rep(1, "running", token="old"), rep(9, "starting")]
     )
     assert reply.stop == [
         {"attempt_id": 1, "token": "old", "reason": "attempt is no longer current"},
@@ -114,11 +114,10 @@ def test_decide_stops_stale_attempts() -> None:
 def test_decide_forgets_only_recorded_exits() -> None:
     w = [work(1, "EXITED", "RUNNING")]
     # the store has not finished the attempt yet (another node still runs): keep reporting
-    assert decide(w, [rep(1, "exited")], set()).forget == []
-    assert decide(w, [rep(1, "exited")], {1}).forget == [1]
+    assert decide(w, [rep(1, "exited")]).forget == []
     # an exit about an attempt the store no longer lists (ENDED), or a stale token
-    assert decide([], [rep(5, "exited"), rep(6, "lost")], set()).forget == [5, 6]
-    assert decide(w, [rep(1, "exited", token="old")], set()).forget == [1]
+    assert decide([], [rep(5, "exited"), rep(6, "lost")]).forget == [5, 6]
+    assert decide(w, [rep(1, "exited", token="old")]).forget == [1]
 
 
 def test_reply_empty() -> None:

@@ -160,15 +160,13 @@ class AgentDuty:
         work, step_work = self.store.node_all_work(node, needs_steps)
         if needs_write(work, reports, taken_at):
             changed = state_changes(work, reports, taken_at)  # not only checkpoints/progress
-            self.store.apply_reports(node, reports, taken_at)
-            work, step_work = self.store.node_all_work(node, needs_steps)  # may end its steps
+            # the work as the write left it (read in its transaction); the write may end steps
+            work = self.store.apply_reports(node, reports, taken_at)
+            step_work = self.store.node_step_work(node) if needs_steps(work) else []
             if changed:
                 self.kick()
-        ended = self.store.finished_attempts(
-            [r.attempt_id for r in reports if r.state in ("exited", "lost")]
-        )
         grace = self.timing().checkpoint_grace
-        reply = decide(work, reports, ended, checkpoint_grace=grace)
+        reply = decide(work, reports, checkpoint_grace=grace)
         reply.signals = signal_items(work, reports)
         self.maintenance.adjust_stops(reply.stop)  # stopped at the window's start
         reply.checkpoint = checkpoint_items(work, lambda w: self.intervals.in_force(w).seconds)

@@ -193,11 +193,15 @@ def signal_items(work: list[dict[str, Any]], reports: list[TaskReport]) -> list[
 def decide(
     work: list[dict[str, Any]],
     reports: list[TaskReport],
-    ended: set[int],
     *,
     checkpoint_grace: float = 30.0,
 ) -> Reply:
-    """What the agent must do. `ended`: reported attempts the store has fully recorded."""
+    """What the agent must do, from the node's work as the store has it (`Store.node_work`).
+
+    An exit or loss is forgotten once its attempt is no longer in the work with the reported
+    token: the work lists every task of the node's not-ended attempts, so an attempt missing
+    from it is ENDED (fully recorded) or unknown, and one still in it is still running on
+    another node, so the agent keeps reporting its task until the attempt ends."""
     reply = Reply()
     by_id = {w["attempt_id"]: w for w in work}
     reported = {r.attempt_id: r for r in reports}
@@ -224,7 +228,7 @@ def decide(
                     "reason": "attempt is no longer current",
                 }
             )
-        elif r.state in ("exited", "lost") and (stale or r.attempt_id in ended):
+        elif r.state in ("exited", "lost") and stale:
             reply.forget.append(r.attempt_id)
     return reply
 

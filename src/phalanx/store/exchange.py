@@ -90,20 +90,27 @@ _REPORTED_TASKS = Prebuilt(
 # Store.node_work's query, built once with the node as a parameter: every heartbeat runs it,
 # and building a statement of this size (and its cache key) costs about as much as running it
 # on SQLite.
+_NODE_WORK_COLUMNS = (
+    s.tasks.c.attempt_id,
+    s.tasks.c.state.label("task_state"),
+    *NODE_WORK_COLUMNS,
+    s.jobs.c.checkpoint.label("job_checkpoint"),
+    s.attempts.c.progress.label("attempt_progress"),
+    s.attempts.c.signals.label("attempt_signals"),
+)
 _NODE_WORK = Prebuilt(
-    _active_tasks(
-        s.tasks.c.attempt_id,
-        s.tasks.c.state.label("task_state"),
-        *NODE_WORK_COLUMNS,
-        s.jobs.c.checkpoint.label("job_checkpoint"),
-        s.attempts.c.progress.label("attempt_progress"),
-        s.attempts.c.signals.label("attempt_signals"),
-    )
+    _active_tasks(*_NODE_WORK_COLUMNS)
     .join(s.jobs, s.jobs.c.id == s.attempts.c.job_id)
     .where(
         s.tasks.c.node == bindparam("node"),
         s.tasks.c.spare.is_(False),  # a hot spare runs nothing: the agent never sees it
     )
+)
+# _NODE_WORK for a group of exchanges' nodes at once, with each task's node
+_NODE_WORK_OF = (
+    _active_tasks(s.tasks.c.node.label("work_node"), *_NODE_WORK_COLUMNS)
+    .join(s.jobs, s.jobs.c.id == s.attempts.c.job_id)
+    .where(s.tasks.c.node.in_(bindparam("nodes", expanding=True)), s.tasks.c.spare.is_(False))
 )
 
 
@@ -306,25 +313,9 @@ class AgentReports(AttemptProgress):
             work = self.node_work(node, conn)
             return work, self.node_step_work(node, conn) if needs_steps(work) else []
 
-    def finished_attempts(self, attempt_ids: Sequence[int]) -> set[int]:
-        """Which of these attempts the store has fully recorded (ENDED) or never heard of."""
-        if not attempt_ids:
-            return set()
-        with self.db.begin(write=False) as conn:
-            live = {
-                int(r.id)
-                for r in conn.execute(
-                    select(s.attempts.c.id).where(
-                        s.attempts.c.id.in_(list(attempt_ids)),
-                        s.attempts.c.state != AttemptState.ENDED.value,
-                    )
-                )
-            }
-        return set(attempt_ids) - live
-
     def apply_reports(
         self, node: str, reports: Sequence[TaskReport], taken_at: float | None
-    ) -> None:
+    ) -> list[dict[str, Any]]:
         """Record what an agent says about its tasks; finish attempts whose every task is done.
 
         Reports about attempts that are not the job's current one, or with a wrong token, are
@@ -333,35 +324,52 @@ class AgentReports(AttemptProgress):
         report was taken, is LOST.
 
         Exchanges that arrive together are written together, in one transaction
-        (store/groupcommit.py); this returns once this one's change has committed.
+        (store/groupcommit.py); this returns once this one's change has committed, with the
+        node's work as that transaction left it (`node_work`): the reply needs it, and
+        reading it inside the group costs one statement for all of the group's nodes where
+        a read of its own after the commit cost a round trip per exchange.
         """
         group = self.__dict__.get("_report_group")
         if group is None:
             group = self.__dict__.setdefault("_report_group", GroupCommit(self._apply_report_group))
-        group((node, reports, taken_at))
+        return group((node, reports, taken_at))
 
-    def _apply_report_group(self, items: list[_Exchange]) -> list[BaseException | None]:
+    def _apply_report_group(
+        self, items: list[_Exchange]
+    ) -> list[list[dict[str, Any]] | BaseException]:
         """The group commit's body: every exchange in one transaction, or, if that fails for
         a reason of its own (not the database being unavailable), each in its own, so that
-        one refused exchange fails alone."""
+        one refused exchange fails alone. Each exchange's result is its node's work."""
         try:
             with self.db.begin() as conn, self._deferring(conn):
                 self._apply_exchanges(conn, items)
-            return [None] * len(items)
+                work = self._work_of(conn, [node for node, _, _ in items])
+            return [work[node] for node, _, _ in items]
         except (StoreUnavailable, StoreOutcomeUnknown):
             raise
         except Exception:
             if len(items) == 1:
                 raise
-        out: list[BaseException | None] = []
+        out: list[list[dict[str, Any]] | BaseException] = []
         for item in items:
             try:
                 with self.db.begin() as conn, self._deferring(conn):
                     self._apply_exchanges(conn, [item])
-                out.append(None)
+                    out.append(self._work_of(conn, [item[0]])[item[0]])
             except Exception as e:  # that exchange's own error, for its caller
                 out.append(e)
         return out
+
+    @staticmethod
+    def _work_of(conn: Connection, nodes: list[str]) -> dict[str, list[dict[str, Any]]]:
+        """`node_work` of each of `nodes`, in one statement."""
+        if len(set(nodes)) == 1:
+            return {nodes[0]: _NODE_WORK.rows(conn, {"node": nodes[0]})}
+        work: dict[str, list[dict[str, Any]]] = {n: [] for n in nodes}
+        for r in conn.execute(_NODE_WORK_OF, {"nodes": sorted(work)}).mappings():
+            row = dict(r)
+            work[row.pop("work_node")].append(row)
+        return work
 
     def _apply_exchanges(self, conn: Connection, items: list[_Exchange]) -> None:
         """Apply exchanges in one transaction. When no two of them concern the same attempt
