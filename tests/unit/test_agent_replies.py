@@ -106,6 +106,14 @@ def test_a_reply_that_only_repeats_a_stop_is_not_news(tmp_path: Path) -> None:
         while shepherd_control.read_status(d)["state"] != "exited":
             assert time.monotonic() < deadline, "the job did not stop"
             time.sleep(0.02)
+        # A long-poll woken by the attempt's end answers from the report it was sent with
+        # (still running): a stop for an attempt the agent has meanwhile forgotten. Not a
+        # repeat: waiting out the interval would leave no long-poll parked for the node's
+        # next start (the slow mode of bench/submit.py's submit-to-start latency).
+        agent.apply({"forget": [8]})
+        agent.apply({"stop": [stop]})
+        assert agent.repeats_only is False
+        assert not d.exists()  # and the stop did not bring the forgotten attempt back
     finally:
         for aid in ("8", "9"):
             shepherd_control.request_stop(agent.tasks_dir / aid)

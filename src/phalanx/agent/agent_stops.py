@@ -38,7 +38,13 @@ class AgentStops:
         news = False
         for stop in stops:
             d = self.tasks_dir / str(stop["attempt_id"])
-            if d.is_dir() and not (d / shepherd_files.STOP_FILE).exists():
+            if not d.is_dir():
+                # Already forgotten: the reply was made from a report taken before this
+                # attempt's end was recorded (a long-poll woken by that end). Not a repeat to
+                # wait out: the next heartbeat no longer reports the attempt, so asking again
+                # at once cannot spin, and its long-poll is parked for the next start at once.
+                news = True
+            elif not (d / shepherd_files.STOP_FILE).exists():
                 news = True
                 log.info("stopping attempt %s: %s", stop["attempt_id"], stop.get("reason"))
             if d.is_dir():
