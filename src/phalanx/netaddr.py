@@ -22,3 +22,11 @@ def local_address(url: str) -> str | None:
             return str(s.getsockname()[0])
     except OSError:
         return None
+
+
+def split_address(at: str) -> tuple[str, int]:
+    """("host", port) from "host:port" or "[v6]:port"; ValueError if it is neither."""
+    host, sep, port = at.rpartition(":")
+    if not sep or not port.isdecimal() or not host:
+        raise ValueError(f"not host:port: {at!r}")
+    return host.strip("[]"), int(port)

@@ -191,6 +191,7 @@ BODIES: dict[tuple[str, str], tuple[str, Any]] = {
     ),
     ("GET", "/v1/jobs/{ref}/steps/{step_id}"): ("/v1/jobs/{job}/steps/0", None),
     ("GET", "/v1/jobs/{ref}/priority"): ("/v1/jobs/{job}/priority", None),
+    ("GET", "/v1/jobs/{ref}/usage"): ("/v1/jobs/{job}/usage", None),
     ("GET", "/v1/share"): ("/v1/share", None),
     ("POST", "/v1/jobs/{ref}/steps/signal"): ("/v1/jobs/{job}/steps/signal", {"signal": 10}),
     ("POST", "/v1/jobs/{ref}/steps/cancel"): ("/v1/jobs/{job}/steps/cancel", {}),
@@ -238,6 +239,7 @@ OWNER_REFUSALS = {
     (("POST", "/v1/jobs/{ref}/steps/cancel"), "bob"),
     (("POST", "/v1/jobs/{ref}/steps/{step_id}/wake"), "bob"),
     (("GET", "/v1/jobs/{ref}/priority"), "bob"),
+    (("GET", "/v1/jobs/{ref}/usage"), "bob"),
 }
 # The matrix's jobs are pending: a step route that let the caller through then refuses on the
 # job's state (no step can start in a pending job, it has no step 0): past authorization.
@@ -325,6 +327,7 @@ OWNED = {
     "POST /v1/jobs/{ref}/steps/cancel",
     "POST /v1/jobs/{ref}/steps/{step_id}/wake",
     "GET /v1/jobs/{ref}/priority",
+    "GET /v1/jobs/{ref}/usage",
 }
 
 

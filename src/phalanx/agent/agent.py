@@ -19,6 +19,7 @@ protocol's timing rules are agent_timing.py.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -31,7 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from phalanx import __version__
-from phalanx.agent import cgroups, gpu_usage, shepherd_control, shepherd_files, shepherd_launch
+from phalanx.agent import (
+    cgroups,
+    gpu_usage,
+    shepherd_control,
+    shepherd_files,
+    shepherd_launch,
+    taskstat,
+)
 from phalanx.agent.agent_isolation import DEFAULT_ISOLATION
 from phalanx.agent.agent_launch import AgentLaunch
 from phalanx.agent.agent_status import AgentStatus, read_job_reports
@@ -83,12 +91,14 @@ class Agent(AgentLaunch, AgentStops, AgentStatus):
         steps_listen: tuple[str, int] | None = None,
         step_report_delay: float = 0.5,
         srun_dir: Path | None = None,
+        usage_sample_s: float = 30.0,
     ) -> None:
         # set in every job: this node's credential socket (it wins over a submitter's) and the
         # controllers (a submitter's own PHALANX_URL wins), so `phalanx` works inside jobs
         self.job_env = dict(job_env or {})
         # the compiled thin srun's directory, first on jobs' PATH (agent/native_srun.py)
         self.srun_dir = srun_dir
+        self.usage_sample_s = usage_sample_s  # accounting.gather_interval (taskstat.py)
         self.name = name
         self.health = health
         self.state_dir = state_dir
@@ -198,6 +208,7 @@ class Agent(AgentLaunch, AgentStops, AgentStatus):
             )
         if self.gpu_sampler is not None:
             threading.Thread(target=self._sample_gpus, name="phx-gpu", daemon=True).start()
+        threading.Thread(target=self._sample_usage, name="phx-usage", daemon=True).start()
         retry = Backoff()
         try:
             while not self._stop.is_set():
@@ -266,6 +277,17 @@ class Agent(AgentLaunch, AgentStops, AgentStatus):
         except launchcred.LaunchRefused as e:
             log.warning("refused a direct step launch: %s", e)
             return f"refused {e}"
+        if "stat" in item:  # a controller asks for its steps' live usage (sstat)
+            ask = item["stat"]
+            steps = ask.get("steps")
+            tasks = taskstat.step_usage(
+                self.tasks_dir,
+                self.steps.steps_dir,
+                int(ask["attempt_id"]),
+                None if steps is None else [int(s) for s in steps],
+                bool(ask.get("batch")),
+            )
+            return "stat " + json.dumps(tasks, separators=(",", ":"))
         with self._lock:
             started = self.steps.launch(item, hold_exits=False)
         return "ok" if started else "wait"
@@ -299,6 +321,7 @@ class Agent(AgentLaunch, AgentStops, AgentStatus):
                 "boot_id": self.boot_id,
                 "version": __version__,
                 "health": self.health.summary() if self.health else None,
+                **({"steps_at": self.steps_at} if self.steps_at else {}),
             },
             idempotent=True,
             timeout=REGISTER_TIMEOUT_S,

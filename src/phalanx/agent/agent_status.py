@@ -1,6 +1,6 @@
 """What the agent tells about its node besides the heartbeat's task list: jobs running and
 the one-line status systemd shows, the GPUs' events and readings, the GPU usage of running
-tasks (``phalanx eff``), and the checkpoint marker and progress each job reports.
+tasks (``phalanx eff``), the live usage of every running task (``sstat``), and the checkpoint marker and progress each job reports.
 
 A part of :class:`agent.Agent` (a mixin); the job's own reports are read through
 ``jobfiles`` (the job's user owns the files), the figures served by ``metrics.py``.
@@ -14,10 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from phalanx.agent import gpu_usage, jobfiles, shepherd_files
+from phalanx.agent import gpu_usage, jobfiles, shepherd_files, taskstat
 from phalanx.agent.agent_timing import heartbeat_grace
 from phalanx.agent.files import read_json as _read_json
 from phalanx.agent.health import GpuCheck, HealthMonitor
+from phalanx.agent.steps import StepRunner
 from phalanx.domain import job_reports
 
 log = logging.getLogger("phalanx.agent")
@@ -36,6 +37,8 @@ class AgentStatus:
     last_error: str | None
     gpu_sampler: gpu_usage.GpuSampler | None
     gpu_sample_s: float
+    usage_sample_s: float
+    steps: StepRunner
     _registered: bool
     _stop: threading.Event
 
@@ -106,6 +109,17 @@ class AgentStatus:
                 self.gpu_sampler.sample(tasks)
             except Exception:
                 log.exception("GPU usage sampler error; going on")
+
+
+    def _sample_usage(self) -> None:
+        """Fold a sample of every running task's processes into its maxima every
+        `usage_sample_s` (agent/taskstat.py: `sstat`'s MaxRSS, MaxVMSize, MaxPages)."""
+        while not self._stop.wait(self.usage_sample_s):
+            try:
+                for d in taskstat.running_task_dirs(self.tasks_dir, self.steps.steps_dir):
+                    taskstat.sample(d)
+            except Exception:
+                log.exception("task usage sampler error; going on")
 
 
 def read_job_reports(task_dir: Path) -> dict[str, Any]:

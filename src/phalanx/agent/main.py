@@ -123,6 +123,7 @@ def run_agent(
         launch_keys=keys if config.steps.direct else None,
         steps_listen=(config.steps.agent_host, config.steps.agent_port),
         step_report_delay=config.steps.exit_report_delay,
+        usage_sample_s=config.accounting.gather_interval,
         srun_dir=native.thin_srun_dir(state_dir) if config.steps.compiled_srun else None,
     )
     watchdog = Watchdog(

@@ -20,7 +20,8 @@ __all__ = [
 
 
 class AccountingConfig(BaseModel):
-    """How long finished jobs stay in the store for `sacct` and `phalanx show` (docs/slurm.md)."""
+    """How long finished jobs stay in the store for `sacct` and `phalanx show`, and how often
+    agents sample running tasks for `sstat` (docs/slurm.md)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -31,6 +32,14 @@ class AccountingConfig(BaseModel):
     )
     purge_batch: int = Field(
         1000, ge=1, le=100_000, description="jobs deleted per transaction when purging"
+    )
+    gather_interval: float = Field(
+        30.0,
+        ge=1.0,
+        le=3600.0,
+        description="agent: seconds between samples of each running task's processes, whose "
+        "largest memory and page-fault figures `sstat` prints (Slurm's JobAcctGatherFrequency; "
+        "an `sstat` call also samples at once, so the current figures are always exact)",
     )
 
     @field_validator("keep_finished")

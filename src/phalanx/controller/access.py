@@ -67,6 +67,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("POST", "/v1/jobs/{ref}/steps"): Rule(USER, "starting a job step (srun)", owner=True),
     ("GET", "/v1/jobs/{ref}/steps/{step_id}"): Rule(USER, "showing a job step", owner=True),
     ("POST", "/v1/jobs/{ref}/steps/signal"): Rule(USER, "signalling job steps", owner=True),
+    ("GET", "/v1/jobs/{ref}/usage"): Rule(USER, "reading a job's live usage (sstat)", owner=True),
     ("POST", "/v1/jobs/{ref}/steps/cancel"): Rule(USER, "cancelling job steps", owner=True),
     ("POST", "/v1/jobs/{ref}/steps/{step_id}/wake"): Rule(
         USER, "waking the nodes of a job step (srun)", owner=True

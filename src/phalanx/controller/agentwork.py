@@ -42,6 +42,7 @@ from phalanx.store.surface import AgentExchange
 log = logging.getLogger("phalanx.controller")
 
 MAX_GPU_EVENTS = 256  # GPU events one heartbeat may report (the rest wait for the next)
+USAGE_REQUEST_TTL = 30.0  # seconds a signed usage request (sstat) stays valid
 
 
 def health_key(summary: dict[str, Any]) -> tuple[Any, ...]:
@@ -103,6 +104,7 @@ class AgentDuty:
             version=info.get("version"),
             health=stored_health(info.get("health")),
             topology=info.get("topology") or None,
+            steps_at=info.get("steps_at"),
         )
         self.heartbeats.seen(node)
         self.registered()
@@ -226,9 +228,32 @@ class AgentDuty:
             if at is None:
                 unknown.append(node)
                 continue
-            key = self._node_keys.get(node)
-            if key is None or not key.kid.startswith(f"{cluster_key.kid}:"):
-                key = self._node_keys[node] = derive(cluster_key, "node", node)
+            key = self._node_key(node, cluster_key)
             item = build_step_launch(w, node=node, kill_wait=self.timing().kill_wait, now=now)
             out.append({"node": node, "at": at, **launchcred.sign(key, item, now=now, ttl=ttl)})
         return out, unknown
+
+    def _node_key(self, node: str, cluster_key: Key) -> Key:
+        """The node's derived key (only the controllers and that node hold it)."""
+        key = self._node_keys.get(node)
+        if key is None or not key.kid.startswith(f"{cluster_key.kid}:"):
+            key = self._node_keys[node] = derive(cluster_key, "node", node)
+        return key
+
+    def usage_requests(
+        self, asks: dict[str, dict[str, Any]], cluster_key: Key
+    ) -> tuple[dict[str, tuple[str, dict[str, Any]]], list[str]]:
+        """Signed usage requests (`sstat`, controller/taskusage.py) for each node of `asks`
+        (node -> what to ask it: attempt, steps, batch), with the address its agent listens
+        at: the one it heartbeats this controller with, else the one it registered; and the
+        nodes with neither."""
+        stored = self.store.step_addresses([n for n in asks if n not in self.step_addrs])
+        now = time.time()
+        out: dict[str, tuple[str, dict[str, Any]]] = {}
+        for node, ask in asks.items():
+            at = self.step_addrs.get(node) or stored.get(node)
+            if at:
+                item = {"node": node, "stat": ask}
+                key = self._node_key(node, cluster_key)
+                out[node] = (at, launchcred.sign(key, item, now=now, ttl=USAGE_REQUEST_TTL))
+        return out, sorted(set(asks) - set(out))

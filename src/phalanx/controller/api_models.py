@@ -115,6 +115,8 @@ class RegisterIn(BaseModel):
     boot_id: str | None = Field(default=None, max_length=256)
     version: str | None = Field(default=None, max_length=256)
     health: dict[str, Any] | None = None  # the preflight's result
+    # host:port of the agent's step listener (any controller may ask it for sstat's usage)
+    steps_at: str | None = Field(default=None, max_length=300)
     # place in the topology tree, {level: domain} (phalanx agent --topology); absent: none
     topology: dict[
         Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")],

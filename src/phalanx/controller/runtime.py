@@ -302,6 +302,11 @@ class Controller:
         """Signed direct step launches (AgentDuty.direct_launches)."""
         return self.agents.direct_launches(rows, cluster_key)
 
+    def usage_requests(
+        self, asks: dict[str, dict[str, Any]], cluster_key: Key
+    ) -> tuple[dict[str, tuple[str, dict[str, Any]]], list[str]]:
+        return self.agents.usage_requests(asks, cluster_key)
+
     def woke(self, gens: dict[str, int]) -> None:
         """Wake long-polls for work just committed (WorkWakeups.woke)."""
         self.wakeups.woke(gens)

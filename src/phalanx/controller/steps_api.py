@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 
 from phalanx.auth.tokens import Identity
+from phalanx.controller import taskusage
 from phalanx.controller.api_context import ApiContext, caller
 from phalanx.controller.api_models import StepCancelIn, StepIn, StepSignalIn, StepWakeIn
 from phalanx.controller.launch import job_layout
@@ -95,6 +96,58 @@ def router(api: ApiContext) -> APIRouter:
             raise InvalidSpec(f"invalid step id {step_id}")
         return ctl.store.get_step(int(row["id"]), step_id)
 
+    @r.get("/v1/jobs/{ref}/usage")
+    def job_usage(
+        ref: str, steps: str | None = None, batch: bool = False, ident: Identity = Depends(caller)
+    ) -> dict[str, Any]:
+        """Live usage of a running job's tasks (`sstat`): every running step's, or those of
+        `steps` (a comma list of ids), and with `batch` the batch script's. The nodes'
+        agents are asked at once (controller/taskusage.py); each answers for its own tasks
+        within `steps.push_timeout`, and a node that does not is listed in `unreachable`."""
+        row = api.own_job(ref, ident, "sstat")
+        jid = int(row["id"])
+        wanted = _step_ids(steps)
+        out: dict[str, Any] = {
+            "job_id": jid,
+            "state": row["state"],
+            "steps": [],
+            "tasks": [],
+            "unreachable": {},
+        }
+        att = row.get("attempt_id")
+        if row["state"] != "RUNNING" or att is None:
+            return out
+        seq = next((a["seq"] for a in ctl.store.attempts_of(jid) if a["id"] == att), None)
+        live = [
+            st
+            for st in ctl.store.steps_of(jid)
+            if st["attempt_seq"] == seq
+            and st["state"] == "RUNNING"
+            and (wanted is None or st["step_id"] in wanted)
+        ]
+        asks: dict[str, dict[str, Any]] = {}
+        for st in live:
+            for node in st["nodes"]:
+                ask = asks.setdefault(node, {"attempt_id": att, "steps": [], "batch": False})
+                ask["steps"].append(st["step_id"])
+        host = (row.get("nodelist_run") or [None])[0]
+        if batch and host:
+            asks.setdefault(host, {"attempt_id": att, "steps": [], "batch": False})["batch"] = True
+        requests, unknown = ctl.usage_requests(asks, api.keys.signing)
+        tasks, failed = taskusage.ask_nodes(requests, ctl.config.steps.push_timeout)
+        for node in unknown:
+            failed[node] = "its agent told no address for usage requests (steps.direct off?)"
+        out.update(
+            steps=[
+                {k: st[k] for k in ("step_id", "name", "nodes", "tasks", "ntasks", "start_time")}
+                for st in live
+            ],
+            tasks=tasks,
+            unreachable=failed,
+            batch_host=host if batch else None,
+        )
+        return out
+
     @r.post("/v1/jobs/{ref}/steps/signal")
     def signal_steps(
         ref: str, body: StepSignalIn, ident: Identity = Depends(caller)
@@ -115,3 +168,16 @@ def router(api: ApiContext) -> APIRouter:
         return {"steps": done}
 
     return r
+
+
+def _step_ids(text: str | None) -> set[int] | None:
+    """`steps=0,2` as a set of step ids; None (every step) when absent."""
+    if text is None or not text.strip():
+        return None
+    ids = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdecimal() or int(part) >= 2**31:
+            raise InvalidSpec(f"invalid step id {part!r} in steps={text!r}: give step numbers")
+        ids.add(int(part))
+    return ids

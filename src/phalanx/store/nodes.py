@@ -48,6 +48,7 @@ class NodeRecords(AttemptProgress):
         version: str | None,
         health: dict[str, Any] | None = None,
         topology: dict[str, str] | None = None,
+        steps_at: str | None = None,
     ) -> dict[str, Any]:
         now = _now()
         values = {
@@ -62,6 +63,7 @@ class NodeRecords(AttemptProgress):
             "agent_version": version,
             "registered_at": now,
             "last_heartbeat": now,
+            "steps_at": steps_at,
         }
         with self.db.begin() as conn:
             values["last_heartbeat"] = float(
@@ -229,6 +231,17 @@ class NodeRecords(AttemptProgress):
             n["used"] = usage.get(n["name"], {"cpus": 0, "mem_mb": 0, "gpus": 0, "jobs": []})
             n["spare_for"] = sorted(spare_for.get(n["name"], []))
         return nodes
+
+    def step_addresses(self, names: list[str]) -> dict[str, str]:
+        """node -> the host:port its agent registered for step launches and usage requests
+        (absent: none registered)."""
+        if not names:
+            return {}
+        with self.db.begin(write=False) as conn:
+            rows = conn.execute(
+                select(s.nodes.c.name, s.nodes.c.steps_at).where(s.nodes.c.name.in_(names))
+            )
+            return {r.name: r.steps_at for r in rows if r.steps_at}
 
     def get_node(self, name: str) -> dict[str, Any]:
         for n in self.list_nodes():

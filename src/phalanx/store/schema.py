@@ -188,6 +188,8 @@ nodes = Table(
     Column("launch_failures", Integer, nullable=False, default=0, server_default="0"),  # in a row
     # {level: domain} the agent reported (phalanx agent --topology); config rules win over it
     Column("topology", JSON, nullable=True),
+    # host:port of the agent's step listener, told at registration (migration 0016)
+    Column("steps_at", String(300), nullable=True),
 )
 
 partitions = Table(

@@ -159,6 +159,7 @@ class AgentExchange(Protocol):
         version: str | None,
         health: dict[str, Any] | None = None,
         topology: dict[str, str] | None = None,
+        steps_at: str | None = None,
     ) -> dict[str, Any]: ...
 
     def record_heartbeats(
@@ -177,6 +178,8 @@ class AgentExchange(Protocol):
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]: ...
 
     def node_step_work(self, node: str, conn: Connection | None = None) -> list[dict[str, Any]]: ...
+
+    def step_addresses(self, names: list[str]) -> dict[str, str]: ...
 
     def apply_reports(
         self, node: str, reports: Sequence[TaskReport], taken_at: float | None

@@ -18,16 +18,10 @@ import socket
 import time
 from typing import Any
 
+from phalanx.netaddr import split_address
+
 TAKEN = ("ok", "wait")  # "wait": the node starts it with its job's task (its next heartbeat)
 MAX_ANSWER = 4096  # an agent answers one short line; whatever sends more is not one
-
-
-def split_address(at: str) -> tuple[str, int]:
-    """("host", port) from "host:port" or "[v6]:port"; ValueError if it is neither."""
-    host, sep, port = at.rpartition(":")
-    if not sep or not port.isdecimal() or not host:
-        raise ValueError(f"not host:port: {at!r}")
-    return host.strip("[]"), int(port)
 
 
 class _Push:
