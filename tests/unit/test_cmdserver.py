@@ -121,6 +121,7 @@ def test_who_is_served() -> None:
         "sshare",
         "sprio",
         "sdiag",
+        "sstat",
     }
 
 

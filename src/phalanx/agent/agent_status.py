@@ -110,7 +110,6 @@ class AgentStatus:
             except Exception:
                 log.exception("GPU usage sampler error; going on")
 
-
     def _sample_usage(self) -> None:
         """Fold a sample of every running task's processes into its maxima every
         `usage_sample_s` (agent/taskstat.py: `sstat`'s MaxRSS, MaxVMSize, MaxPages)."""

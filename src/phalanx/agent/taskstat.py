@@ -55,7 +55,9 @@ def tree_usage(pid: int) -> dict[str, Any] | None:
         procs = [root, *root.children(recursive=True)]
     except psutil.Error:
         return None
-    out = {"cpu_s": 0.0, "rss": 0, "vms": 0, "pages": 0, "read_bytes": 0, "write_bytes": 0}
+    out: dict[str, Any] = {
+        "cpu_s": 0.0, "rss": 0, "vms": 0, "pages": 0, "read_bytes": 0, "write_bytes": 0
+    }  # fmt: skip
     for p in procs:
         try:
             with p.oneshot():
@@ -74,6 +76,7 @@ def tree_usage(pid: int) -> dict[str, Any] | None:
         except psutil.Error:
             continue  # ended between the listing and the reading
     out["cpu_s"] = round(out["cpu_s"], 3)
+    out["pids"] = [p.pid for p in procs]
     return out
 
 

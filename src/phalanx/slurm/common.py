@@ -79,6 +79,10 @@ class SlurmUsageError(Exception):
     """Bad command-line use: printed as ``CMD: error: ...`` with exit code 1, as Slurm does."""
 
 
+class SlurmFatal(SlurmUsageError):
+    """Bad use that Slurm's command reports as fatal: ``CMD: fatal: ...``, exit code 1."""
+
+
 class AmbiguousOption(SlurmUsageError):
     """A long-option prefix that more than one option starts with: printed as getopt_long
     prints it for Slurm's commands (``squeue: option '--st' is ambiguous; possibilities:
@@ -118,6 +122,9 @@ def run_command(prog: str, body: Any, argv: Sequence[str]) -> int:
         return int(body(list(argv)) or 0)
     except AmbiguousOption as e:
         sys.stderr.write(f'{prog}: {e}\nTry "{prog} --help" for more information\n')
+        return 1
+    except SlurmFatal as e:
+        sys.stderr.write(f"{prog}: fatal: {e}\n")
         return 1
     except SlurmUsageError as e:
         sys.stderr.write(f"{prog}: error: {e}\n")

@@ -22,6 +22,7 @@ COMMANDS = (
     "sprio",
     "salloc",
     "sdiag",
+    "sstat",
 )
 
 
