@@ -205,6 +205,7 @@ BODIES: dict[tuple[str, str], tuple[str, Any]] = {
     ("POST", "/v1/nodes/{name}/resume"): ("/v1/nodes/n1/resume", None),
     ("GET", "/v1/cluster"): ("/v1/cluster", None),
     ("GET", "/v1/diag"): ("/v1/diag", None),
+    ("GET", "/v1/report/usage"): ("/v1/report/usage?start=0&end=86400", None),
     ("GET", "/v1/licenses"): ("/v1/licenses", None),
     ("GET", "/v1/events"): ("/v1/events", None),
     ("GET", "/v1/maintenance"): ("/v1/maintenance", None),

@@ -122,6 +122,7 @@ def test_who_is_served() -> None:
         "sprio",
         "sdiag",
         "sstat",
+        "sreport",
     }
 
 

@@ -82,6 +82,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("POST", "/v1/nodes/{name}/resume"): Rule(OPERATOR, "resuming a node"),
     ("GET", "/v1/cluster"): Rule(USER, "showing the cluster"),
     ("GET", "/v1/diag"): Rule(USER, "reading the scheduler's statistics (sdiag)"),
+    ("GET", "/v1/report/usage"): Rule(USER, "reading cluster utilisation (sreport)"),
     ("GET", "/v1/licenses"): Rule(USER, "listing licences"),
     ("GET", "/v1/events"): Rule(OPERATOR, "reading the cluster's event log"),
     ("GET", "/v1/maintenance"): Rule(USER, "listing maintenance windows"),

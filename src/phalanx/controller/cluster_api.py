@@ -99,6 +99,22 @@ def router(api: ApiContext) -> APIRouter:
 
         return diag_view(ctl.store)
 
+    @r.get("/v1/report/usage")
+    def usage_report(start: float, end: float, ident: Identity = Depends(caller)) -> dict[str, Any]:
+        """CPU-seconds of [start, end): the cluster's (reported, allocated, down, idle) and
+        each account and user's (sreport; domain/usage_report.py). With `auth.private_data`,
+        a user who may not see everyone's jobs gets the others' usage only as totals."""
+        if not 0 <= start < end <= 2**40:
+            raise InvalidSpec(f"a report needs 0 <= start < end (got start={start} end={end})")
+        from phalanx.domain import usage_report
+
+        rows = ctl.store.usage_rows(start, end)
+        out = usage_report.build(start, end, time.time(), *rows).as_dict()
+        if not api.sees_all(ident):
+            out["assocs"] = [a for a in out["assocs"] if a["user"] == ident.user]
+        out["cluster"] = ctl.config.cluster.name
+        return out
+
     @r.get("/v1/cluster")
     def cluster() -> dict[str, Any]:
         # each partition's preemption tier and mode, from the config (docs/preemption.md)

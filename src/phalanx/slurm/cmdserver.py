@@ -51,6 +51,7 @@ DEFAULT_SOCKET = Path("/run/phalanx/commands.sock")
 SERVED = (
     *("sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct", "sshare", "sprio", "sdiag"),
     "sstat",
+    "sreport",
 )
 # modules a call imports after its command module (found with `python -X importtime`):
 # imported once here, so no worker pays for them

@@ -23,6 +23,7 @@ COMMANDS = (
     "salloc",
     "sdiag",
     "sstat",
+    "sreport",
 )
 
 

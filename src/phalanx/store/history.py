@@ -231,6 +231,58 @@ class History(MetricsQueries):
         with self.db.begin(write=False) as conn:
             return [dict(r) for r in conn.execute(q).mappings()]
 
+    def usage_rows(
+        self, start: float, end: float
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, list[tuple[float, bool]]]]:
+        """What a utilisation report of [start, end) is computed from (domain/usage_report.py):
+        the attempts that held CPUs in it (their start, end, CPUs, job's account and user),
+        the nodes (CPUs, first registration), and each node's DOWN (True) and back (False)
+        events up to `end`, in time order."""
+        cpus = (
+            select(s.tasks.c.attempt_id, func.sum(s.tasks.c.cpus).label("cpus"))
+            .group_by(s.tasks.c.attempt_id)
+            .subquery()
+        )
+        attempts_q = (
+            select(
+                s.attempts.c.start_time,
+                s.attempts.c.end_time,
+                cpus.c.cpus,
+                s.jobs.c.account,
+                s.jobs.c.user,
+            )
+            .join(s.jobs, s.jobs.c.id == s.attempts.c.job_id)
+            .join(cpus, cpus.c.attempt_id == s.attempts.c.id)
+            .where(
+                s.attempts.c.start_time.is_not(None),
+                s.attempts.c.start_time < end,
+                or_(s.attempts.c.end_time.is_(None), s.attempts.c.end_time > start),
+            )
+        )
+        first = (
+            select(s.events.c.node, func.min(s.events.c.ts).label("ts"))
+            .where(s.events.c.kind == "node.register")
+            .group_by(s.events.c.node)
+            .subquery()
+        )
+        nodes_q = select(
+            s.nodes.c.name,
+            s.nodes.c.cpus,
+            func.coalesce(first.c.ts, s.nodes.c.registered_at).label("registered_at"),
+        ).outerjoin(first, first.c.node == s.nodes.c.name)
+        events_q = (
+            select(s.events.c.node, s.events.c.ts, s.events.c.kind)
+            .where(s.events.c.kind.in_(["node.down", "node.up"]), s.events.c.ts < end)
+            .order_by(s.events.c.ts, s.events.c.id)
+        )
+        with self.db.begin(write=False) as conn:
+            attempts = [dict(r) for r in conn.execute(attempts_q).mappings()]
+            nodes = [dict(r) for r in conn.execute(nodes_q).mappings()]
+            events: dict[str, list[tuple[float, bool]]] = {}
+            for r in conn.execute(events_q):
+                events.setdefault(r.node, []).append((float(r.ts), r.kind == "node.down"))
+        return attempts, nodes, events
+
     def cluster_counts(self) -> dict[str, Any]:
         with self.db.begin(write=False) as conn:
             by_state = {

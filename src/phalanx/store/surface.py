@@ -233,6 +233,10 @@ class NodeStore(Protocol):
 class HistoryStore(Protocol):
     """Reads of jobs, attempts and events, accounting and retention, the database clock."""
 
+    def usage_rows(
+        self, start: float, end: float
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, list[tuple[float, bool]]]]: ...
+
     def get_job(self, job_id: int) -> dict[str, Any]: ...
 
     def list_jobs(
