@@ -52,8 +52,7 @@ class UsageReport:
             "idle_s": self.idle,
             "cpus": self.cpus,
             "assocs": [
-                {"account": a, "user": u, "cpu_s": s}
-                for (a, u), s in sorted(self.by_assoc.items())
+                {"account": a, "user": u, "cpu_s": s} for (a, u), s in sorted(self.by_assoc.items())
             ],
         }
 
