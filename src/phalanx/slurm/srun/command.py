@@ -17,6 +17,7 @@ this srun's terminal (pty_relay.py); ``--jobid`` runs a step in a job from outsi
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -36,14 +37,14 @@ from phalanx.netaddr import local_address
 from phalanx.slurm.common import SlurmParser, SlurmUsageError, run_command
 from phalanx.slurm.srun import pty_relay
 from phalanx.slurm.srun import push as step_push
+from phalanx.slurm.srun.refused import add_refused
 
 PROG = "srun"
 ATTACH_ENV = "PHX_SRUN_ATTACH"  # host:port:cookie of the srun a job's inner srun reports to
 POLL_S = 0.5  # how often srun checks the step's record while it waits for its tasks
 DRAIN_S = 2.0  # after the last exit record, how long to wait for output still in flight
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
-# options Slurm has that change what would run, which we cannot honour: refused by name
-UNSUPPORTED = ("--multi-prog", "--het-group", "--container", "--bcast")
+USAGE = "Usage: srun [OPTIONS(0)... [executable(0) [args(0)...]]]\n"
 
 
 def parser() -> SlurmParser:
@@ -83,8 +84,16 @@ def parser() -> SlurmParser:
     a("-A", "--account")
     a("-q", "--qos")
     a("-C", "--constraint")
+    a("--usage", nargs=0, action=_Usage)
+    add_refused(p)  # the rest of srun(1)'s options, each refused with why (srun/refused.py)
     a("command", nargs="...")
     return p
+
+
+class _Usage(argparse.Action):
+    def __call__(self, p: Any, ns: Any, values: Any, option: str | None = None) -> None:
+        sys.stdout.write(USAGE)
+        raise SystemExit(0)
 
 
 def _positive(text: str) -> int:
@@ -128,14 +137,6 @@ def main(argv: Sequence[str]) -> int:
 
 def prepare(argv: list[str]) -> Any:
     """srun's options, checked: SlurmUsageError for anything srun refuses."""
-    for arg in argv:
-        if arg.split("=", 1)[0] in UNSUPPORTED:
-            raise SlurmUsageError(
-                f"option {arg.split('=', 1)[0]} is not supported by Phalanx's srun "
-                "(run a batch job, or srun a command without it)"
-            )
-        if not arg.startswith("-"):
-            break
     opts = parser().parse_args(argv)
     check_mpi(opts.mpi_hint, os.environ.get("SLURM_MPI_TYPE"))
     if not opts.command:
