@@ -257,6 +257,11 @@ def test_squeue_scancel_sinfo(cluster: Cluster, tmp_path: Path) -> None:
     p = slurm(cluster, tmp_path, "scancel", "99999")
     assert p.returncode == 1
     assert p.stderr == "scancel: error: Kill job error on job id 99999: Invalid job id specified\n"
+    # scontrol wait_job: a running job is ready at once; an unknown one is Slurm's error
+    p = slurm(cluster, tmp_path, "scontrol", "wait_job", str(trapper))
+    assert (p.returncode, p.stdout, p.stderr) == (0, "", ""), p
+    p = slurm(cluster, tmp_path, "scontrol", "wait_job", "99999")
+    assert (p.returncode, p.stderr) == (1, "Invalid job id specified for job 99999\n"), p
 
     # sinfo: the default summary and the node-oriented long form
     nodes = {n["name"]: n for n in c.nodes()}

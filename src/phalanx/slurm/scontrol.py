@@ -25,16 +25,31 @@ from phalanx.errors import Forbidden, NotFound, PhalanxError
 from phalanx.failover import urls_from
 from phalanx.slurm import records
 from phalanx.slurm.common import (
+    TERMINAL_STATES,
     SlurmParser,
     SlurmUsageError,
+    add_clusters,
+    check_clusters,
     client,
     duration_full,
+    refuse,
     run_command,
     slurm_state,
     timestamp,
 )
+from phalanx.slurm.scontrol_refused import COMMANDS as REFUSED_COMMANDS
+from phalanx.slurm.scontrol_refused import OPTIONS as REFUSED_OPTIONS
+from phalanx.slurm.scontrol_refused import SHORT as REFUSED_SHORT
+from phalanx.slurm.scontrol_refused import SHOW as REFUSED_SHOW
 
 PROG = "scontrol"
+
+# the commands that ask the controllers; `ping` and `version` are answered on their own, and
+# everything else scontrol(1) has is refused with why (slurm/scontrol_refused.py)
+CLIENT_COMMANDS = (
+    *("show", "requeue", "requeuehold", "hold", "uhold", "release", "update", "token"),
+    "wait_job",
+)
 RECENT_S = 300.0  # `show job` without an id also lists jobs ended this recently (MinJobAge)
 
 
@@ -418,6 +433,27 @@ def show(cli: ApiCalls | None, words: list[str], *, oneliner: bool, now: float) 
     )
 
 
+WAIT_POLL_S = 1.0  # how often `scontrol wait_job` looks at the job
+
+
+def wait_job(cli: ApiCalls, words: list[str]) -> int:
+    """`scontrol wait_job JOB`: return once the job runs on all its nodes (0), or has ended
+    (1, in Slurm's words), as Slurm's does for a prolog or a script waiting on nodes."""
+    if len(words) != 1:
+        raise SlurmUsageError("wait_job: give one job id")
+    (ref,) = _job_refs(words, "wait_job")
+    while True:
+        try:
+            (job,) = cli.job(ref)[:1]
+        except (NotFound, ValueError):
+            raise CommandError(f"Invalid job id specified for job {ref}") from None
+        if job["state"] == "RUNNING":
+            return 0
+        if job["state"] in TERMINAL_STATES:
+            raise CommandError(f"scontrol: error: Job allocation {ref} has been revoked")
+        time.sleep(WAIT_POLL_S)
+
+
 def license_lines(lic: dict[str, Any]) -> list[str]:
     """Slurm 22.05's record: LicenseName=, then Total/Used/Free (no reservations, no remote
     licences here)."""
@@ -496,6 +532,12 @@ def body(argv: list[str]) -> int:
     parser.add_argument("-d", "--details", action="store_true")
     parser.add_argument("-a", "--all", action="store_true")
     parser.add_argument("-Q", "--quiet", action="store_true")
+    parser.add_argument("-v", "--verbose", action="count", default=0)
+    add_clusters(parser)
+    for option, why in REFUSED_OPTIONS.items():
+        short = REFUSED_SHORT.get(option)
+        refuse(parser, *((short, option) if short else (option,)), why=why,
+               nargs=1 if option == "--uid" else 0)  # fmt: skip
     parser.add_argument("words", nargs="*")
     opts, unknown = parser.parse_known_args(argv)
     extra = [u for u in unknown if u.startswith("-")]
@@ -516,15 +558,22 @@ def body(argv: list[str]) -> int:
 
         sys.stdout.write(f"slurm {SLURM_RELEASE}\n")
         return 0
+    if cmd in REFUSED_COMMANDS:
+        raise CommandError(f"scontrol: error: {cmd} is not supported: {REFUSED_COMMANDS[cmd]}")
     if cmd in ("suspend", "resume"):
         raise CommandError(
             f"scontrol: error: {cmd} is not supported: Phalanx does not suspend jobs (use "
             "scontrol requeue, or hold a pending job)"
         )
-    if cmd not in ("show", "requeue", "requeuehold", "hold", "uhold", "release", "update",
-                   "token"):  # fmt: skip
+    if cmd == "show" and rest and rest[0].lower() in REFUSED_SHOW:
+        what = rest[0].lower()
+        raise CommandError(f"scontrol: error: show {what} is not supported: {REFUSED_SHOW[what]}")
+    if cmd not in CLIENT_COMMANDS:
         raise SlurmUsageError(f"invalid command '{words[0]}' (not supported here)")
     with client() as cli:
+        check_clusters(cli, opts.clusters)
+        if cmd == "wait_job":
+            return wait_job(cli, rest)
         if cmd == "show":
             return show(cli, rest, oneliner=opts.oneliner, now=now)
         if cmd == "update":
