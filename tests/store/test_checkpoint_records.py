@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from test_store_contract import add_node, running, start, store, submit1
+from test_store_contract import add_node, exited, running, start, store, submit1
 
 from phalanx.controller.exchange import needs_write
 from phalanx.domain import job_reports
@@ -45,6 +45,27 @@ def test_a_checkpoint_is_recorded_once_per_marker(store: Store) -> None:
     store.apply_reports("n1", [report(att, checkpoint=newer)], None)
     assert [r["path"] for r in checkpoints(store, jid)] == ["/ck/step-1", "/ck/step-2"]
     assert store.get_job(jid)["checkpoint"]["duration_s"] is None
+
+
+def test_a_requeued_job_announcing_its_checkpoint_again_records_nothing(store: Store) -> None:
+    """The next attempt of a requeued job that rewrites its marker with the checkpoint it came
+    back from reports the same checkpoint: recorded once, by the attempt that took it."""
+    add_node(store, "n1")
+    jid = submit1(store, checkpoint_dir="/ck")
+    first = start(store, jid, ["n1"])
+    marker = {"path": "/ck/step-9", "finished_at": 2000.0, "duration_s": 1.0, "request_seq": 1}
+    store.apply_reports("n1", [report(first, checkpoint=marker)], None)
+    store.apply_reports("n1", [exited(first, 0)], None)
+    assert store.requeue([jid], "alice")[jid].startswith("requeued")
+    second = start(store, jid, ["n1"])
+    store.apply_reports("n1", [report(second, checkpoint=marker)], None)
+    assert [(r["path"], r["seq"]) for r in checkpoints(store, jid)] == [("/ck/step-9", 0)]
+    later = {**marker, "path": "/ck/step-12", "finished_at": 2050.0}
+    store.apply_reports("n1", [report(second, checkpoint=later)], None)
+    assert [(r["path"], r["seq"]) for r in checkpoints(store, jid)] == [
+        ("/ck/step-9", 0),
+        ("/ck/step-12", 1),
+    ]
 
 
 def test_only_rank_0_records_checkpoints(store: Store) -> None:

@@ -190,12 +190,13 @@ def test_marker_and_progress_forms() -> None:
 
 def test_a_checkpoint_is_news_once_and_only_from_rank_0() -> None:
     rep = {"path": "/ck/a", "finished_at": 5.0, "duration_s": 1.0, "request_seq": None}
-    assert job_reports.is_new_checkpoint(None, rep, seq=0, rank=0)
+    assert job_reports.is_new_checkpoint(None, rep, rank=0)
     stored = job_reports.checkpoint_record(rep, seq=0, node="n1")
-    assert not job_reports.is_new_checkpoint(stored, rep, seq=0, rank=0)
-    assert job_reports.is_new_checkpoint(stored, {**rep, "finished_at": 6.0}, seq=0, rank=0)
-    assert job_reports.is_new_checkpoint(stored, rep, seq=1, rank=0)  # another attempt
-    assert not job_reports.is_new_checkpoint(None, rep, seq=0, rank=1)
+    assert not job_reports.is_new_checkpoint(stored, rep, rank=0)
+    assert job_reports.is_new_checkpoint(stored, {**rep, "finished_at": 6.0}, rank=0)
+    # a requeued job (restart 1) announcing the checkpoint it came back from: not news
+    assert not job_reports.is_new_checkpoint(stored, rep, rank=0)
+    assert not job_reports.is_new_checkpoint(None, rep, rank=1)
 
 
 def test_progress_writes_are_throttled() -> None:

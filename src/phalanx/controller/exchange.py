@@ -97,9 +97,9 @@ def state_changes(
 
 def _job_report_is_news(w: dict[str, Any], r: TaskReport) -> bool:
     """A new checkpoint, or progress due for its (throttled) write."""
-    seq, rank = int(w.get("seq") or 0), int(w.get("rank") or 0)
+    rank = int(w.get("rank") or 0)
     return job_reports.is_new_checkpoint(
-        w.get("job_checkpoint"), r.checkpoint, seq=seq, rank=rank
+        w.get("job_checkpoint"), r.checkpoint, rank=rank
     ) or job_reports.progress_due(w.get("attempt_progress"), r.progress, rank=rank)
 
 

@@ -76,15 +76,19 @@ def parse_progress(text: str, mtime: float) -> dict[str, Any]:
 
 
 def is_new_checkpoint(
-    stored: dict[str, Any] | None, reported: dict[str, Any] | None, *, seq: int, rank: int
+    stored: dict[str, Any] | None, reported: dict[str, Any] | None, *, rank: int
 ) -> bool:
-    """Whether rank `rank` of attempt `seq` reports a checkpoint the store has not recorded."""
+    """Whether rank `rank` of a job's attempt reports a checkpoint the store has not recorded.
+
+    A checkpoint is its path and the time it finished, whichever attempt reports it: a job
+    that comes back from its checkpoint and announces it again (its marker rewritten with the
+    same path and time) reports the checkpoint an earlier attempt took, not a new one, and
+    recording it again gave the job's history each of its last checkpoints twice."""
     if reported is None or rank != 0 or not reported.get("path"):
         return False
     if stored is None:
         return True
-    return (stored.get("seq"), stored.get("path"), stored.get("finished_at")) != (
-        seq,
+    return (stored.get("path"), stored.get("finished_at")) != (
         reported.get("path"),
         reported.get("finished_at"),
     )

@@ -527,7 +527,7 @@ class AgentReports(AttemptProgress):
             return
         seq = int(row["seq"])
         if rep.checkpoint is not None and job_reports.is_new_checkpoint(
-            row["checkpoint"], rep.checkpoint, seq=seq, rank=int(task["rank"])
+            row["checkpoint"], rep.checkpoint, rank=int(task["rank"])
         ):
             record = job_reports.checkpoint_record(rep.checkpoint, seq=seq, node=node)
             conn.execute(
