@@ -121,6 +121,66 @@ def unpublish_socket(auth_socket: Path, well_known: Path | None = None) -> None:
             path.parent.rmdir()  # only if empty: a site's own files there stay
 
 
+HOSTS = Path("/etc/hosts")
+RESOLVE_TIMEOUT_S = 2.0  # how long `up` waits to learn whether its node names resolve
+
+
+def _resolves(names: list[str]) -> dict[str, bool | None]:
+    """Whether each name resolves on this host (None: the resolver did not say in time)."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor, wait
+
+    def one(name: str) -> bool:
+        try:
+            socket.getaddrinfo(name, None)
+            return True
+        except OSError:
+            return False
+
+    pool = ThreadPoolExecutor(max_workers=min(16, len(names) or 1))
+    futures = {name: pool.submit(one, name) for name in names}
+    wait(futures.values(), timeout=RESOLVE_TIMEOUT_S)
+    pool.shutdown(wait=False, cancel_futures=True)
+    return {n: f.result() if f.done() else None for n, f in futures.items()}
+
+
+def _hosts_marker(state_dir: Path) -> str:
+    return f"# phalanx up {state_dir.absolute()}"
+
+
+def publish_names(names: list[str], state_dir: Path, hosts: Path = HOSTS) -> list[str]:
+    """Make this local cluster's node names resolve, to 127.0.0.1, as a real cluster's do:
+    the usual rendezvous recipe (`MASTER_ADDR=$(scontrol show hostnames
+    $SLURM_JOB_NODELIST | head -n1)`) then works on `phalanx up` too. One line in `hosts`,
+    marked with the state dir, for the names that do not resolve already (a name the
+    resolver knows, or does not answer for in time, is never shadowed: on a real cluster's
+    login node `node01` may be a real host); `unpublish_names` removes it. Returns the names
+    added (none when `hosts` cannot be written: not root)."""
+    missing = [n for n, ok in _resolves(names).items() if ok is False]
+    if not missing:
+        return []
+    try:
+        with open(hosts, "a", encoding="utf-8") as f:
+            f.write(f"127.0.0.1 {' '.join(missing)} {_hosts_marker(state_dir)}\n")
+    except OSError:
+        return []
+    return missing
+
+
+def unpublish_names(state_dir: Path, hosts: Path = HOSTS) -> None:
+    """Remove this cluster's line from `hosts` (`publish_names`), in place: /etc/hosts may be
+    a bind mount, which a rename would not replace."""
+    marker = _hosts_marker(state_dir)
+    try:
+        lines = hosts.read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = [x for x in lines if not x.rstrip("\n").endswith(marker)]
+        if len(kept) != len(lines):
+            with open(hosts, "w", encoding="utf-8") as f:
+                f.write("".join(kept))
+    except OSError:
+        pass
+
+
 def stop_from_pidfiles(state_dir: Path) -> list[str]:
     run = state_dir / "run"
     pids: dict[str, int] = {}
@@ -138,6 +198,7 @@ def stop_from_pidfiles(state_dir: Path) -> list[str]:
         p.unlink(missing_ok=True)
     unpublish_socket(state_dir / "auth.sock")
     unpublish_socket(state_dir / "commands.sock", COMMAND_SOCKET)
+    unpublish_names(state_dir)
     return stopped
 
 

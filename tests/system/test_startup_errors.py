@@ -155,6 +155,9 @@ def test_up_detach_then_down_leaves_nothing(cluster: Cluster, tmp_path: Path) ->
     commands = info["published_command_socket"]
     if commands is not None:
         assert os.readlink(commands) == info["command_socket"]
+    # the node names that did not resolve now do, to this host (a job's MASTER_ADDR recipe)
+    for name in info["published_names"]:
+        assert socket.gethostbyname(name) == "127.0.0.1", name
     shepherds = cluster.live_shepherds()
     assert shepherds
     # each agent's own cgroups (where this host has usable ones): `down` removes them too
@@ -171,6 +174,8 @@ def test_up_detach_then_down_leaves_nothing(cluster: Cluster, tmp_path: Path) ->
     assert not list((state / "run").glob("*.pid"))
     assert published is None or not os.path.lexists(published), "`down` removes its link"
     assert commands is None or not os.path.lexists(commands), "and the command server's"
+    marker = f"# phalanx up {state.absolute()}"
+    assert not [x for x in Path("/etc/hosts").read_text().splitlines() if x.endswith(marker)]
     everything = [*pidfiles.values(), *shepherds, *job_pids]
     wait_for(
         lambda: not [p for p in everything if alive(p)],

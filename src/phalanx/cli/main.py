@@ -170,13 +170,15 @@ def up(
         output.fail(e.message)
     from phalanx.auth.localsock import DEFAULT_SOCKET
     from phalanx.failover import DEFAULT_URL
-    from phalanx.local import COMMAND_SOCKET, publish_socket
+    from phalanx.local import COMMAND_SOCKET, publish_names, publish_socket
 
     # the commands find this cluster with nothing exported when it serves the default URL
     # and its socket is linked at the default path (publish_socket says when it can be)
     published = publish_socket(cluster.auth_socket)
     # and the compiled Slurm commands find its command server there (docs/slurm.md)
     commands_published = publish_socket(cluster.command_socket, COMMAND_SOCKET)
+    # and the node names resolve, as a job's rendezvous recipe expects
+    named = publish_names(cluster.node_names(), cluster.state_dir)
     exports = [] if cluster.url == DEFAULT_URL else [f"PHALANX_URL={cluster.url}"]
     if not published:
         exports.append(f"PHALANX_AUTH_SOCKET={cluster.auth_socket}")
@@ -188,6 +190,7 @@ def up(
                 "published_socket": DEFAULT_SOCKET if published else None,
                 "command_socket": str(cluster.command_socket),
                 "published_command_socket": str(COMMAND_SOCKET) if commands_published else None,
+                "published_names": named,
                 "pids": cluster.pids(),
                 "state_dir": str(state_dir.absolute()),
             }
@@ -196,6 +199,13 @@ def up(
         console.print(
             f"Phalanx cluster up: {controllers} controller(s), {nodes} node(s), state in {state_dir}"
         )
+        if named:
+            console.print(
+                f"node names resolve here: {' '.join(named)} -> 127.0.0.1 (a line in /etc/hosts "
+                "that `phalanx down` removes)",
+                highlight=False,
+                soft_wrap=True,
+            )
         if exports:
             console.print(f"export {' '.join(exports)}", highlight=False, soft_wrap=True)
         else:
