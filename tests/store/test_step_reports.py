@@ -54,6 +54,34 @@ def test_several_steps_end_in_one_heartbeat_each(store: Store) -> None:
     assert store.steps_of(job)[1]["state"] == "FAILED"
 
 
+def test_a_steps_usage_is_folded_from_its_tasks_exit_records(store: Store) -> None:
+    """sacct's N.0 line: the tasks' CPU seconds summed, the largest RSS with where it was."""
+    job, att = two_node_job(store)
+    sid = step(store, job)
+
+    def with_usage(task: int, cpu: float, rss: int) -> StepReport:
+        rep = ended(att, sid, task, 0)
+        rep.exits[0]["usage"] = {"cpu_s": cpu, "max_rss_bytes": rss, "source": "rusage"}
+        return rep
+
+    store.apply_step_reports("n1", [with_usage(0, 1.25, 50 << 20)])
+    assert store.steps_of(job)[0]["usage"] is None  # still running on n2
+    store.apply_step_reports("n2", [with_usage(1, 2.5, 80 << 20)])
+    (done,) = store.steps_of(job)
+    assert done["state"] == "COMPLETED"
+    assert done["usage"] == {
+        "cpu_s": 3.75,
+        "max_rss_bytes": 80 << 20,
+        "max_rss_node": "n2",
+        "max_rss_task": 1,
+    }
+    # records without figures (an older agent): no usage, not zeros
+    other = step(store, job)
+    for node, task in (("n1", 0), ("n2", 1)):
+        store.apply_step_reports(node, [ended(att, other, task, 0)])
+    assert store.steps_of(job)[1]["usage"] is None
+
+
 def test_a_running_report_starts_the_step_and_a_stale_token_is_ignored(store: Store) -> None:
     job, att = two_node_job(store)
     sid = step(store, job)

@@ -311,7 +311,15 @@ def test_explain_says_start_exactly_when_the_scheduler_places_it(case: Any) -> N
     e = explain_pending(mine, snap, NOW)
     assert (e.verdict == "start") == (1 in placed)
     if planned.reasons.get(1) is not None:
-        assert f"scheduler's reason: {planned.reasons[1]}" in e.lines
+        said = [x for x in e.lines if x.startswith("scheduler's reason: ")]
+        if said != [f"scheduler's reason: {planned.reasons[1]}"]:
+            # explain leaves out the jobs behind it (they cannot change its placement), so
+            # only the wording of a maintenance conflict may differ (explain.py says so): the
+            # full pass may word it Resources after placing a later job on the other nodes
+            assert {planned.reasons[1].split(":")[0], said[0].split(": ")[1].split(":")[0]} == {
+                "Maintenance",
+                "Resources",
+            }, (said, planned.reasons[1])
     if snap.pending[0] is not mine:
         return
     # the per-node count agrees: the head of the queue starts iff enough nodes are free now

@@ -202,7 +202,8 @@ def test_scontrol_commands_without_a_cluster(
         (["suspend", "12"], "suspend is not supported"),
         (["resume", "12"], "resume is not supported"),
         (["--frob", "show", "job"], "unrecognized option '--frob'"),
-        (["reconfigure"], "invalid command 'reconfigure'"),
+        (["frobnicate"], "invalid command 'frobnicate'"),
+        (["reconfigure"], "reconfigure is not supported: Phalanx's controllers read"),
         (["requeue", "State=SpecialExit", "12"], "only job ids are supported here, not State="),
         (["requeue"], "no job id given"),
         (["hold", "JobId=abc"], "Invalid job id specified for job abc"),
@@ -249,7 +250,8 @@ def test_rows_table_and_parsable_forms() -> None:
     steps = [
         {"step_id": 0, "name": "python", "state": "COMPLETED", "nodes": ["node01", "node02"],
          "ntasks": 4, "start_time": T0 + 10, "end_time": T0 + 20, "exit_code": 0,
-         "exit_signal": 0},
+         "exit_signal": 0, "usage": {"cpu_s": 12.5, "max_rss_bytes": 3 << 20,
+                                     "max_rss_node": "node02", "max_rss_task": 3}},
         {"step_id": 1, "name": "bash", "state": "FAILED", "nodes": ["node02"], "ntasks": 1,
          "start_time": T0 + 30, "end_time": T0 + 31, "exit_code": 2, "exit_signal": 0},
     ]  # fmt: skip
@@ -277,7 +279,14 @@ def test_rows_table_and_parsable_forms() -> None:
     step0, step1 = out[3].split("|"), out[4].split("|")
     assert step0[:3] == ["42.0", "42.0", "python"] and step0[14:16] == ["node[01-02]", "2"]
     assert step0[9:11] == ["00:00:10", "10"]
+    assert step0[19:21] == ["3072K", "00:12.500"]  # its tasks' exit records (steps.usage)
     assert step1[:8] == ["42.1", "42.1", "bash", "", "physics", "", "FAILED", "2:0"]
+    assert step1[19:21] == ["", ""]  # no figures kept: blank, as sacct prints them
+    where = sacct.parse_format("JobID,MaxRSSNode,MaxRSSTask")
+    assert sacct.render(rows, where, header=False, parsable="2").splitlines()[2:] == [
+        "42.0|node02|3",
+        "42.1||",
+    ]
     assert len(out) == 5
     # -p: every field followed by the delimiter; -n: no header; -X: the allocation only
     p = sacct.render(sacct.job_rows(job(), T0, steps=False), sacct.parse_format("JobID,State"),

@@ -285,3 +285,20 @@ def test_a_stream_header_is_read_without_a_byte_of_the_stream() -> None:
         a.shutdown(socket.SHUT_WR)
         with pytest.raises(OSError, match="short header"):
             _read_line(b)
+
+
+def test_a_steps_usage_from_its_tasks_exit_records() -> None:
+    from phalanx.domain.steps import step_usage
+
+    exits = [
+        ("n1", {"task": 0, "usage": {"cpu_s": 1.0, "max_rss_bytes": 10}}),
+        ("n2", {"task": 1, "usage": {"cpu_s": 2.0, "max_rss_bytes": 30}}),
+        ("n2", {"task": 2}),  # lost, or from an agent that sends no figures
+    ]
+    assert step_usage(exits) == {
+        "cpu_s": 3.0,
+        "max_rss_bytes": 30,
+        "max_rss_node": "n2",
+        "max_rss_task": 1,
+    }
+    assert step_usage([("n1", {"task": 0})]) is None

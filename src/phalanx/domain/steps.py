@@ -124,6 +124,31 @@ def plan_step(req: StepRequest, alloc: Sequence[AllocNode]) -> StepPlan:
     return plan
 
 
+def step_usage(exits: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any] | None:
+    """What a step's tasks used, from their (node, exit record) pairs: total CPU seconds, and
+    the largest resident set with the node and task it was seen on; None when no record
+    carries a figure (sacct prints blanks then)."""
+    cpu, peak, where = 0.0, -1, ("", 0)
+    seen = False
+    for node, ex in exits:
+        usage = ex.get("usage")
+        if not isinstance(usage, dict):
+            continue
+        seen = True
+        cpu += float(usage.get("cpu_s") or 0.0)
+        rss = int(usage.get("max_rss_bytes") or 0)
+        if rss > peak:
+            peak, where = rss, (node, int(ex.get("task") or 0))
+    if not seen:
+        return None
+    return {
+        "cpu_s": round(cpu, 3),
+        "max_rss_bytes": max(peak, 0),
+        "max_rss_node": where[0],
+        "max_rss_task": where[1],
+    }
+
+
 def step_outcome(
     exits: Sequence[dict[str, Any]], *, lost: bool, stop_reason: str | None
 ) -> tuple[str, int | None, int | None]:

@@ -103,8 +103,6 @@ _NOT_MEASURED = (
     ("MaxPages", 8),
     ("MaxPagesNode", 12),
     ("MaxPagesTask", 14),
-    ("MaxRSSNode", 10),
-    ("MaxRSSTask", 10),
     ("MaxVMSize", 10),
     ("MaxVMSizeNode", 14),
     ("MaxVMSizeTask", 14),
@@ -172,6 +170,8 @@ FIELDS: dict[str, Field] = {
         Field("ReqNodes", 8, lambda r: r.get("_reqnodes", "")),
         # what the job's last attempt used, as its agents measured it (docs/explain.md)
         Field("MaxRSS", 10, lambda r: r.get("_maxrss", "")),
+        Field("MaxRSSNode", 10, lambda r: r.get("_maxrssnode", "")),  # step lines
+        Field("MaxRSSTask", 10, lambda r: r.get("_maxrsstask", "")),
         Field("TotalCPU", 10, lambda r: r.get("_totalcpu", "")),
         Field("Timelimit", 10, lambda r: r.get("_timelimit", "")),
         Field("Restarts", 8, lambda r: r.get("_restarts", "")),
@@ -412,12 +412,23 @@ def job_rows(job: dict[str, Any], now: float, *, steps: bool = True) -> list[dic
                 "_ncpus": cpn * len(names),
                 "_ntasks": s.get("ntasks") or "",
                 "_tres": f"cpu={cpn * len(names)},node={len(names)}",
-                # a step's own figures are not kept apart: its CPU counts in the job's
-                "_maxrss": "",
-                "_totalcpu": "",
+                # what the step's tasks used, from their exit records (its end)
+                **_step_usage(s.get("usage")),
             }
         )
     return rows
+
+
+def _step_usage(usage: Any) -> dict[str, Any]:
+    """A step line's MaxRSS, its node and task, and TotalCPU (blank: no figures kept)."""
+    if not isinstance(usage, dict):
+        return {"_maxrss": "", "_totalcpu": ""}
+    return {
+        "_maxrss": efficiency.max_rss(usage.get("max_rss_bytes")),
+        "_maxrssnode": usage.get("max_rss_node") or "",
+        "_maxrsstask": usage.get("max_rss_task", ""),
+        "_totalcpu": efficiency.total_cpu(usage.get("cpu_s")),
+    }
 
 
 def json_job(job: dict[str, Any], now: float) -> dict[str, Any]:

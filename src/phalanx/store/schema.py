@@ -292,6 +292,7 @@ steps = Table(
     Column("end_time", Float, nullable=True),
     Column("exit_code", Integer, nullable=True),
     Column("exit_signal", Integer, nullable=True),
+    Column("usage", JSON, nullable=True),  # its tasks' CPU time and largest RSS (0017)
 )
 Index("ix_steps_job", steps.c.job_id)
 

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import Connection, Select, bindparam, func, insert, or_, select, update
 
 from phalanx.domain.states import AttemptState, JobState
-from phalanx.domain.steps import AllocNode, StepRequest, plan_step, step_outcome
+from phalanx.domain.steps import AllocNode, StepRequest, plan_step, step_outcome, step_usage
 from phalanx.errors import InvalidTransition, NotFound
 from phalanx.store import schema as s
 from phalanx.store.base import StoreBase
@@ -253,6 +253,7 @@ class JobSteps(StoreBase):
             step_id = int(step["step_id"])
             rows = done[(int(step["attempt_id"]), step_id)]
             exits = [ex for r in rows for ex in (r["exits"] or [])]
+            usage = step_usage([(str(r["node"]), ex) for r in rows for ex in (r["exits"] or [])])
             state, code, sig = step_outcome(
                 exits,
                 lost=any(r["state"] == "LOST" for r in rows),
@@ -268,6 +269,7 @@ class JobSteps(StoreBase):
                     "code": code,
                     "sig": sig,
                     "start": step["start_time"] or (min(started) if started else None),
+                    "usage": usage,
                 }
             )
             events.append(
@@ -458,6 +460,7 @@ def step_view(row: dict[str, Any]) -> dict[str, Any]:
         "exit_code": row["exit_code"],
         "exit_signal": row["exit_signal"],
         "stop_reason": row["stop_reason"],
+        "usage": row.get("usage"),
     }
 
 
@@ -546,6 +549,7 @@ def _end_step() -> Any:
             exit_code=bindparam("code"),
             exit_signal=bindparam("sig"),
             start_time=bindparam("start"),
+            usage=bindparam("usage", type_=s.steps.c.usage.type),
         )
     )
 
