@@ -122,3 +122,14 @@ def test_sstat_shows_a_running_steps_memory_and_cpu_on_every_node(
     assert cluster.wait_terminal([jid])[jid]["state"] == "COMPLETED"
     p = sstat(cluster, "-j", str(jid), "-n")
     assert (p.returncode, p.stderr) == (0, f"sstat: error: No steps running for job {jid}\n")
+    # once ended, sacct's step line keeps what its tasks used (their exit records)
+    p = subprocess.run(
+        [f"{BIN}/sacct", "-j", str(jid), "-n", "-P", "-o", "JobID,MaxRSS,MaxRSSNode,TotalCPU"],
+        env=user_env(cluster),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    step0 = next(x.split("|") for x in p.stdout.splitlines() if x.startswith(f"{jid}.0|"))
+    assert int(step0[1].rstrip("K")) * 1024 >= HELD * MIB, step0
+    assert step0[2] in ("node01", "node02") and step0[3], step0
