@@ -109,6 +109,18 @@ def user_env(cluster: Cluster) -> dict[str, str]:
     )
 
 
+def run_command(cluster: Cluster, command: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """One installed command (`sstat`, `sreport`, ...) run in a user's shell (`user_env`)."""
+    return subprocess.run(
+        [f"{BIN}/{command}", *args],
+        env=user_env(cluster),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+
+
 def is_raw(mode: list) -> bool:
     return not mode[3] & (termios.ICANON | termios.ECHO | termios.ISIG)
 

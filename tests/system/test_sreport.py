@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from system.harness import Cluster
-from system.test_pty import BIN, user_env
+from system.test_pty import run_command
 
 pytestmark = pytest.mark.system
 
@@ -21,14 +21,7 @@ def iso(t: float) -> str:
 
 
 def sreport(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [f"{BIN}/sreport", *args],
-        env=user_env(cluster),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    return run_command(cluster, "sreport", *args)
 
 
 @pytest.mark.timeout(300)

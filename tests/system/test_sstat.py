@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 
 from system.harness import Cluster, wait_for
-from system.test_pty import BIN, user_env
+from system.test_pty import BIN, run_command
 
 pytestmark = pytest.mark.system
 
-SSTAT = f"{BIN}/sstat"
 MIB = 1024 * 1024
 HELD = 150  # MiB each task allocates and touches
 
@@ -44,14 +43,7 @@ def slurm_widths() -> dict[str, int]:
 
 
 def sstat(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [SSTAT, *args],
-        env=user_env(cluster),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    return run_command(cluster, "sstat", *args)
 
 
 @pytest.mark.timeout(300)
@@ -123,12 +115,8 @@ def test_sstat_shows_a_running_steps_memory_and_cpu_on_every_node(
     p = sstat(cluster, "-j", str(jid), "-n")
     assert (p.returncode, p.stderr) == (0, f"sstat: error: No steps running for job {jid}\n")
     # once ended, sacct's step line keeps what its tasks used (their exit records)
-    p = subprocess.run(
-        [f"{BIN}/sacct", "-j", str(jid), "-n", "-P", "-o", "JobID,MaxRSS,MaxRSSNode,TotalCPU"],
-        env=user_env(cluster),
-        capture_output=True,
-        text=True,
-        timeout=120,
+    p = run_command(
+        cluster, "sacct", "-j", str(jid), "-n", "-P", "-o", "JobID,MaxRSS,MaxRSSNode,TotalCPU"
     )
     step0 = next(x.split("|") for x in p.stdout.splitlines() if x.startswith(f"{jid}.0|"))
     assert int(step0[1].rstrip("K")) * 1024 >= HELD * MIB, step0

@@ -517,3 +517,13 @@ def wait_for_jobs(c: ApiCalls, ref: str | int, poll: float = 0.25) -> list[dict[
             return jobs
         time.sleep(delay)
         delay = min(delay * 1.5, 2.0)
+
+
+def acct_cell(value: Any, width: int) -> str:
+    """One column: right-justified (left for a negative width), a value too long cut to the
+    width with `+` as its last character, as sacct and sstat do (squeue and sinfo: `cell`)."""
+    text = str(value)
+    n = abs(width)
+    if len(text) > n:
+        text = text[: n - 1] + "+" if n > 1 else "+"
+    return f"{text:<{n}} " if width < 0 else f"{text:>{n}} "

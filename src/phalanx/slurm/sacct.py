@@ -29,6 +29,7 @@ from phalanx.slurm.common import (
     ACCT_STATE,
     SlurmParser,
     SlurmUsageError,
+    acct_cell,
     acct_state,
     add_clusters,
     check_clusters,
@@ -231,16 +232,6 @@ def parse_format(text: str) -> list[tuple[Field, int]]:
     return out
 
 
-def _cell(value: Any, width: int) -> str:
-    """One column: right-justified (left for a negative width), a value too long cut to the
-    width with `+` as its last character, as sacct does."""
-    text = str(value)
-    n = abs(width)
-    if len(text) > n:
-        text = text[: n - 1] + "+" if n > 1 else "+"
-    return f"{text:<{n}} " if width < 0 else f"{text:>{n}} "
-
-
 def render(
     rows: list[dict[str, Any]],
     fields: list[tuple[Field, int]],
@@ -260,10 +251,10 @@ def render(
             lines.append(delimiter.join(escape(f.get(r)) for f, _ in fields) + end)
         return "".join(x + "\n" for x in lines)
     if header:
-        lines.append("".join(_cell(f.name, w) for f, w in fields))
+        lines.append("".join(acct_cell(f.name, w) for f, w in fields))
         lines.append("".join("-" * abs(w) + " " for _, w in fields))
     for r in rows:
-        lines.append("".join(_cell(escape(f.get(r)), w) for f, w in fields))
+        lines.append("".join(acct_cell(escape(f.get(r)), w) for f, w in fields))
     return "".join(x + "\n" for x in lines)
 
 

@@ -24,7 +24,14 @@ from typing import Any
 from phalanx.domain import efficiency
 from phalanx.domain.hostlist import compress_hostlist
 from phalanx.errors import NotFound
-from phalanx.slurm.common import SlurmFatal, SlurmParser, SlurmUsageError, client, run_command
+from phalanx.slurm.common import (
+    SlurmFatal,
+    SlurmParser,
+    SlurmUsageError,
+    acct_cell,
+    client,
+    run_command,
+)
 
 PROG = "sstat"
 DEFAULT_FORMAT = (
@@ -227,14 +234,6 @@ def parse_format(text: str) -> list[tuple[Field, int]]:
     return out
 
 
-def _cell(value: Any, width: int) -> str:
-    text = str(value)
-    n = abs(width)
-    if len(text) > n:
-        text = text[: n - 1] + "+"
-    return f"{text:<{n}} " if width < 0 else f"{text:>{n}} "
-
-
 def render(steps: list[Step], fields: list[tuple[Field, int]], *, header: bool, sep: str | None,
            trailing: bool) -> list[str]:  # fmt: skip
     """The lines to print: fixed columns with the dashes line, or `-p`/`-P`."""
@@ -246,9 +245,9 @@ def render(steps: list[Step], fields: list[tuple[Field, int]], *, header: bool, 
         lines += [sep.join(str(f.get(s)) for f, _ in fields) + end for s in steps]
         return lines
     if header:
-        lines.append("".join(_cell(f.name, w) for f, w in fields))
+        lines.append("".join(acct_cell(f.name, w) for f, w in fields))
         lines.append("".join("-" * abs(w) + " " for _, w in fields))
-    lines += ["".join(_cell(f.get(s), w) for f, w in fields) for s in steps]
+    lines += ["".join(acct_cell(f.get(s), w) for f, w in fields) for s in steps]
     return lines
 
 
