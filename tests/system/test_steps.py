@@ -292,8 +292,9 @@ def test_srun_hands_steps_to_the_agents_and_the_long_poll_covers_the_rest(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     """Direct step launch (docs/slurm.md, "What a step costs"): node01's agent takes each
-    step's launch from srun itself; node02's agent takes no direct launches (its own
-    configuration), so the controller wakes its long-poll for it.  Every task runs once,
+    step's launch from srun itself (its own heartbeat may win the race for one); node02's
+    agent takes no direct launches (its own configuration), so the controller wakes its
+    long-poll for it.  Every task runs once,
     srun gets their output and exit codes, and the store records every step with its code."""
     no_direct = tmp_path / "no-direct.toml"
     no_direct.write_text("[steps]\ndirect = false\n")
@@ -319,7 +320,14 @@ def test_srun_hands_steps_to_the_agents_and_the_long_poll_covers_the_rest(
     steps = steps_of(cluster, jid)
     assert [(s["step_id"], s["exit_code"]) for s in steps] == [(0, 0), (1, 1), (2, 2)], steps
     logs = {n: (cluster.logs / f"agent-{n}.log").read_text() for n in ("node01", "node02")}
+    # node01 starts each step once.  srun hands it over, unless one of node01's own
+    # exchanges (a heartbeat, the exit watcher's report) reaches the controller between the
+    # step's record and srun's hand-over and brings it first: the long-poll is the safety
+    # net by design, so one such race is allowed, never a step with no direct launch at all.
+    direct = 0
     for sid in range(3):
         started = f"started step {jid}.{sid}: 1 tasks"
-        assert f"{started} (handed over by srun)" in logs["node01"], logs["node01"]
+        assert logs["node01"].count(started) == 1, logs["node01"]
+        direct += f"{started} (handed over by srun)" in logs["node01"]
         assert f"{started} (from a heartbeat reply)" in logs["node02"], logs["node02"]
+    assert direct >= 2, logs["node01"]

@@ -237,24 +237,32 @@ class Submission(StoreBase):
             for row, jid in zip(rows, ids, strict=True)
         ]
         # one statement in autocommit for a group that fits in one; a bigger batch is
-        # several in one transaction (PostgreSQL takes at most 65,535 parameters a statement)
-        with self.db.begin(single=len(jobs) <= _GROUP_ROWS) as conn:
-            for at in range(0, len(jobs), _GROUP_ROWS):
-                self._insert_jobs_and_events(
-                    conn, jobs[at : at + _GROUP_ROWS], events[at : at + _GROUP_ROWS]
-                )
+        # several in one transaction (PostgreSQL takes at most 65,535 parameters a statement).
+        # Every statement is built before the transaction opens: the server ends a session
+        # idle inside a transaction for 2 x db_op_timeout (pgengine.idle_in_transaction_ms),
+        # and building a group's parameters on a loaded host must not count as idle.
+        statements = [
+            self._jobs_and_events_statement(
+                jobs[at : at + _GROUP_ROWS], events[at : at + _GROUP_ROWS]
+            )
+            for at in range(0, len(jobs), _GROUP_ROWS)
+        ]
+        with self.db.begin(single=len(statements) == 1) as conn:
+            for sql, params in statements:
+                conn.exec_driver_sql(sql, params)
         return [[jid] for jid in ids]
 
-    def _insert_jobs_and_events(
-        self, conn: Connection, jobs: list[dict[str, Any]], events: list[dict[str, Any]]
-    ) -> None:
+    def _jobs_and_events_statement(
+        self, jobs: list[dict[str, Any]], events: list[dict[str, Any]]
+    ) -> tuple[str, dict[str, Any]]:
+        """The one statement (and its parameters) that inserts `jobs` and their `events`."""
         job_keys, event_keys = tuple(jobs[0]), tuple(events[0])  # every row has them all
         sql, procs = _jobs_and_events(len(jobs), job_keys, event_keys, self.db.write.dialect)
         params = {f"j{i}_{k}": row[k] for i, row in enumerate(jobs) for k in job_keys}
         params.update({f"e{i}_{k}": row[k] for i, row in enumerate(events) for k in event_keys})
         for name, proc in procs.items():
             params[name] = proc(params[name])
-        conn.exec_driver_sql(sql, params)
+        return sql, params
 
     def _job_row(
         self, conn: Connection, resolved: ResolvedJob, spec: dict[str, Any], user: str, now: float
