@@ -39,6 +39,7 @@ test: install lint
 	bash scripts/ensure-netns-tools.sh
 	bash scripts/ensure-chromium.sh
 	bash scripts/ensure-tools.sh
+	bash scripts/ensure-mpi.sh
 	$(BIN)/pytest -q --durations=20 -m "not soak and not serial and not paired" \
 		-n $(TEST_WORKERS) --dist loadfile
 	$(BIN)/pytest -q --durations=10 -m "paired and not soak" -n 2 --dist loadfile

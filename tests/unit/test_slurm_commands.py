@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from typing import Any
@@ -402,30 +403,45 @@ def test_scontrol_knows_when_it_requeues_its_own_job() -> None:
 
 
 @pytest.mark.parametrize(
-    ("option", "env", "refused"),
+    ("option", "env", "kind", "refused"),
     [
-        (None, None, None),
-        ("none", None, None),
-        ("None", "", None),
-        ("pmix", None, "--mpi=pmix"),
-        ("pmi2", None, "--mpi=pmi2"),
-        ("pmix_v4", None, "--mpi=pmix_v4"),
-        (None, "pmix", "SLURM_MPI_TYPE=pmix"),  # srun's input variable counts as the option
+        (None, None, "none", None),
+        ("none", None, "none", None),
+        ("None", "", "none", None),
+        ("pmi2", None, "pmi2", None),
+        (None, "pmi2", "pmi2", None),  # srun's input variable counts as the option
+        ("none", "pmi2", "none", None),  # and the option wins over it
+        ("pmix", None, None, "--mpi=pmix is not supported: Open MPI's PMIx"),
+        ("pmix_v4", None, None, "--mpi=pmix_v4 is not supported: Open MPI's PMIx"),
+        (None, "pmix", None, "SLURM_MPI_TYPE=pmix is not supported"),
+        ("cray_shasta", None, None, "--mpi=cray_shasta is not supported"),
+        ("bogus", None, None, "Invalid MPI type 'bogus', --mpi=list for acceptable types"),
     ],
 )
-def test_srun_refuses_an_mpi_plugin_it_cannot_provide(
-    option: str | None, env: str | None, refused: str | None
+def test_srun_serves_pmi2_and_refuses_the_mpi_types_it_cannot_provide(
+    option: str | None, env: str | None, kind: str | None, refused: str | None
 ) -> None:
-    from phalanx.slurm.srun.command import check_mpi, prepare
+    """Slurm's --mpi types: pmi2 is served (srun/pmi.py); the others are refused by name
+    before anything starts, as Slurm refuses an unknown one (its message, checked on 22.05)."""
+    from phalanx.slurm.srun.command import mpi_type, prepare
 
     if refused is None:
-        check_mpi(option, env)
+        assert mpi_type(option, env) == kind
         return
-    with pytest.raises(SlurmUsageError, match=f"{refused} is not supported.*no PMI server"):
-        check_mpi(option, env)
-    if option is not None:  # and through srun's own parsing, by name
-        with pytest.raises(SlurmUsageError, match=f"--mpi={option} is not supported"):
+    with pytest.raises(SlurmUsageError, match=re.escape(refused)):
+        mpi_type(option, env)
+    if option is not None:  # and through srun's own parsing
+        with pytest.raises(SlurmUsageError, match=re.escape(refused)):
             prepare([f"--mpi={option}", "hostname"])
+
+
+def test_srun_mpi_list_prints_the_served_types(capsys: pytest.CaptureFixture[str]) -> None:
+    from phalanx.slurm.srun.command import prepare
+
+    with pytest.raises(SystemExit) as e:
+        prepare(["--mpi=list"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out == "MPI plugin types are...\n\tnone\n\tpmi2\n"
 
 
 @pytest.mark.parametrize("command", ["sbatch", "squeue", "sacct", "scontrol", "sinfo", "sdiag"])

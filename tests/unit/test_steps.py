@@ -302,3 +302,18 @@ def test_a_steps_usage_from_its_tasks_exit_records() -> None:
         "max_rss_task": 1,
     }
     assert step_usage([("n1", {"task": 0})]) is None
+
+
+def test_a_pmi2_step_gives_each_task_its_rank_and_id_and_every_task_the_server() -> None:
+    """srun --mpi=pmi2 (slurm/srun/pmi.py): PMI_RANK and PMI_ID (the step's base + rank) per
+    task, PMI_PORT (srun's host and the server's port) and PMI_SIZE for all."""
+    r = row()
+    r["step_spec"]["pmi"] = {"port": 5000, "id_base": 77}
+    item = build_step_launch(r, node="n1", kill_wait=3.0, now=time.time())
+    envs = [{**item["env"], **t["env"]} for t in item["tasks"]]
+    assert [(e["PMI_RANK"], e["PMI_ID"]) for e in envs] == [("0", "77"), ("1", "78")]
+    assert {(e["PMI_PORT"], e["PMI_SIZE"]) for e in envs} == {("10.0.0.1:5000", "3")}
+    plain = build_step_launch(row(), node="n1", kill_wait=3.0, now=time.time())
+    assert not any(
+        k.startswith("PMI_") for t in plain["tasks"] for k in {**plain["env"], **t["env"]}
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from phalanx.domain import spec as specs
 from phalanx.domain.spec import JobSpec
@@ -171,6 +171,26 @@ class StepIn(BaseModel):
         "credential and the agent's address per node) when the cluster allows it "
         "(steps.direct); nodes not in `launch` are woken here",
     )
+    pmi_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="srun --mpi=pmi2: the port of srun's PMI-1 server on `host`; each task "
+        "gets PMI_PORT, PMI_SIZE, PMI_RANK and PMI_ID (docs/slurm.md)",
+    )
+    pmi_id_base: int | None = Field(
+        default=None,
+        ge=1,
+        le=2**30,
+        description="with pmi_port: a task's PMI_ID is this plus its rank (the server knows "
+        "its step's tasks by it)",
+    )
+
+    @model_validator(mode="after")
+    def _pmi_pair(self) -> StepIn:
+        if (self.pmi_port is None) != (self.pmi_id_base is None):
+            raise ValueError("pmi_port and pmi_id_base go together (srun --mpi=pmi2)")
+        return self
 
 
 class StepWakeIn(BaseModel):

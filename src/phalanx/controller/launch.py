@@ -423,10 +423,17 @@ def build_step_launch(
             "SLURM_LAUNCH_NODE_IPADDR": str(spec["io"]["host"]),
         }
     )
+    pmi = spec.get("pmi")  # srun --mpi=pmi2: srun's PMI-1 server (slurm/srun/pmi.py)
+    if pmi:
+        env.update(
+            {"PMI_PORT": f"{spec['io']['host']}:{pmi['port']}", "PMI_SIZE": str(sum(counts))}
+        )
     cwd = spec.get("cwd") or "/"
     tasks = []
     for local, (task, task_gpus) in enumerate(zip(task_ids, gpus, strict=False)):
         task_env = {"SLURM_PROCID": str(task), "SLURM_LOCALID": str(local)}
+        if pmi:
+            task_env.update({"PMI_RANK": str(task), "PMI_ID": str(int(pmi["id_base"]) + task)})
         if task_gpus:
             ids = ",".join(str(g) for g in task_gpus)
             task_env.update(

@@ -52,6 +52,8 @@ def router(api: ApiContext) -> APIRouter:
                 **({"pty": True} if body.pty else {}),
             },
         }
+        if body.pmi_port is not None:
+            spec["pmi"] = {"port": body.pmi_port, "id_base": body.pmi_id_base}
         name = body.name or os.path.basename(body.argv[0])
         direct = body.direct and ctl.config.steps.direct
         step = ctl.store.create_step(

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from phalanx.domain import hostlist
 from phalanx.errors import ControllerUnavailable, PhalanxError
@@ -39,6 +39,9 @@ from phalanx.slurm.common import SlurmParser, SlurmUsageError, run_command
 from phalanx.slurm.srun import pty_relay
 from phalanx.slurm.srun import push as step_push
 from phalanx.slurm.srun.refused import add_refused
+
+if TYPE_CHECKING:
+    from phalanx.slurm.srun.pmi import PmiServer
 
 PROG = "srun"
 ATTACH_ENV = "PHX_SRUN_ATTACH"  # host:port:cookie of the srun a job's inner srun reports to
@@ -75,9 +78,9 @@ def parser() -> SlurmParser:
     a("--pty", action="store_true")
     a("--jobid")
     # placement and binding hints: accepted, the allocation's cgroup and CPU set apply
-    # (--mpi is checked in prepare(): only "none" is honoured)
-    for name in ("--cpu-bind", "--gpu-bind", "--distribution", "-m", "--mpi", "--hint"):
+    for name in ("--cpu-bind", "--gpu-bind", "--distribution", "-m", "--hint"):
         a(name, dest=name.lstrip("-").replace("-", "_") + "_hint")
+    a("--mpi", dest="mpi")  # checked in prepare(): MPI_TYPES
     for flag in ("-u", "--unbuffered", "--exact", "--overlap", "--exclusive", "-Q", "--quiet"):
         a(flag, action="store_true", dest="flag_" + flag.lstrip("-").replace("-", "_"))
     a("-v", "--verbose", action="count", default=0)
@@ -143,7 +146,10 @@ def main(argv: Sequence[str]) -> int:
 def prepare(argv: list[str]) -> Any:
     """srun's options, checked: SlurmUsageError for anything srun refuses."""
     opts = parser().parse_args(argv)
-    check_mpi(opts.mpi_hint, os.environ.get("SLURM_MPI_TYPE"))
+    opts.mpi = mpi_type(opts.mpi, os.environ.get("SLURM_MPI_TYPE"))
+    if opts.mpi == "list":
+        sys.stdout.write(MPI_LIST)
+        raise SystemExit(0)
     if not opts.command:
         raise SlurmUsageError("no command given: srun [OPTIONS] COMMAND [ARGS...]")
     if opts.exclude:
@@ -151,21 +157,34 @@ def prepare(argv: list[str]) -> Any:
     return opts
 
 
-# what srun --mpi may name: no PMI server is started for the tasks, so only "none"
-MPI_TYPES = ("none",)
+# what srun --mpi may name: "pmi2" starts srun's PMI server for the step's tasks (srun/pmi.py:
+# the PMI-1 wire, which MPICH-family libraries speak, as Slurm's pmi2 plugin also serves it)
+MPI_TYPES = ("none", "pmi2")
+MPI_LIST = "MPI plugin types are...\n\tnone\n\tpmi2\n"
+# Slurm's other types, refused by name: an MPI program launched without the server it
+# expects would die in MPI_Init with no word from us
+MPI_REFUSED = {
+    "pmix": "Open MPI's PMIx is not served; launch Open MPI programs with mpirun inside the "
+    "allocation (it starts its daemons through srun), or use an MPICH-family MPI with "
+    "--mpi=pmi2",
+    "cray_shasta": "Cray's PMI is not served",
+}
 
 
-def check_mpi(option: str | None, env: str | None) -> None:
-    """Refuse an MPI plugin srun would have to provide (pmix, pmi2, ...): an MPI program
-    launched without its PMI server dies in MPI_Init with no word from us."""
+def mpi_type(option: str | None, env: str | None) -> str:
+    """The step's MPI type: --mpi, else $SLURM_MPI_TYPE, else "none" ("list": print them).
+    A type srun does not serve is refused by name, as Slurm refuses an unknown one."""
     for given, where in ((option, "--mpi"), (env, "SLURM_MPI_TYPE")):
-        if given is None or given.strip().lower() in ("", *MPI_TYPES):
+        if given is None or not given.strip():
             continue
-        raise SlurmUsageError(
-            f"{where}={given} is not supported: Phalanx's srun starts no PMI server "
-            "(pmix, pmi2), so an MPI program it launched would fail in MPI_Init; "
-            f"{where}=none runs programs that do not need one"
-        )
+        kind = given.strip().lower()
+        base = kind.split("_v", 1)[0] if kind.startswith("pmix") else kind
+        if kind in MPI_TYPES or (kind == "list" and where == "--mpi"):
+            return kind
+        if base in MPI_REFUSED:
+            raise SlurmUsageError(f"{where}={given} is not supported: {MPI_REFUSED[base]}")
+        raise SlurmUsageError(f"Invalid MPI type '{given}', --mpi=list for acceptable types")
+    return "none"
 
 
 def _main(argv: list[str]) -> int:
@@ -443,13 +462,50 @@ def _step(
     if attach:
         return _inner(client, job, opts, attach)
     io = StepIO(label=bool(opts.label), out=caller.out, err=caller.err, pty=term)
+    pmi = _pmi_server(opts, client, job, caller)
     try:
         host = host or advertised_host(client.urls, caller.env)
         body = _body(opts, host, io.cookie, io.port, caller)
-        step = start_step(client, job, body)
-        return _supervise(client, job, step, io, opts, caller)
+        step = _start_with_pmi(client, job, body, pmi)
+        code = _supervise(client, job, step, io, opts, caller)
+        aborted = pmi.state.aborted if pmi is not None else None
+        return aborted[1] & 0xFF if aborted is not None else code  # mpiexec's code after one
     finally:
         io.close()
+        if pmi is not None:
+            pmi.close()
+
+
+def _pmi_server(opts: Any, client: LeanClient, job: str, caller: Caller) -> PmiServer | None:
+    """srun --mpi=pmi2: the step's PMI server (srun/pmi.py). A rank's MPI_Abort ends the step,
+    as Slurm's does: the other ranks would wait on it for ever."""
+    if opts.mpi != "pmi2":
+        return None
+    from phalanx.slurm.srun.pmi import PmiServer
+
+    def aborted(rank: int | None, code: int, message: str) -> None:
+        told = f": {message}" if message else ""
+        caller.say(f"{PROG}: error: task {rank}: MPI_Abort with exit code {code}{told}\n")
+        sid = server.step_id
+        if sid is None:
+            return
+        with contextlib.suppress(PhalanxError), LeanClient(",".join(client.urls)) as own:
+            reason = f"MPI_Abort by task {rank} (exit code {code})"
+            own.post(f"/v1/jobs/{job}/steps/cancel", {"step_id": sid, "reason": reason})
+
+    server = PmiServer(on_abort=aborted)
+    return server
+
+
+def _start_with_pmi(
+    client: LeanClient, job: str, body: dict[str, Any], pmi: PmiServer | None
+) -> dict[str, Any]:
+    """start_step, telling the tasks where the PMI server is and the server the step's layout."""
+    if pmi is None:
+        return start_step(client, job, body)
+    step = start_step(client, job, {**body, "pmi_port": pmi.port, "pmi_id_base": pmi.id_base})
+    pmi.start(int(step["step_id"]), [list(ids) for ids in step["task_ids"]])
+    return step
 
 
 def start_step(client: LeanClient, job: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -471,14 +527,19 @@ def _inner(client: LeanClient, job: str, opts: Any, attach: str) -> int:
     address, then wait for the step's end and exit with its code."""
     host, port, cookie = attach.rsplit(":", 2)
     body = _body(opts, host, cookie, int(port))
-    step = start_step(client, job, body)
-    sid = int(step["step_id"])
-    while True:
-        st = client.get(f"/v1/jobs/{job}/steps/{sid}")
-        if st["state"] != "RUNNING":
-            code = st.get("exit_code")
-            return int(code) if isinstance(code, int) and 0 <= code < 256 else 1
-        time.sleep(POLL_S)
+    pmi = _pmi_server(opts, client, job, Caller.this_process())
+    try:
+        step = _start_with_pmi(client, job, body, pmi)
+        sid = int(step["step_id"])
+        while True:
+            st = client.get(f"/v1/jobs/{job}/steps/{sid}")
+            if st["state"] != "RUNNING":
+                code = st.get("exit_code")
+                return int(code) if isinstance(code, int) and 0 <= code < 256 else 1
+            time.sleep(POLL_S)
+    finally:
+        if pmi is not None:
+            pmi.close()
 
 
 def _supervise(
