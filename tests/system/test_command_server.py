@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -56,13 +56,16 @@ def bindir(public: Path) -> Path:
 class Server:
     """A command server process on `sock`, logging each call it ran."""
 
-    def __init__(self, sock: Path, log: Path, *, no_pidfd: bool = False) -> None:
+    def __init__(
+        self, sock: Path, log: Path, *, no_pidfd: bool = False, args: Sequence[str] = ()
+    ) -> None:
         self.sock, self.log = sock, log
+        self.extra = list(args)
         self.no_pidfd = no_pidfd  # as on a kernel before 5.3: workers watched by polling
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Server:
-        args = ["--socket", str(self.sock), "--log-level", "debug"]
+        args = ["--socket", str(self.sock), "--log-level", "debug", *self.extra]
         if self.no_pidfd:
             code = (
                 "import os, sys\n"
@@ -93,6 +96,10 @@ class Server:
     def calls(self) -> int:
         """Calls its workers ran to the end."""
         return self.log.read_text().count("ended:")
+
+    def workers(self) -> list[int]:
+        """The worker of each call that ended, in order."""
+        return [int(p) for p in re.findall(r"call in worker (\d+) ended:", self.log.read_text())]
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -400,3 +407,50 @@ def test_without_pidfd_the_server_watches_its_workers_by_polling(
         wait_for(lambda: server.calls() >= 2, what="both calls in the server's log")
     finally:
         server.stop()
+
+
+@pytest.mark.timeout(300)
+def test_a_caller_s_next_calls_reuse_its_worker_and_nothing_of_a_call_stays_behind(
+    cluster: Cluster, bindir: Path, public: Path, tmp_path: Path
+) -> None:
+    """A worker waits for its caller's next call (no fork, no first-call faults): five calls
+    in a row run in one worker, each with its own environment (COLUMNS changes the output)
+    and the same output as the Python command's, and an idle worker holds no caller's pipe
+    (`subprocess.run` returns: the output pipe reached its end). A signal still ends the call
+    it is sent to. With --reuse 1 every call has a worker of its own, as before."""
+    cluster.start(nodes=1, cpus=2)
+    env = env_for(cluster)
+    reused = Server(public / "reuse.sock", public / "reuse.log").start()
+    single = Server(public / "single.sock", public / "single.log", args=["--reuse", "1"]).start()
+    try:
+        for server in (reused, single):
+            for i in range(5):
+                a = fast(bindir, server, {**env, "COLUMNS": str(90 + i)}, tmp_path, "sinfo")
+                assert a == python({**env, "COLUMNS": str(90 + i)}, tmp_path, "sinfo"), a
+            wait_for(lambda s=server: s.calls() >= 5, what="five calls in the server's log")
+        assert len(set(reused.workers())) == 1, reused.log.read_text()
+        assert len(set(single.workers())) == 5, single.log.read_text()
+        # the reused worker is an ordinary process for each call: SIGTERM kills it mid-call
+        p = subprocess.Popen(
+            [str(bindir / "sbatch"), "--wait", "--wrap=sleep 300"],
+            env={**env, "PHALANX_COMMAND_SOCKET": str(reused.sock)},
+            cwd=tmp_path,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert p.stdout is not None
+            jid = int(p.stdout.readline().split()[-1])
+            cluster.wait_state(jid, "RUNNING")
+            p.send_signal(signal.SIGTERM)
+            p.communicate(timeout=60)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+        assert p.returncode == -signal.SIGTERM
+        cluster.client().cancel([jid])
+    finally:
+        reused.stop()
+        single.stop()

@@ -41,9 +41,12 @@ import selectors
 import signal
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+
+from phalanx.auth.localsock import peer_credentials
 
 log = logging.getLogger("phalanx.slurm.cmdserver")
 
@@ -70,6 +73,9 @@ PRELOAD = (
     "traceback",
 )
 MAX_WORKERS = 64  # calls running at once; beyond, a caller runs the Python command itself
+REUSE_CALLS = 200  # calls one worker serves (all of one caller) before it exits
+MAX_IDLE = 8  # workers waiting for their caller's next call
+IDLE_TIMEOUT_S = 30.0  # how long one waits
 POLL_S = 0.02  # how often workers are checked where the kernel has no pidfd_open
 REQUEST_TIMEOUT_S = 10.0  # a caller that connected but sends no whole request by then: dropped
 MAX_REQUEST = 4 << 20  # bytes: arguments and environment (Linux's ARG_MAX is 2 MiB)
@@ -137,8 +143,26 @@ def exit_line(status: int) -> bytes:
     return f"exit {os.waitstatus_to_exitcode(status) & 0xFF}\n".encode()
 
 
+@dataclasses.dataclass
+class _Worker:
+    """A forked worker as the server sees it: the caller it serves, the call it runs now."""
+
+    pid: int
+    ctrl: socket.socket  # the server's end of the worker's control pair
+    key: tuple[int, int]  # the (uid, gid) it runs as, and so serves
+    conn: socket.socket | None  # the call in progress (the server's copy); None: idle
+    idle_since: float = 0.0
+    pidfd: int | None = None  # None: watched by polling (no pidfd_open)
+
+
 class CommandServer:
-    """Accepts calls on `path` and forks a worker for each (the module's docstring)."""
+    """Accepts calls on `path` and gives each to a worker (the module's docstring).
+
+    A worker serves one caller (uid and gid) and, after its call, waits for the next call of
+    the same caller (`reuse` calls at most, `idle_timeout` seconds at most): forking a
+    worker, and the copy-on-write faults of its first call, cost more CPU than a call's own
+    work (bench/cli.py, docs/slurm.md). At most `max_idle` wait; `max_workers` run at once.
+    """
 
     def __init__(
         self,
@@ -146,14 +170,20 @@ class CommandServer:
         *,
         max_workers: int = MAX_WORKERS,
         request_timeout: float = REQUEST_TIMEOUT_S,
+        reuse: int = REUSE_CALLS,
+        max_idle: int = MAX_IDLE,
+        idle_timeout: float = IDLE_TIMEOUT_S,
     ) -> None:
         self.path = path
         self.max_workers = max_workers
         self.request_timeout = request_timeout
+        self.reuse = reuse
+        self.max_idle = max_idle
+        self.idle_timeout = idle_timeout
         self._listener: socket.socket | None = None
-        self._workers: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, conn)
-        # workers watched by polling where the kernel has no pidfd_open (before Linux 5.3)
-        self._polled: dict[int, socket.socket] = {}  # pid -> conn
+        self._workers: dict[int, _Worker] = {}  # pid -> worker
+        self._idle: dict[tuple[int, int], list[_Worker]] = {}
+        self._sel: selectors.BaseSelector | None = None
         self._stop = False
 
     def bind(self) -> None:
@@ -166,55 +196,126 @@ class CommandServer:
         self._stop = True
 
     def serve(self) -> None:
-        """Until stop(): accept calls, fork their workers, report how each ended."""
+        """Until stop(): accept calls, hand them to workers, report how each call ended."""
         assert self._listener is not None, "bind() first"
-        sel = selectors.DefaultSelector()
+        sel = self._sel = selectors.DefaultSelector()
         sel.register(self._listener, selectors.EVENT_READ, None)
         try:
             while not self._stop:
-                for key, _ in sel.select(timeout=POLL_S if self._polled else 0.5):
+                polled = any(w.pidfd is None for w in self._workers.values())
+                for key, _ in sel.select(timeout=POLL_S if polled else 0.5):
                     if key.data is None:
-                        self._accept(sel)
+                        self._accept()
+                    elif key.data[0] == "ctrl":
+                        self._from_worker(key.data[1])
                     else:
-                        self._reap(sel, key.fd)
-                for pid in list(self._polled):
-                    done, status = os.waitpid(pid, os.WNOHANG)
+                        self._ended(key.data[1])
+                for w in [w for w in self._workers.values() if w.pidfd is None]:
+                    done, status = os.waitpid(w.pid, os.WNOHANG)
                     if done:
-                        self._report(pid, status, self._polled.pop(pid))
+                        self._ended(w.pid, status)
+                self._retire_idle(time.monotonic() - self.idle_timeout)
         finally:
+            self._retire_idle(float("inf"))
             sel.close()
             self._listener.close()
             with contextlib.suppress(OSError):
                 self.path.unlink()
 
-    def _accept(self, sel: selectors.BaseSelector) -> None:
-        assert self._listener is not None
+    def _accept(self) -> None:
+        assert self._listener is not None and self._sel is not None
         try:
             conn, _ = self._listener.accept()
+            _, uid, gid = peer_credentials(conn)
         except OSError:
             return
-        if len(self._workers) + len(self._polled) >= self.max_workers:
+        key = (uid, gid)
+        waiting = self._idle.get(key) or []
+        while waiting:  # the caller's own idle worker, if it has one
+            w = waiting.pop()
+            try:
+                socket.send_fds(w.ctrl, [b"c"], [conn.fileno()])
+            except OSError:
+                continue  # it died while idle: its end is reported on its own
+            w.conn = conn
+            return
+        if sum(1 for w in self._workers.values() if w.conn is not None) >= self.max_workers:
             with contextlib.suppress(OSError):
                 conn.sendall(b"fallback\n")
             conn.close()
             return
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         pid = os.fork()
         if pid == 0:  # the worker: never returns
-            _worker(conn, self.request_timeout)
+            ours.close()
+            _worker(conn, theirs, self.request_timeout, self.reuse)
+        theirs.close()
+        w = _Worker(pid, ours, key, conn)
+        self._workers[pid] = w
+        self._sel.register(ours, selectors.EVENT_READ, ("ctrl", pid))
         try:
-            pidfd = os.pidfd_open(pid)
+            w.pidfd = os.pidfd_open(pid)
         except OSError:  # an older kernel: watched by polling
-            self._polled[pid] = conn
             return
-        self._workers[pidfd] = (pid, conn)
-        sel.register(pidfd, selectors.EVENT_READ, pid)
+        self._sel.register(w.pidfd, selectors.EVENT_READ, ("pidfd", pid))
 
-    def _reap(self, sel: selectors.BaseSelector, pidfd: int) -> None:
-        pid, conn = self._workers.pop(pidfd)
-        sel.unregister(pidfd)
-        os.close(pidfd)
-        _, status = os.waitpid(pid, 0)
-        self._report(pid, status, conn)
+    def _from_worker(self, pid: int) -> None:
+        """A worker's control line: ``idle N`` (its call ended with N), or its end (EOF)."""
+        assert self._sel is not None
+        w = self._workers.get(pid)
+        if w is None:  # its end was handled first, in the same round of events
+            return
+        try:
+            line = w.ctrl.recv(64)
+        except OSError:
+            line = b""
+        if not line.startswith(b"idle"):
+            self._sel.unregister(w.ctrl)  # exiting: its process end comes next
+            return
+        log.debug("call in worker %d ended: exit %s", pid, line[5:].decode().strip())
+        if w.conn is not None:
+            w.conn.close()
+            w.conn = None
+        if sum(len(ws) for ws in self._idle.values()) >= self.max_idle:
+            self._retire(w)
+            return
+        w.idle_since = time.monotonic()
+        self._idle.setdefault(w.key, []).append(w)
+
+    def _retire(self, w: _Worker) -> None:
+        """Tell an idle worker to exit (its control pair closes; it was given no call)."""
+        assert self._sel is not None
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.unregister(w.ctrl)
+        w.ctrl.close()
+
+    def _retire_idle(self, before: float) -> None:
+        for key, ws in list(self._idle.items()):
+            for w in [w for w in ws if w.idle_since < before]:
+                ws.remove(w)
+                self._retire(w)
+            if not ws:
+                del self._idle[key]
+
+    def _ended(self, pid: int, status: int | None = None) -> None:
+        """A worker's process ended: reap it and, if it was running a call, tell the caller
+        how (a worker killed by a signal said nothing itself)."""
+        assert self._sel is not None
+        w = self._workers.pop(pid, None)
+        if w is None:
+            return
+        if w.pidfd is not None:
+            self._sel.unregister(w.pidfd)
+            os.close(w.pidfd)
+        if status is None:
+            _, status = os.waitpid(pid, 0)
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.unregister(w.ctrl)
+        w.ctrl.close()
+        with contextlib.suppress(ValueError):
+            self._idle.get(w.key, []).remove(w)
+        if w.conn is not None:
+            self._report(pid, status, w.conn)
 
     def _report(self, pid: int, status: int, conn: socket.socket) -> None:
         line = exit_line(status)
@@ -225,21 +326,42 @@ class CommandServer:
         conn.close()
 
 
-def _worker(conn: socket.socket, request_timeout: float) -> None:
-    """In the forked child: take the call, become the caller, run the command, os._exit."""
+def _worker(conn: socket.socket, ctrl: socket.socket, request_timeout: float, reuse: int) -> None:
+    """In the forked child: run the call on `conn`, then the same caller's next ones as the
+    server hands them over on `ctrl` (at most `reuse` in all); always ends in os._exit."""
     code = 1
     try:
-        keep = conn.fileno()
-        os.closerange(3, keep)
-        os.closerange(keep + 1, 1 << 16)
-        for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP, signal.SIGQUIT):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        code = _take_call(conn, request_timeout)
+        keep = sorted((conn.fileno(), ctrl.fileno()))
+        os.closerange(3, keep[0])
+        os.closerange(keep[0] + 1, keep[1])
+        os.closerange(keep[1] + 1, 1 << 16)
+        served = 0
+        while True:
+            code = _take_call(conn, request_timeout)
+            conn.close()
+            _release_caller_streams()
+            served += 1
+            if served >= reuse:
+                break
+            ctrl.sendall(f"idle {code}\n".encode())
+            _, fds, _, _ = socket.recv_fds(ctrl, 16, 1)
+            if not fds:  # the server retired this worker
+                code = 0
+                break
+            conn = socket.socket(fileno=fds[0])
     except BaseException:  # a worker must end in os._exit, whatever happened
         with contextlib.suppress(BaseException):
             traceback.print_exc()
     os._exit(code)
+
+
+def _release_caller_streams() -> None:
+    """Let go of the caller's stdin, stdout and stderr: a worker waiting for its next call
+    must not hold them open (`out=$(squeue)` waits for the end of its pipe)."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
 
 
 def _receive(conn: socket.socket, timeout: float) -> tuple[bytes, list[int]]:
@@ -284,16 +406,22 @@ def _become(uid: int, gid: int) -> None:
 
 
 def _take_call(conn: socket.socket, request_timeout: float) -> int:
-    from phalanx.auth.localsock import peer_credentials
-
+    """One call, from its request to its exit line: the call's exit status."""
+    for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)  # as a fresh process has them (a call may change them)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         payload, fds = _receive(conn, request_timeout)
         request = parse_request(payload)
     except (BadRequest, OSError) as e:
         log.debug("dropped a call: %s", e)
+        with contextlib.suppress(OSError):
+            conn.sendall(b"exit 1\n")  # nothing ran
         return 1
     _, uid, gid = peer_credentials(conn)
     why = refusal(request, uid, os.geteuid(), sys.executable)
+    if why is None and os.geteuid() != 0 and (uid, gid) != (os.getuid(), os.getgid()):
+        why = f"a worker of uid {os.getuid()} cannot serve uid {uid}"  # (the server routes)
     if why is None:
         try:
             _become(uid, gid)
@@ -363,6 +491,7 @@ def _run(request: Request) -> int:
         traceback.print_exc()
         code = 1
     atexit._run_exitfuncs()
+    atexit._clear()  # the worker's next call registers its own
     return 120 if not _flush() and code == 0 else code
 
 
@@ -416,6 +545,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="seconds a caller has to send its whole request once connected "
         f"(default {REQUEST_TIMEOUT_S:g})",
     )
+    ap.add_argument(
+        "--reuse",
+        type=int,
+        default=REUSE_CALLS,
+        help="calls one worker serves, all of one caller, before it exits; 1: a new worker "
+        f"for every call (default {REUSE_CALLS})",
+    )
+    ap.add_argument(
+        "--max-idle",
+        type=int,
+        default=MAX_IDLE,
+        help=f"workers kept waiting for their caller's next call (default {MAX_IDLE})",
+    )
+    ap.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=IDLE_TIMEOUT_S,
+        help="seconds a worker waits for its caller's next call before it exits "
+        f"(default {IDLE_TIMEOUT_S:g})",
+    )
     ap.add_argument("--log-level", default="info")
     args = ap.parse_args(argv)
     logging.basicConfig(
@@ -425,9 +574,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--max-workers {args.max_workers}: must be at least 1")
     if not 0 < args.request_timeout <= 3600:
         ap.error(f"--request-timeout {args.request_timeout:g}: must be above 0 s, at most 3600 s")
+    if args.reuse < 1:
+        ap.error(f"--reuse {args.reuse}: must be at least 1")
+    if args.max_idle < 0:
+        ap.error(f"--max-idle {args.max_idle}: must be 0 or more")
+    if not 0 < args.idle_timeout <= 3600:
+        ap.error(f"--idle-timeout {args.idle_timeout:g}: must be above 0 s, at most 3600 s")
     path = args.socket or Path(os.environ.get("PHALANX_COMMAND_SOCKET") or DEFAULT_SOCKET)
     preload()
-    server = CommandServer(path, max_workers=args.max_workers, request_timeout=args.request_timeout)
+    server = CommandServer(
+        path,
+        max_workers=args.max_workers,
+        request_timeout=args.request_timeout,
+        reuse=args.reuse,
+        max_idle=args.max_idle,
+        idle_timeout=args.idle_timeout,
+    )
     try:
         server.bind()
     except OSError as e:
