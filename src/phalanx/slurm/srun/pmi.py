@@ -75,7 +75,6 @@ class Conn:
     """One rank's connection, as the protocol sees it."""
 
     rank: int | None = None  # set by a valid `initack`
-    finalized: bool = False
 
 
 @dataclass
@@ -180,7 +179,6 @@ class PmiState:
                 return format_reply("lookup_result", rc=-1, msg="service_not_found")
             return format_reply("lookup_result", port=port, rc=0)
         if cmd == "finalize":
-            conn.finalized = True
             return format_reply("finalize_ack", rc=0)
         if cmd == "abort":
             try:
