@@ -77,18 +77,28 @@ def test_srun_mpi_pmi2_runs_an_mpich_allreduce_over_two_nodes_and_mpi_abort_ends
 ) -> None:
     cluster.start(nodes=2, cpus=2)
     # twice: the first srun of a job runs the step itself, the second through the job's
-    # srun helper (docs/slurm.md), which then hosts the PMI server
+    # srun helper (docs/slurm.md), which then hosts the PMI server; the second asks for it
+    # with srun's input variable, which the helper reads from its caller's environment
+    # (a TMPDIR short enough for the helper's socket: a Unix socket's path has at most 107
+    # bytes, and the job's own TMPDIR under pytest's tmp_path is longer)
+    short = 'export TMPDIR=$(mktemp -d /tmp/phx-mpi.XXXXXX); trap "rm -rf $TMPDIR" EXIT\n'
     srun = f'srun --mpi=pmi2 --ntasks-per-node=2 {allreduce}; echo "srun=$?"\n'
-    job, out = run_job(cluster, tmp_path, "mpi", srun + srun)
+    # (the helper starts beside the first srun: wait for its socket, as a condition)
+    again = (
+        "for i in $(seq 300); do [ -S $TMPDIR/.phx-srun-$SLURM_JOB_ID.sock ] && break; "
+        "sleep 0.1; done; [ -S $TMPDIR/.phx-srun-$SLURM_JOB_ID.sock ] && echo helper=up\n"
+        f'SLURM_MPI_TYPE=pmi2 srun --ntasks-per-node=2 {allreduce}; echo "srun=$?"\n'
+    )
+    job, out = run_job(cluster, tmp_path, "mpi", short + srun + again)
     assert job["state"] == "COMPLETED", out
     ranks = sorted(ln for ln in out.splitlines() if ln.startswith("rank "))
     # one world of 4: every rank sees the others' contributions (1+2+3+4), 2 ranks a node
     assert ranks == sorted(2 * [f"rank {r} of 4 on node0{1 + r // 2} sum 10" for r in range(4)])
-    assert out.count("srun=0") == 2, out
+    assert out.count("srun=0") == 2 and "helper=up" in out, out
 
-    # SLURM_MPI_TYPE counts as the option, as under Slurm; a rank's MPI_Abort ends the step
-    # (the others would wait at the barrier for ever) and srun exits with its code
-    body = f'SLURM_MPI_TYPE=pmi2 srun --ntasks-per-node=2 {allreduce} 1; echo "srun=$?"\n'
+    # a rank's MPI_Abort ends the step (the others would wait at the barrier for ever) and
+    # srun exits with its code
+    body = f'srun --mpi=pmi2 --ntasks-per-node=2 {allreduce} 1; echo "srun=$?"\n'
     job, out = run_job(cluster, tmp_path, "abort", body)
     assert "srun: error: task 1: MPI_Abort with exit code 3" in out, out
     assert "srun=3" in out, out

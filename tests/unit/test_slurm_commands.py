@@ -435,6 +435,16 @@ def test_srun_serves_pmi2_and_refuses_the_mpi_types_it_cannot_provide(
             prepare([f"--mpi={option}", "hostname"])
 
 
+def test_srun_reads_slurm_mpi_type_from_the_callers_environment() -> None:
+    """The job's srun helper runs srun for another process: the variable is the caller's."""
+    from phalanx.slurm.srun.command import prepare
+
+    assert prepare(["hostname"], {"SLURM_MPI_TYPE": "pmi2"}).mpi == "pmi2"
+    assert prepare(["hostname"], {}).mpi == "none"
+    with pytest.raises(SlurmUsageError, match="SLURM_MPI_TYPE=pmix is not supported"):
+        prepare(["hostname"], {"SLURM_MPI_TYPE": "pmix"})
+
+
 def test_srun_mpi_list_prints_the_served_types(capsys: pytest.CaptureFixture[str]) -> None:
     from phalanx.slurm.srun.command import prepare
 

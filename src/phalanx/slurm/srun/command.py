@@ -143,10 +143,12 @@ def main(argv: Sequence[str]) -> int:
     return run_command(PROG, _main, argv)
 
 
-def prepare(argv: list[str]) -> Any:
-    """srun's options, checked: SlurmUsageError for anything srun refuses."""
+def prepare(argv: list[str], env: Mapping[str, str] | None = None) -> Any:
+    """srun's options, checked: SlurmUsageError for anything srun refuses. `env`: the
+    caller's environment, where srun's input variables are read (default: this process's;
+    the job's srun helper passes its caller's)."""
     opts = parser().parse_args(argv)
-    opts.mpi = mpi_type(opts.mpi, os.environ.get("SLURM_MPI_TYPE"))
+    opts.mpi = mpi_type(opts.mpi, (os.environ if env is None else env).get("SLURM_MPI_TYPE"))
     if opts.mpi == "list":
         sys.stdout.write(MPI_LIST)
         raise SystemExit(0)

@@ -147,7 +147,7 @@ class Helper:
             return fds
         argv, cwd, env = request
         try:
-            opts = srun.prepare(argv)
+            opts = srun.prepare(argv, env)
         except (SlurmUsageError, SystemExit):
             conn.sendall(b"fallback\n")  # the full srun says what is wrong, as it always has
             return fds
