@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The workflow tools the conformance tests drive (tests/tools-requirements.txt: Snakemake and
-# its Slurm executor plugin), unchanged and pinned, in their own virtual environment
-# (.venv-tools, or $TOOLS_VENV): Snakemake pins SQLAlchemy below 2.1, which Phalanx's own
-# environment cannot take. They reach Phalanx only through its Slurm commands, as at a site.
+# The workflow tools and frameworks the conformance tests drive (tests/tools-requirements.txt:
+# Snakemake and its Slurm executor plugin, PyTorch's CPU build), unchanged and pinned, in
+# their own virtual environment (.venv-tools, or $TOOLS_VENV): Snakemake pins SQLAlchemy
+# below 2.1, which Phalanx's own environment cannot take. They reach Phalanx only through its
+# Slurm commands, as at a site.
 # Does nothing when the environment already holds exactly these pins.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
