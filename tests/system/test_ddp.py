@@ -102,7 +102,9 @@ dist.destroy_process_group()
 """
 
 BATCH = """#!/bin/bash
-export MASTER_ADDR=127.0.0.1 MASTER_PORT=$(( {port} + ${{SLURM_RESTART_COUNT:-0}} ))
+# a port of its own for each start: the first rendezvous's may still be in TIME_WAIT
+PORTS=({ports})
+export MASTER_ADDR=127.0.0.1 MASTER_PORT=${{PORTS[${{SLURM_RESTART_COUNT:-0}}]}}
 export PHX_TEST_PACE=0.1
 trap 'kill -USR1 $SRUN 2>/dev/null' USR1
 srun --ntasks-per-node=1 {python} {train} {out} {steps} &
@@ -167,7 +169,8 @@ def test_a_planned_stop_of_an_srun_ddp_job_redoes_no_step_and_ends_with_the_same
     start_cluster(cluster, tmp_path, trigger)
     out = tmp_path / "run"
     out.mkdir()
-    script = BATCH.format(port=free_port(), python=TOOLS_PY, train=train, out=out, steps=STEPS)
+    ports = " ".join(str(free_port()) for _ in range(3))
+    script = BATCH.format(ports=ports, python=TOOLS_PY, train=train, out=out, steps=STEPS)
     jid = cluster.submit_script(
         tmp_path,
         "ddp",
