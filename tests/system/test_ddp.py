@@ -147,7 +147,13 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         subprocess.Popen([TOOLS_PY, train, out, str(STEPS)], env={**env, "SLURM_PROCID": str(r)})
         for r in range(2)
     ]
-    assert [p.wait(timeout=300) for p in ranks] == [0, 0]
+    try:
+        assert [p.wait(timeout=300) for p in ranks] == [0, 0]
+    finally:
+        for p in ranks:  # a rank left waiting for its peer must not outlive the test
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     return train, out / "final.pt"
 
 
