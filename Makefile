@@ -32,6 +32,9 @@ lint: install
 # spend much of their time waiting on their clusters (two left a quarter of the CPU idle; the
 # parallel part went from 615 s to 480 s with three, every test passing).
 TEST_WORKERS ?= 3
+# where the paired and serial tests live (tests/conftest.py TIMED_DIRS refuses one elsewhere):
+# collecting all of tests/ again costs each of those parts ~12 s
+TIMED_DIRS := tests/store tests/system
 
 test: install lint
 	bash scripts/ensure-postgres.sh
@@ -42,8 +45,8 @@ test: install lint
 	bash scripts/ensure-mpi.sh
 	$(BIN)/pytest -q --durations=20 -m "not soak and not serial and not paired" \
 		-n $(TEST_WORKERS) --dist loadfile
-	$(BIN)/pytest -q --durations=10 -m "paired and not soak" -n 2 --dist loadfile
-	$(BIN)/pytest -q --durations=10 -m "serial and not soak"
+	$(BIN)/pytest -q --durations=10 -m "paired and not soak" -n 2 --dist loadfile $(TIMED_DIRS)
+	$(BIN)/pytest -q --durations=10 -m "serial and not soak" $(TIMED_DIRS)
 
 # The long runs kept out of `make test`: the 1,000-node simulation, the chaos runs (a few
 # rounds each; `make soak-chaos` is the hour-long one), Patroni's failover, PostgreSQL under a

@@ -44,6 +44,9 @@ RUN_ALONE = frozenset(
         "system/test_wakeups.py",
     )
 )
+#: where `paired` and `serial` tests live (the Makefile's test target collects only these
+#: for those parts)
+TIMED_DIRS = ("store/", "system/")
 RUN_PAIRED = frozenset(
     f"system/{name}.py"
     for name in (
@@ -72,6 +75,14 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.add_marker(pytest.mark.serial)
     elif rel in RUN_PAIRED:
         item.add_marker(pytest.mark.paired)
+    marked = item.get_closest_marker("serial") or item.get_closest_marker("paired")
+    if marked and not rel.startswith(TIMED_DIRS):
+        # make test collects only these for its paired and serial parts (collecting all of
+        # tests/ again costs ~12 s a part): a test marked elsewhere would never run
+        raise pytest.UsageError(
+            f"{item.nodeid} is marked {marked.name} outside {', '.join(TIMED_DIRS)}: move it "
+            "there, or add its directory to TIMED_DIRS and to the Makefile's test target"
+        )
 
 
 from pgserver import PgServer, PostgresNotAvailable  # noqa: E402
