@@ -166,6 +166,38 @@ def python(env: dict[str, str], cwd: Path, *argv: str, stdin: str | None = None)
     )
 
 
+def signalled_wait(
+    cluster: Cluster,
+    argv: list[str],
+    server: Server,
+    env: dict[str, str],
+    cwd: Path,
+    signum: int,
+) -> tuple[Result, int]:
+    """`ARGV --wait --wrap='sleep 300'` through `server`, sent `signum` once its job runs:
+    how the command ended, and the job's id (left for the caller to cancel)."""
+    p = subprocess.Popen(
+        [*argv, "--wait", "--wrap=sleep 300"],
+        env={**env, "PHALANX_COMMAND_SOCKET": str(server.sock)},
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        jid = int(re.fullmatch(r"Submitted batch job (\d+)\n", line).group(1))  # type: ignore[union-attr]
+        cluster.wait_state(jid, "RUNNING")
+        p.send_signal(signum)
+        out, err = p.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            p.kill()
+    return (p.returncode, out, err), jid
+
+
 def ids_out(r: Result) -> Result:
     """A submission's result with its job ids made alike (two submissions, two ids)."""
     return r[0], re.sub(r"\d+", "N", r[1]), re.sub(r"\d+", "N", r[2])
@@ -292,26 +324,8 @@ def test_a_signal_to_the_command_reaches_the_call_it_runs(
         [str(bindir / "sbatch")],
         [sys.executable, "-m", "phalanx.slurm", "sbatch"],
     ):
-        p = subprocess.Popen(
-            [*argv, "--wait", "--wrap=sleep 300"],
-            env={**env, "PHALANX_COMMAND_SOCKET": str(server.sock)},
-            cwd=tmp_path,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert p.stdout is not None
-            line = p.stdout.readline()
-            jid = int(re.fullmatch(r"Submitted batch job (\d+)\n", line).group(1))  # type: ignore[union-attr]
-            cluster.wait_state(jid, "RUNNING")
-            p.send_signal(signal.SIGINT)
-            out, err = p.communicate(timeout=60)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                p.kill()
-        ended.append((p.returncode, out, err.splitlines()[-1] if err else ""))
+        (code, out, err), jid = signalled_wait(cluster, argv, server, env, tmp_path, signal.SIGINT)
+        ended.append((code, out, err.splitlines()[-1] if err else ""))
         c.cancel([jid])
     assert ended[0] == ended[1] == (-signal.SIGINT, "", "KeyboardInterrupt"), ended
     # the worker is gone with it: the server saw its call end
@@ -431,25 +445,9 @@ def test_a_caller_s_next_calls_reuse_its_worker_and_nothing_of_a_call_stays_behi
         assert len(set(reused.workers())) == 1, reused.log.read_text()
         assert len(set(single.workers())) == 5, single.log.read_text()
         # the reused worker is an ordinary process for each call: SIGTERM kills it mid-call
-        p = subprocess.Popen(
-            [str(bindir / "sbatch"), "--wait", "--wrap=sleep 300"],
-            env={**env, "PHALANX_COMMAND_SOCKET": str(reused.sock)},
-            cwd=tmp_path,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert p.stdout is not None
-            jid = int(p.stdout.readline().split()[-1])
-            cluster.wait_state(jid, "RUNNING")
-            p.send_signal(signal.SIGTERM)
-            p.communicate(timeout=60)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                p.kill()
-        assert p.returncode == -signal.SIGTERM
+        sbatch = [str(bindir / "sbatch")]
+        (code, _, _), jid = signalled_wait(cluster, sbatch, reused, env, tmp_path, signal.SIGTERM)
+        assert code == -signal.SIGTERM
         cluster.client().cancel([jid])
     finally:
         reused.stop()

@@ -38,6 +38,7 @@ from phalanx.netaddr import local_address
 from phalanx.slurm.common import SlurmParser, SlurmUsageError, run_command
 from phalanx.slurm.srun import pty_relay
 from phalanx.slurm.srun import push as step_push
+from phalanx.slurm.srun.listener import Listener
 from phalanx.slurm.srun.refused import add_refused
 
 if TYPE_CHECKING:
@@ -262,17 +263,14 @@ class StepIO:
         self.err: Sink = err if err is not None else sys.stderr.buffer
         self.cookie = os.urandom(16).hex()  # (not `secrets`: ~10 ms of imports per srun)
         self.label = label
-        self.server = socket.create_server(("", 0), backlog=1024)
-        self.port = int(self.server.getsockname()[1])
         self.host = host or ""
         self.exits: dict[int, dict[str, Any]] = {}
         self.open_streams = 0
         self.closed_streams = 0  # output connections that reached their end
         self.cond = threading.Condition()
         self.out_lock = threading.Lock()
-        self._closing = False
-        self._thread = threading.Thread(target=self._accept, name="srun-accept", daemon=True)
-        self._thread.start()
+        self.listener = Listener(self._serve, name="srun-accept")
+        self.port = self.listener.port
 
     def drain(self, opts: Any, timeout: float = DRAIN_S) -> None:
         """Wait until the output of every task that started has arrived: each opened its
@@ -289,24 +287,8 @@ class StepIO:
             )
 
     def close(self) -> None:
-        """Stop listening and end the accept thread.  Closing the socket alone does not wake
-        a thread blocked in accept() on Linux: the resident helper (srun/helper.py) would keep one
-        thread, and one listening port, per step it ran.  shutdown() wakes it."""
-        self._closing = True
-        with contextlib.suppress(OSError):
-            self.server.shutdown(socket.SHUT_RDWR)
-        with contextlib.suppress(OSError):
-            self.server.close()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=5.0)
-
-    def _accept(self) -> None:
-        while not self._closing:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+        """Stop listening for good (the resident helper runs step after step)."""
+        self.listener.close()
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:

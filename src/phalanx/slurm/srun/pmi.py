@@ -32,6 +32,8 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from phalanx.slurm.srun.listener import Listener
+
 #: the limits announced by `get_maxes` (MPICH's own server, hydra, announces the same)
 KVSNAME_MAX = 256
 KEYLEN_MAX = 64
@@ -215,14 +217,11 @@ class PmiServer:
         self.on_abort = on_abort
         self.step_id: int | None = None  # once the controller has answered
         self._abort_told = False
-        self.server = socket.create_server(("", 0), backlog=1024)
-        self.port = int(self.server.getsockname()[1])
         self._conns: list[socket.socket] = []
-        self._closing = False
         self._send_lock = threading.Lock()
         self._socks: dict[int, socket.socket] = {}  # id(Conn) -> its socket
-        self._thread = threading.Thread(target=self._accept, name="srun-pmi", daemon=True)
-        self._thread.start()
+        self.listener = Listener(self._serve, name="srun-pmi")
+        self.port = self.listener.port
 
     def start(self, step_id: int, task_ids: list[list[int]]) -> None:
         """The step exists: its id and layout (and so its size) are known."""
@@ -230,28 +229,15 @@ class PmiServer:
         self.state.set_layout(task_ids)
 
     def close(self) -> None:
-        self._closing = True
-        with contextlib.suppress(OSError):
-            self.server.shutdown(socket.SHUT_RDWR)
-        with contextlib.suppress(OSError):
-            self.server.close()
+        """Stop listening, and end the ranks' connections (their threads see the end)."""
+        self.listener.close()
         for s in list(self._conns):
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=5.0)
-
-    def _accept(self) -> None:
-        while not self._closing:
-            try:
-                sock, _ = self.server.accept()
-            except OSError:
-                return
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._conns.append(sock)
-            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
 
     def _serve(self, sock: socket.socket) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._conns.append(sock)
         conn = Conn()
         self._socks[id(conn)] = sock
         buf = b""
