@@ -34,25 +34,21 @@ FAST = {
     "fence_margin": 0.5,
 }
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-# process-local families (differ per controller by design) and the figures' own age
-LOCAL_PREFIXES = (
-    "python_",
-    "process_",
-    "phalanx_http_",
-    "phalanx_store_transaction",
-    "phalanx_store_errors",
-    "phalanx_scheduling_pass",
-    "phalanx_job_queue_wait",
-    "phalanx_job_submit_to_start",
-    "phalanx_jobs_submitted",
-    "phalanx_jobs_started",
-    "phalanx_heartbeats",
-    "phalanx_loop_errors",
-    "phalanx_fenced_writes",
-    "phalanx_gpu_events_recorded",
-    "phalanx_metrics_",
-    "phalanx_agent_heartbeat_lag",  # ages: read at slightly different moments
-)
+
+
+def _process_local_prefixes() -> tuple[str, ...]:
+    """The families that differ per controller by design: every metric a controller module
+    registers for its own process (read from the registry, so a new one needs no entry
+    here), and the figures' own ages, read at slightly different moments."""
+    from prometheus_client import REGISTRY
+
+    import phalanx.controller.server  # noqa: F401  (imports every module that registers one)
+
+    own = {m.name for m in REGISTRY.collect()}
+    return (*sorted(own), "phalanx_metrics_", "phalanx_agent_heartbeat_lag")
+
+
+LOCAL_PREFIXES = _process_local_prefixes()
 
 
 def scrape(url: str) -> tuple[str, Samples]:
@@ -165,7 +161,10 @@ def test_live_cluster_metrics(
     def same() -> bool:
         a = cluster_part(scrape(urls[0])[1])
         b = cluster_part(scrape(urls[1])[1])
-        return a == b
+        if a != b:  # raised, so that a timeout names the figures that differ
+            diff = {k: (a.get(k), b.get(k)) for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
+            raise ValueError(f"ctl-1 vs ctl-2: {sorted(diff.items())}")
+        return True
 
     wait_for(same, what="both controllers to answer the same cluster figures")
 
