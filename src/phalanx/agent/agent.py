@@ -47,6 +47,7 @@ from phalanx.agent.agent_stops import AgentStops, signals_done
 from phalanx.agent.agent_timing import fence_mark, heartbeat_grace, learned_timing, reply_is_late
 from phalanx.agent.files import read_json as _read_json
 from phalanx.agent.health import HealthMonitor, Status
+from phalanx.agent.hooks import NodeHooks, launch_timeout_warning
 from phalanx.agent.metrics import AgentFigures
 from phalanx.agent.resources import NodeResources
 from phalanx.agent.step_listener import StepListener, render
@@ -92,6 +93,7 @@ class Agent(AgentLaunch, AgentStops, AgentStatus):
         step_report_delay: float = 0.5,
         srun_dir: Path | None = None,
         usage_sample_s: float = 30.0,
+        hooks: NodeHooks | None = None,
     ) -> None:
         # set in every job: this node's credential socket (it wins over a submitter's) and the
         # controllers (a submitter's own PHALANX_URL wins), so `phalanx` works inside jobs
@@ -99,6 +101,7 @@ class Agent(AgentLaunch, AgentStops, AgentStatus):
         # the compiled thin srun's directory, first on jobs' PATH (agent/native_srun.py)
         self.srun_dir = srun_dir
         self.usage_sample_s = usage_sample_s  # accounting.gather_interval (taskstat.py)
+        self.hooks = hooks  # the node's prolog, epilog and task prolog (agent/hooks.py)
         self.name = name
         self.health = health
         self.state_dir = state_dir
@@ -328,6 +331,12 @@ class Agent(AgentLaunch, AgentStops, AgentStatus):
         )
         self._learn_timing(reply.get("timing"))
         self._learn_isolation(reply.get("isolation"))
+        if self.hooks is not None:
+            said = launch_timeout_warning(
+                self.hooks, (reply.get("timing") or {}).get("launch_timeout")
+            )
+            if said:
+                log.warning("%s", said)
         self._registered = True
         self.last_reply_at = time.monotonic()
         # not a long-poll: the request's sending is the whole of what the reply vouches for

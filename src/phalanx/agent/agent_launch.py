@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from phalanx.agent import checkpoint_requests, shepherd_files, shepherd_launch
+from phalanx.agent import checkpoint_requests, hooks, shepherd_files, shepherd_launch
 from phalanx.agent.agent_isolation import AgentIsolation
 from phalanx.agent.files import write_json as _write_json
 from phalanx.agent.files import write_private_json
@@ -31,6 +31,7 @@ class AgentLaunch(AgentIsolation):
 
     job_env: dict[str, str]
     srun_dir: Path | None
+    hooks: hooks.NodeHooks | None  # the node's prolog, epilog and task prolog (hooks.py)
     fence_file: Path
     timing: dict[str, Any]
     steps: StepRunner
@@ -113,6 +114,7 @@ class AgentLaunch(AgentIsolation):
             "user": launch.get("user"),
             "cpus": cpus,
             "cgroup": self._cgroup_plan(launch, cpus),
+            "hooks": hooks.task_spec(self.hooks, launch["env"], self.name),
         }
         # the job's environment and the attempt's token are nobody else's business
         write_private_json(tmp / "spec.json", spec)

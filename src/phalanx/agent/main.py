@@ -16,6 +16,7 @@ from phalanx.agent import metrics as agent_metrics
 from phalanx.agent import native_srun as native
 from phalanx.agent.agent import Agent
 from phalanx.agent.health import build_monitor
+from phalanx.agent.hooks import HOOK_TABLES, parse_hooks
 from phalanx.agent.resources import detect, parse_gpu_override
 from phalanx.auth import localsock, service
 from phalanx.client import Client
@@ -30,17 +31,24 @@ from phalanx.watchdog import DeviceWatchdog, Watchdog
 log = logging.getLogger("phalanx.agent")
 
 
-def load_health_config(path: Path | None) -> dict[str, Any]:
-    """The [health] table of a TOML file (or the whole file); none = the default checks."""
+def load_node_file(path: Path | None) -> dict[str, Any]:
+    """The agent's node file (``--health-config``), parsed; none = empty."""
     if path is None:
         return {}
     try:
-        data = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise StartupError(f"health config {path} does not exist") from None
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise StartupError(f"health config {path} is not valid TOML: {e}") from None
-    return dict(data.get("health", data))
+
+
+def health_table(data: dict[str, Any]) -> dict[str, Any]:
+    """The [health] table of the node file, or the whole file less the hooks' tables (a
+    file of health keys alone); none = the default checks."""
+    if "health" in data:
+        return dict(data["health"])
+    return {k: v for k, v in data.items() if k not in HOOK_TABLES}
 
 
 def run_agent(
@@ -85,10 +93,15 @@ def run_agent(
             res.topology = parse_place(topology)
         except ValueError as e:
             raise StartupError(f"--topology: {e}") from None
+        node_file = load_node_file(health_config)
         try:
-            monitor = build_monitor(load_health_config(health_config))
+            monitor = build_monitor(health_table(node_file))
         except ValueError as e:
             raise StartupError(f"health config {health_config}: {e}") from None
+        try:
+            hooks = parse_hooks(node_file)
+        except ValueError as e:
+            raise StartupError(f"node config {health_config}: {e}") from None
         config = load_config()
         keys = service.host_keys(service.key_file(key_file, service.DEFAULT_NODE_KEY), "node", name)
         cluster, ttl = config.cluster.name, config.auth.credential_ttl
@@ -125,6 +138,7 @@ def run_agent(
         step_report_delay=config.steps.exit_report_delay,
         usage_sample_s=config.accounting.gather_interval,
         srun_dir=native.thin_srun_dir(state_dir) if config.steps.compiled_srun else None,
+        hooks=hooks,
     )
     watchdog = Watchdog(
         notifier,

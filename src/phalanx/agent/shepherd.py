@@ -69,6 +69,7 @@ if TYPE_CHECKING:
         _write_quiet,
     )
     from phalanx.agent.shepherd_hang import _HangDetection
+    from phalanx.agent.shepherd_hooks import _Hooks
     from phalanx.agent.shepherd_report import _oom_kills, _Report, _tell_exit
     from phalanx.agent.shepherd_start import _JobStart, _LaunchError
 else:  # ``_signal`` avoids importing ``enum`` (see above)
@@ -95,6 +96,7 @@ else:  # ``_signal`` avoids importing ``enum`` (see above)
             _write_quiet,
         )
         from .shepherd_hang import _HangDetection
+        from .shepherd_hooks import _Hooks
         from .shepherd_report import _oom_kills, _Report, _tell_exit
         from .shepherd_start import _JobStart, _LaunchError
     else:
@@ -116,6 +118,7 @@ else:  # ``_signal`` avoids importing ``enum`` (see above)
             _write_quiet,
         )
         from shepherd_hang import _HangDetection
+        from shepherd_hooks import _Hooks
         from shepherd_report import _oom_kills, _Report, _tell_exit
         from shepherd_start import _JobStart, _LaunchError
 
@@ -125,7 +128,7 @@ _MARKER_CHECK_INTERVAL_S = 0.2
 _REKILL_INTERVAL_S = 5.0
 
 
-class _Shepherd(_HangDetection, _JobStart, _Report):
+class _Shepherd(_HangDetection, _JobStart, _Report, _Hooks):
     """State machine for one task: start the job, supervise it, record the outcome."""
 
     # -- entry point ---------------------------------------------------------------------
@@ -161,6 +164,11 @@ class _Shepherd(_HangDetection, _JobStart, _Report):
                 _log("cannot remove the job's cgroup:\n" + traceback.format_exc())
             result = self._result(None, error=f"shepherd internal error: {exc!r}")
         try:
+            self._epilog(result)  # every process of the job here has ended
+        except Exception as exc:
+            _log(f"cannot run the epilog: {exc!r}")
+            result["epilog_failed"] = f"epilog failed (could not run: {exc!r})"
+        try:
             _write_json(self._path(EXIT_FILE), result)
         except Exception as exc:
             _log(f"cannot write {EXIT_FILE}: {exc!r}")
@@ -185,7 +193,21 @@ class _Shepherd(_HangDetection, _JobStart, _Report):
             self._handle_pending()
             if self.reason is not None:
                 return self._result(None, error="stopped before the job started")
+            prolog_failed = self._prolog()  # as root, before anything of the job's runs here
+            if prolog_failed:
+                raise _LaunchError(f"{prolog_failed} on {spec.get('node') or 'this node'}")
+            if self._fence_stale():  # the prolog may have taken long
+                self.reason = "fenced"
+                msg = "heartbeat file is stale (node fenced); job not started"
+                self._write_stderr(msg)
+                return self._result(None, error=msg)
+            self._handle_pending()
+            if self.reason is not None:
+                return self._result(None, error="stopped before the job started")
             self._as_user(self._enter_workdir, spec)
+            task_prolog_failed = self._task_prolog(spec["env"])
+            if task_prolog_failed:
+                raise _LaunchError(f"{task_prolog_failed} on {spec.get('node') or 'this node'}")
             self._setup_cgroup(spec)
             self.oom_base = (
                 _cgroups.oom_kills(self.cgroup) if self.cgroup is not None else _oom_kills()

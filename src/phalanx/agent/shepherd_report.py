@@ -118,6 +118,7 @@ class _Report(_TaskState):
             "stop_reason": self.stop_reason,
             "checkpoint_signal_sent_at": self.checkpoint_sent_at,
             **({"hung": self.hung} if self.hung else {}),
+            **({"prolog_failed": self.prolog_failed} if self.prolog_failed else {}),
         }
 
 

@@ -199,6 +199,12 @@ class StepRunner:
             return True  # the job's task here is over: the store ends the step
         self.steps_dir.mkdir(parents=True, exist_ok=True)
         plan = job_spec.get("cgroup")
+        job_hooks = job_spec.get("hooks")
+        task_prolog = (
+            {"task_prolog": job_hooks["task_prolog"]}
+            if isinstance(job_hooks, dict) and isinstance(job_hooks.get("task_prolog"), dict)
+            else {}
+        )
         cgroup = {**plan, "join_only": True} if isinstance(plan, dict) else None
         base_env = node_environment(item["env"], self.job_env, self.srun_dir)
         base_env.update(checkpoint_requests.control_environment(job_dir))
@@ -241,6 +247,9 @@ class StepRunner:
                 "cpus": job_spec.get("cpus"),
                 "cgroup": cgroup,
                 "job_dir": str(job_dir),  # where it says it got --signal (shepherd)
+                # the node's task prolog runs before each task too (Slurm's TaskProlog);
+                # the prolog and epilog are the job's task's, once per node
+                "hooks": task_prolog,
             }
             write_private_json(tmp / "spec.json", spec)
             write_private_json(
