@@ -152,10 +152,13 @@ def reason_code(reason: str | None) -> str:
 
 def drain_kind(drain_by: str | None) -> str:
     """Who drained a node, as a bounded label: health (a check failed or warned),
-    maintenance (a window), phalanx (repeated launch failures) or operator."""
+    maintenance (a window), phalanx (repeated launch failures), hook (its prolog or epilog
+    failed) or operator."""
     by = drain_by or ""
     if by.startswith("health:"):
         return "health"
+    if by in ("prolog", "epilog"):
+        return "hook"
     if by.startswith("maint:"):
         return "maintenance"
     if by == "phalanx":

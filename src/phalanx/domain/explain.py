@@ -547,7 +547,18 @@ def _exit_text(code: Any, sig: Any) -> str:
 
 
 def _task_text(t: Mapping[str, Any]) -> str | None:
-    """What went wrong with one task, from the shepherd's exit record (None: nothing)."""
+    """What went wrong with one task, from the shepherd's exit record (None: nothing), and
+    the node's epilog failing after it (which drains the node, not the job's outcome)."""
+    text = _task_end_text(t)
+    epilog = (t.get("detail") or {}).get("epilog_failed")
+    if not epilog:
+        return text
+    said = f"{epilog} (node drained; the job's outcome is unchanged)"
+    return f"{text}; {said}" if text else f"{t['node']}: {said}"
+
+
+def _task_end_text(t: Mapping[str, Any]) -> str | None:
+    """How one task ended badly, from the shepherd's exit record (None: it did not)."""
     d = t.get("detail") or {}
     if t.get("state") == "LOST":
         return f"{t['node']}: lost ({d.get('error') or 'the node no longer knows it'})"

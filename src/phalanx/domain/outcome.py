@@ -49,11 +49,32 @@ def task_failed(t: dict[str, Any]) -> bool:
     )
 
 
+# A node's prolog or epilog failed (agent/shepherd_hooks.py): the shepherd's exit record says
+# so with a sentence (exit status and the script's first output), and the node is drained by
+# that hook, with that sentence as the reason, until an operator resumes it.
+HOOK_FAILURES = (("prolog_failed", "prolog"), ("epilog_failed", "epilog"))
+
+
+def hook_drain(detail: dict[str, Any] | None, job_id: int | None) -> tuple[str, str] | None:
+    """(drain_by, reason) for a task whose prolog or epilog failed, or None. The reason names
+    the job it ran for, so an operator can find the job's own account of it."""
+    d = detail or {}
+    failed = [(by, str(d[key])) for key, by in HOOK_FAILURES if d.get(key)]
+    if not failed:
+        return None
+    reason = "; ".join(text for _, text in failed)
+    if job_id is not None:
+        reason += f" (job {job_id})"
+    return failed[0][0], reason
+
+
 def launch_error(t: dict[str, Any]) -> str | None:
     """Why a task never started (its launch failed), or None if it did start."""
     d = t["detail"] or {}
     if d.get("job_error"):
         return None  # the job's own problem (unknown user, a file it may not open): not the node's
+    if d.get("prolog_failed"):
+        return None  # the node is drained for it at once (hook_drain): no count of failures
     if d.get("launch_failed"):
         return str(d.get("error") or "launch failed")
     if (
@@ -72,6 +93,8 @@ def describe_exit(t: dict[str, Any]) -> str:
         return f"was lost ({d.get('error') or 'shepherd vanished'})"
     if d.get("job_error"):
         return f"could not start: {d.get('error')}"
+    if d.get("prolog_failed"):
+        return f"did not start: {d.get('error')}"
     if d.get("launch_failed"):
         return f"failed to launch: {d.get('error')}"
     if d.get("timed_out"):

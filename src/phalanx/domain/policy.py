@@ -266,6 +266,7 @@ class Verdict:
     launch_failure: bool = False
     retry: bool = False  # this requeue spends one of the job's retries
     kind: FailureKind | None = None  # the failure, if the attempt failed
+    why: str | None = None  # the requeue's reason for /metrics when not `kind` (e.g. prolog)
 
 
 @dataclass(frozen=True)
@@ -444,6 +445,9 @@ def after_attempt(
             JobState.FAILED,
             f"{error}; not retried: the job cannot run as submitted (not the node's fault)",
         )
+    prolog = [t for t in tasks if t.detail.get("prolog_failed")]
+    if prolog and not stop.startswith("requeue"):
+        return after_prolog_failure(prolog, tasks, requeue=requeue)
     rules = rules or policy.rules()
     failure = classify(
         result=result,
@@ -486,6 +490,39 @@ def after_attempt(
         avoid=avoid,
         retry=True,
         kind=kind,
+    )
+
+
+def after_prolog_failure(
+    failed: Sequence[TaskEnd], tasks: Sequence[TaskEnd], *, requeue: bool
+) -> Verdict:
+    """A node's prolog failed (Slurm's rule): the job did not start there, the node is drained
+    (the store does it from the task's exit record) and the job goes back to the queue at
+    once, avoiding that node, without spending a retry or counting a launch failure: the fault
+    is the node's, and the drain keeps it from repeating there.
+
+    One exception: a job that is not requeue-able and whose processes had started on another
+    of its nodes (nodes start independently) ends NODE_FAIL, since requeueing it would run
+    its script again."""
+    first = failed[0]
+    nodes = tuple(sorted({t.node for t in failed}))
+    cause = f"{first.detail.get('prolog_failed')} on {first.node}"
+    started = [t for t in tasks if t.detail.get("started_at") and not t.detail.get("prolog_failed")]
+    if started and not requeue:
+        return Verdict(
+            Action.END,
+            JobState.NODE_FAIL,
+            f"{cause}; not requeued: the job had started on {started[0].node} and is not "
+            "requeue-able (--no-requeue, or the cluster's default_requeue)",
+            avoid=nodes,
+            why="prolog",
+        )
+    return Verdict(
+        Action.REQUEUE,
+        JobState.PENDING,
+        f"{cause}; requeued without spending a retry ({', '.join(nodes)} drained)",
+        avoid=nodes,
+        why="prolog",
     )
 
 

@@ -26,6 +26,7 @@ from phalanx.domain.elastic import restart_layout
 from phalanx.domain.outcome import (
     BATCH_ENDED,
     advance,
+    hook_drain,
     task_end,
 )
 from phalanx.domain.policy import (
@@ -45,6 +46,8 @@ from phalanx.store.sqlbits import JOB_SUMMARY as _JOB_SUMMARY
 from phalanx.store.sqlbits import Fence
 from phalanx.store.sqlbits import now as _now
 from phalanx.store.steps import JobSteps
+
+_DRAIN_REASON_MAX = 1000  # a hook's sentence is bounded already (shepherd_hooks.py); a cap here
 
 # the report path's statements, built once (store/prebuilt.py says why)
 _JOB_SUMMARY_BY_ID = Prebuilt(select(*_JOB_SUMMARY).where(s.jobs.c.id == bindparam("id")))
@@ -229,7 +232,10 @@ class AttemptProgress(JobSteps):
             extra=extra,
             event_kind="job.requeue" if verdict.action is Action.REQUEUE else "job.held",
             # why, for /metrics (requeues and retries by reason): the failure kind, or planned
-            data={"why": verdict.kind.value if verdict.kind else "planned", "retry": verdict.retry},
+            data={
+                "why": verdict.why or (verdict.kind.value if verdict.kind else "planned"),
+                "retry": verdict.retry,
+            },
         )
 
     def _attempt_running(
@@ -442,6 +448,39 @@ class AttemptProgress(JobSteps):
                     .values(drain=True, drain_reason=reason, drain_by="phalanx", drain_time=_now())
                 )
                 self._event(conn, "node.drain", f"drained by phalanx: {reason}", node=node)
+
+    def _drain_for_hook(
+        self, conn: Connection, node: str, attempt_id: int, detail: dict[str, Any]
+    ) -> None:
+        """A task's prolog or epilog failed on `node` (`outcome.hook_drain`): drain the node
+        with the hook's sentence as the reason, in the report's transaction, until an operator
+        resumes it. A node already drained keeps its drain (an operator's reason is not
+        overwritten); the job's own history still says what happened."""
+        job_id = conn.execute(
+            select(s.attempts.c.job_id).where(s.attempts.c.id == attempt_id)
+        ).scalar()
+        drain = hook_drain(detail, job_id)
+        if drain is None:
+            return
+        by, reason = drain
+        row = conn.execute(select(s.nodes.c.drain).where(s.nodes.c.name == node)).first()
+        if row is None or row.drain:
+            return
+        conn.execute(
+            update(s.nodes)
+            .where(s.nodes.c.name == node)
+            .values(
+                drain=True, drain_reason=reason[:_DRAIN_REASON_MAX], drain_by=by, drain_time=_now()
+            )
+        )
+        self._event(
+            conn,
+            "node.drain",
+            f"drained by {by}: {reason}",
+            node=node,
+            actor=node,
+            data={"drain_by": by, "job_id": job_id},
+        )
 
     def requeue_lost_launch(self, attempt_id: int, reason: str, fence: Fence | None) -> bool:
         """A STARTING attempt nobody confirmed: mark its tasks lost and advance (used by the reaper)."""

@@ -450,6 +450,8 @@ class AgentReports(AttemptProgress):
                 TaskState.LOST.value,
             ):
                 ex = rep.exit or {}
+                if ex.get("prolog_failed") or ex.get("epilog_failed"):
+                    self._drain_for_hook(conn, node, rep.attempt_id, ex)
                 changes.append(
                     (
                         {"attempt_id": rep.attempt_id, "node": node},
