@@ -83,7 +83,10 @@ def agent(
         "(the config's [topology] rules win over it)",
     ),
     health_config: Path | None = typer.Option(
-        None, "--health-config", help="TOML file with a [health] table (default: built-in checks)"
+        None,
+        "--health-config",
+        help="the node's TOML file: a [health] table (default: built-in checks) and the "
+        "[prolog], [epilog] and [task_prolog] scripts (docs/health.md)",
     ),
     log_level: str = typer.Option("info", "--log-level"),
     key_file: Path | None = typer.Option(
@@ -136,7 +139,9 @@ def up(
     ),
     config: Path | None = typer.Option(None, "--config", help="TOML configuration file"),
     health_config: Path | None = typer.Option(
-        None, "--health-config", help="agents' health checks (default: GPU and memory only)"
+        None,
+        "--health-config",
+        help="agents' health checks (default: GPU and memory only), prolog and epilog",
     ),
     detach: bool = typer.Option(False, "--detach", help="return once the cluster is ready"),
     root_jobs: bool = typer.Option(
