@@ -10,6 +10,7 @@ job it ran after stays COMPLETED.  Both show in the events and in ``phalanx expl
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -160,3 +161,57 @@ def test_a_failing_epilog_drains_its_node_and_leaves_the_job_completed(
     said = _explain(cluster, tmp_path, jid)
     assert f"node01: epilog failed (exit status 3): cannot wipe /tmp/job{jid}" in said, said
     assert "drained by epilog" in said, said
+
+
+@pytest.mark.timeout(240)
+def test_prolog_and_epilog_run_on_every_node_and_the_task_prolog_before_each_task(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A two-node job: the prolog and epilog run once on each node (the batch host and the
+    other), the task prolog before the batch script and before each srun task, its `export`
+    reaching them and its `print` their output."""
+    cluster.timing.update(FAST)
+    cluster.start_controller()
+    log = tmp_path / "hooks.log"
+    prolog = _script(
+        tmp_path / "prolog.sh", f'echo "prolog $SLURMD_NODENAME $SLURM_JOB_ID" >> {log}\n'
+    )
+    epilog = _script(
+        tmp_path / "epilog.sh", f'echo "epilog $SLURMD_NODENAME $SLURM_JOB_ID" >> {log}\n'
+    )
+    task_prolog = _script(
+        tmp_path / "task_prolog.sh",
+        'echo "export SCRATCH=/scratch/$SLURM_JOB_ID"\necho "print task prolog on $SLURMD_NODENAME"\n',
+    )
+    conf = _node_file(tmp_path / "node.toml", prolog=prolog, epilog=epilog, task_prolog=task_prolog)
+    for node in ("node01", "node02"):
+        cluster.start_agent(node, wait=False, extra_args=["--health-config", str(conf)])
+    cluster.wait_agents(["node01", "node02"])
+    path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
+    jid = cluster.submit_script(
+        tmp_path,
+        "two",
+        "#!/bin/bash\n"
+        'echo "batch SCRATCH=$SCRATCH"\n'
+        "srun -N 2 --ntasks-per-node=1 bash -c 'echo \"task $SLURM_NODEID SCRATCH=$SCRATCH\"'\n",
+        nodes=2,
+        env={"PATH": path},
+    )
+    done = cluster.wait_terminal([jid])[jid]
+    out = (tmp_path / f"two-{jid}.out").read_text()
+    assert done["state"] == "COMPLETED", out
+    lines = out.splitlines()
+    assert lines[:2] == ["task prolog on node01", f"batch SCRATCH=/scratch/{jid}"], out
+    assert sorted(lines[2:]) == [
+        f"task 0 SCRATCH=/scratch/{jid}",
+        f"task 1 SCRATCH=/scratch/{jid}",
+        "task prolog on node01",
+        "task prolog on node02",
+    ], out
+    ran = log.read_text().splitlines()
+    assert sorted(ran) == sorted(
+        f"{hook} {node} {jid}" for hook in ("prolog", "epilog") for node in ("node01", "node02")
+    ), ran
+    for node in ("node01", "node02"):  # each node's epilog after its prolog
+        assert ran.index(f"prolog {node} {jid}") < ran.index(f"epilog {node} {jid}"), ran
+    assert not any(_node(cluster, n)["drain"] for n in ("node01", "node02"))
