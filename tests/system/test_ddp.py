@@ -216,4 +216,9 @@ def test_a_planned_stop_of_an_srun_ddp_job_redoes_no_step_and_ends_with_the_same
     assert starts == ["start 0 0", f"start 1 {at}"], lines  # 0 steps redone
     assert lines[-1] == f"done 1 {STEPS}", lines
     assert same_weights(out / "final.pt", ref), "the weights differ from the uninterrupted run's"
-    assert cluster.wait_terminal([jid], timeout=120)[jid]["state"] == "COMPLETED"
+    job = cluster.wait_terminal([jid], timeout=120)[jid]
+    if job["state"] != "COMPLETED":  # say why: the job's output and its story
+        events = cluster.client().get("/v1/events", limit=1000)["events"]
+        story = "\n".join(f"{e['kind']}: {e['message']}" for e in events if e["job_id"] == jid)
+        output = (tmp_path / f"ddp-{jid}.out").read_text(errors="replace")
+        pytest.fail(f"job {job}\n--- events\n{story}\n--- output\n{output}")

@@ -224,7 +224,6 @@ class Caller:
     err: Sink
     # install a signal forwarder for the step's life; returns what undoes it
     on_signals: Callable[[Callable[[int], None]], Callable[[], None]] = field(repr=False)
-    threaded: bool = False  # signals are forwarded from another thread than the step's
 
     @classmethod
     def this_process(cls) -> Caller:
@@ -537,13 +536,11 @@ def _supervise(
 
     def forward(signum: int) -> None:
         now = time.monotonic()
-        # The helper relays signals from another thread, while the loop below may be in the
-        # middle of a request on `client`: there a client of its own.  srun's own handler
-        # keeps using `client`, as before the helper existed: a request it interrupts makes
-        # that forward fail, and one flow depends on it (a --signal without B: kills a batch
-        # shell without a trap; its srun then gets SIGTERM as a straggler, and a forward that
-        # worked would kill the step's `scontrol requeue`: tests/system/test_submitit.py).
-        own = LeanClient(",".join(client.urls)) if caller.threaded else client
+        # A client of its own, always: this runs in the helper's relay thread or in srun's
+        # signal handler, while the loop below may be in the middle of a request on
+        # `client`; sharing that connection made a forward fail ("Request-sent") whenever
+        # the signal interrupted a request, and a lost USR1 is a lost checkpoint.
+        own = LeanClient(",".join(client.urls))
         try:
             if signum == signal.SIGINT and now - state["last_int"] < 1.0:
                 own.post(f"/v1/jobs/{job}/steps/cancel", {"step_id": sid, "reason": "srun ^C"})
@@ -552,8 +549,7 @@ def _supervise(
         except PhalanxError as e:
             caller.say(f"{PROG}: error: cannot forward signal {signum}: {e.message}\n")
         finally:
-            if own is not client:
-                own.close()
+            own.close()
         if signum == signal.SIGINT:
             state["last_int"] = now
 

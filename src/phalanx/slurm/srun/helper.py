@@ -157,7 +157,7 @@ class Helper:
         conn.sendall(b"ok\n")
         conn.settimeout(None)
         relay = SignalRelay(conn)
-        caller = srun.Caller(env, cwd, FdSink(fds[0]), FdSink(fds[1]), relay.install, threaded=True)
+        caller = srun.Caller(env, cwd, FdSink(fds[0]), FdSink(fds[1]), relay.install)
         code = self._run(opts, caller)
         for fd in fds:  # the caller's pipe readers see their end with srun's exit
             with contextlib.suppress(OSError):
