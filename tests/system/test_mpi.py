@@ -104,6 +104,25 @@ def test_srun_mpi_pmi2_runs_an_mpich_allreduce_over_two_nodes_and_mpi_abort_ends
     assert "srun=3" in out, out
     assert not any("passed" in ln for ln in out.splitlines()), out
 
+    # the same outside an allocation: srun makes a job whose batch step is an srun of its
+    # own (the PMI server's), and the user's srun exits with the abort's code, as mpiexec
+    # (the tasks themselves died of the step's cancel)
+    env = cluster.env(
+        PHALANX_URL=cluster.url,
+        PHALANX_AUTH_SOCKET=str(cluster.agent_socket("node01")),
+        PATH=PATH,
+    )
+    r = subprocess.run(
+        [f"{BIN}/srun", "-N2", "--ntasks-per-node=2", "--mpi=pmi2", str(allreduce), "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 3, r.stderr
+    assert "application called MPI_Abort(MPI_COMM_WORLD, 3)" in r.stderr, r.stderr  # MPICH's
+
     # without a PMI server (--mpi=none) each rank is a world of its own: what a site that
     # forgot --mpi sees, and why the type is not silently ignored
     job, out = run_job(

@@ -450,9 +450,7 @@ def _step(
         host = host or advertised_host(client.urls, caller.env)
         body = _body(opts, host, io.cookie, io.port, caller)
         step = _start_with_pmi(client, job, body, pmi)
-        code = _supervise(client, job, step, io, opts, caller)
-        aborted = pmi.state.aborted if pmi is not None else None
-        return aborted[1] & 0xFF if aborted is not None else code  # mpiexec's code after one
+        return _abort_code(pmi, _supervise(client, job, step, io, opts, caller))
     finally:
         io.close()
         if pmi is not None:
@@ -517,12 +515,26 @@ def _inner(client: LeanClient, job: str, opts: Any, attach: str) -> int:
         while True:
             st = client.get(f"/v1/jobs/{job}/steps/{sid}")
             if st["state"] != "RUNNING":
-                code = st.get("exit_code")
-                return int(code) if isinstance(code, int) and 0 <= code < 256 else 1
+                return _abort_code(pmi, _step_code(st))
             time.sleep(POLL_S)
     finally:
         if pmi is not None:
             pmi.close()
+
+
+def _step_code(step: dict[str, Any]) -> int:
+    """srun's exit status from the step's record, as worst_exit makes it from the tasks':
+    the exit code, 128+N for a task killed by signal N."""
+    code, sig = step.get("exit_code"), step.get("exit_signal")
+    if isinstance(sig, int) and 0 < sig < 128 and not code:
+        return 128 + sig
+    return int(code) if isinstance(code, int) and 0 <= code < 256 else 1
+
+
+def _abort_code(pmi: PmiServer | None, code: int) -> int:
+    """srun's exit status: the step's, or after a rank's MPI_Abort its code (as mpiexec's)."""
+    aborted = pmi.state.aborted if pmi is not None else None
+    return aborted[1] & 0xFF if aborted is not None else code
 
 
 def _supervise(
@@ -717,11 +729,12 @@ def _follow(client: LeanClient, jid: str, io: StepIO, opts: Any) -> int:
         """Signals go to the job's step (its tasks), as an attached srun's do; a second ^C
         within a second cancels the whole job."""
         now = time.monotonic()
-        with contextlib.suppress(PhalanxError):
+        # a connection of its own: the loop below may be in the middle of a request
+        with contextlib.suppress(PhalanxError), LeanClient(",".join(client.urls)) as own:
             if signum == signal.SIGINT and now - last_int["at"] < 1.0:
-                client.post("/v1/jobs/cancel", {"jobs": [jid], "reason": "srun ^C ^C"})
+                own.post("/v1/jobs/cancel", {"jobs": [jid], "reason": "srun ^C ^C"})
             else:
-                client.post(f"/v1/jobs/{jid}/steps/signal", {"signal": signum})
+                own.post(f"/v1/jobs/{jid}/steps/signal", {"signal": signum})
         if signum == signal.SIGINT:
             last_int["at"] = now
 
@@ -743,6 +756,12 @@ def _follow(client: LeanClient, jid: str, io: StepIO, opts: Any) -> int:
                 bad = _describe(rec)
                 if bad:
                     sys.stderr.write(f"{PROG}: error: task {task}: {bad}\n")
+            code = job.get("exit_code")
+            if st in ("COMPLETED", "FAILED") and isinstance(code, int) and 0 <= code < 256:
+                # the job's batch step is an srun (_inner) whose status is srun's: the tasks'
+                # worst, or after an MPI_Abort the abort's code (the tasks then died of the
+                # step's cancel, which says nothing of why)
+                return code
             return worst_exit(io.exits.values())
         sys.stderr.write(
             f"{PROG}: error: job {jid} ended {st} before its step ran: {job.get('reason') or ''}\n"
