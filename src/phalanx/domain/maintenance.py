@@ -38,6 +38,7 @@ __all__ = [
     "Transition",
     "Window",
     "WindowState",
+    "allocations_after",
     "blocking_windows",
     "check_window",
     "crosses",
@@ -510,20 +511,7 @@ class KeepOff:
         """Reasons to use instead of Resources/Priority for jobs maintenance holds back."""
         if not self.blocked:
             return {}
-        after = list(allocations)
-        for p in placed:  # (ends do not matter: the check below places one job, now)
-            for node, mem, gpus in zip(p.nodes, p.mem_per_node_mb, p.gpu_ids, strict=True):
-                after.append(
-                    Allocation(
-                        job_id=p.job_id,
-                        node=node,
-                        cpus=p.cpus_per_node,
-                        mem_mb=mem,
-                        gpu_ids=tuple(gpus),
-                        exclusive=bool((exclusive or {}).get(p.job_id, False)),
-                        expected_end=None,
-                    )
-                )
+        after = allocations_after(placed, allocations, exclusive)
         out: dict[int, str] = {}
         checks = 0
         for jid, (req, blocked) in self.blocked.items():
@@ -536,6 +524,30 @@ class KeepOff:
                 usable = {n: w for n, w in blocked.items() if n not in req.exclude}
                 out[jid] = pending_reason(usable or blocked, self.now, req.time_limit_s)
         return out
+
+
+def allocations_after(
+    placed: Sequence[Placement],
+    allocations: Sequence[Allocation],
+    exclusive: Mapping[int, bool] | None = None,
+) -> list[Allocation]:
+    """What running work holds once this pass's starts are made: the allocations a check
+    that places one more job, now, must fit beside (their ends do not matter to it)."""
+    after = list(allocations)
+    for p in placed:
+        for node, mem, gpus in zip(p.nodes, p.mem_per_node_mb, p.gpu_ids, strict=True):
+            after.append(
+                Allocation(
+                    job_id=p.job_id,
+                    node=node,
+                    cpus=p.cpus_per_node,
+                    mem_mb=mem,
+                    gpu_ids=tuple(gpus),
+                    exclusive=bool((exclusive or {}).get(p.job_id, False)),
+                    expected_end=None,
+                )
+            )
+    return after
 
 
 def resolve_times(

@@ -198,6 +198,17 @@ def _validated_raw(name: str, check: Callable[[str], object]) -> Converter:
     return convert
 
 
+def _reservation(text: str) -> dict[str, Any]:
+    """--reservation=NAME; whether it exists and admits the job is checked at submission."""
+    name = text.strip()
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,127}", name):
+        raise ValueError(
+            f"invalid reservation name {text!r}: `scontrol show reservation` lists the "
+            "reservations and their names"
+        )
+    return {"reservation": name}
+
+
 def _licenses(text: str) -> dict[str, Any]:
     """--licenses in canonical form (names sorted, counts explicit); refused now if invalid."""
     return {"licenses": format_licenses(parse_licenses(text))}
@@ -454,6 +465,8 @@ OPTIONS: tuple[Option, ...] = (
          "ask for a checkpoint this often (e.g. 30m), or auto (Young/Daly)", "DURATION|auto"),
     # --- bookkeeping: kept and shown (account and QOS also weigh in fair share and limits) ---
     _opt("comment", None, R, ("comment",), _str_to("comment"), "free-text comment", "TEXT"),
+    _opt("reservation", None, R, ("reservation",), _reservation,
+         "run in this reservation, on its nodes only (scontrol show reservation)", "NAME"),
     _opt("begin", "b", R, ("begin_time",), _begin,
          "do not start before TIME: now+1hour, 16:00, 2026-12-24T08:00, tomorrow, ...",
          "TIME"),
@@ -500,7 +513,6 @@ OPTIONS: tuple[Option, ...] = (
     _ignored("propagate", arg=OPT),
     _ignored("quiet", "Q", arg=N),
     _ignored("reboot", arg=N),
-    _ignored("reservation"),
     _ignored("sockets-per-node"),
     _ignored("spread-job", arg=N),
     _ignored("thread-spec"),

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from operator import itemgetter
 from typing import Any
 
-from phalanx.domain import licenses, maintenance, topology, values
+from phalanx.domain import licenses, maintenance, reservations, topology, values
 from phalanx.domain.deps import DepVerdict, evaluate
 from phalanx.domain.placement import place
 from phalanx.domain.placement_types import Allocation, JobRequest, NodeView, Placement
@@ -282,6 +282,7 @@ def plan(
     array_active = dict(snap.array_active)
     names_taken = set(snap.active_names)
     keep_off = maintenance.KeepOff(getattr(snap, "maintenance", None) or [], now)
+    gate = reservations.Gate(getattr(snap, "resv", None) or [], now, [v.name for v in views])
     eligible: list[JobRequest] = []
     examined: dict[int, dict[str, Any]] = {}
     while True:
@@ -317,6 +318,10 @@ def plan(
             if over:
                 out.reasons[jid] = over
                 continue
+        req, waits = gate.admit(keep_off.restrict(job_request(job)), job.get("reservation"))
+        if waits:
+            out.reasons[jid] = waits
+            continue
         arr = job["array_job_id"]
         if arr is not None and job["array_limit"]:
             if array_active.get(int(arr), 0) >= int(job["array_limit"]):
@@ -326,7 +331,6 @@ def plan(
             array_active[int(arr)] = array_active.get(int(arr), 0) + 1
         if singleton:
             names_taken.add(key)
-        req = keep_off.restrict(job_request(job))
         if req.switches is not None and switch_wait_over(job, now):
             req = replace(req, switches=None)
         reserved = live_reservation(job, now)
@@ -366,9 +370,10 @@ def plan(
         elif req.job_id not in placed_ids and req.job_id not in out.reasons:  # not over a limit
             out.reasons[req.job_id] = "Resources" if first_blocked else "Priority"
             first_blocked = False
-    if keep_off.blocked:
+    if keep_off.blocked or gate.blocked:
         exclusive = {p.job_id: bool(examined[p.job_id]["exclusive"]) for p in placed}
         out.reasons.update(keep_off.reasons(out.reasons, placed, views, allocs, exclusive))
+        out.reasons.update(gate.reasons(out.reasons, placed, views, allocs, exclusive))
     return out
 
 

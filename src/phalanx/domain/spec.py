@@ -198,6 +198,11 @@ class JobSpec(BaseModel):
     licenses: str | None = Field(
         default=None, max_length=4096, description="cluster licences, e.g. fluent:2,matlab:1"
     )
+    reservation: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,127}$",
+        description="run in this reservation (scontrol create reservation), on its nodes only",
+    )
     switches: int | None = Field(default=None, ge=1, le=100_000, description="--switches=N")
     switches_wait_s: int | None = Field(
         default=None, ge=-1, description="--switches=N@TIME: seconds; -1 for ever; absent 300"

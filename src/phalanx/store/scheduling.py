@@ -42,6 +42,7 @@ from phalanx.store.attempts import _elastic_columns
 from phalanx.store.fairshare import FairShareUsage
 from phalanx.store.maintenance import MaintenanceWindows
 from phalanx.store.pending import Pending, PendingMirror
+from phalanx.store.reservations import RESERVATION_OF_JOB, Reservations
 from phalanx.store.sqlbits import JOB_SUMMARY as _JOB_SUMMARY
 from phalanx.store.sqlbits import Fence, attempt_holds
 from phalanx.store.sqlbits import active_tasks as _active_tasks
@@ -64,6 +65,8 @@ class SchedSnapshot:
     reservations: list[dict[str, Any]] = field(default_factory=list)
     # maintenance windows still to come or under way (rows of `maintenance`)
     maintenance: list[dict[str, Any]] = field(default_factory=list)
+    # reservations (`scontrol create reservation`) that have not ended (rows of `reservations`)
+    resv: list[dict[str, Any]] = field(default_factory=list)
     # pending jobs before their begin time whose reason does not say so yet (sched_snapshot)
     not_yet: list[dict[str, Any]] = field(default_factory=list)
     # jobs holding resources (for limits): user, account, qos, nodes, gpus_per_node
@@ -141,7 +144,13 @@ def _topology_columns() -> list[Any]:
 
 
 # what a scheduling pass reads of each pending job
-_PENDING_COLUMNS = [*_JOB_SUMMARY, *_elastic_columns(), _LICENSES, *_topology_columns()]
+_PENDING_COLUMNS = [
+    *_JOB_SUMMARY,
+    *_elastic_columns(),
+    _LICENSES,
+    *_topology_columns(),
+    RESERVATION_OF_JOB.label("reservation"),
+]
 
 
 def _pending_mirror(dialect: str) -> PendingMirror:
@@ -187,7 +196,7 @@ def _spares_text(st: Mapping[str, Any]) -> str:
     return f" with spares {','.join(spares)}" if spares else ""
 
 
-class SchedulingReads(MaintenanceWindows, FairShareUsage):
+class SchedulingReads(MaintenanceWindows, Reservations, FairShareUsage):
     """The scheduler's reads and writes."""
 
     @functools.cached_property
@@ -287,6 +296,7 @@ class SchedulingReads(MaintenanceWindows, FairShareUsage):
                 reservations=reservations,
                 not_yet=not_yet,
                 maintenance=self._live_windows(conn),
+                resv=self._live_reservations(conn),
                 active_jobs=self._limit_rows(conn, active_states),
                 licenses_held=self._licenses_held(conn),
                 groups_active=self._groups_active(conn),

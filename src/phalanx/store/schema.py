@@ -270,6 +270,30 @@ maintenance = Table(
 )
 Index("ix_maintenance_state", maintenance.c.state)
 
+# Reservations (`scontrol create reservation`, domain/reservations.py): nodes set aside from
+# start to end for some users or accounts; only jobs asking for one run there meanwhile. A
+# deleted reservation's row is deleted (its events stay); an ended one is ignored and replaced
+# by a new one of the same name (migration 0018).
+reservations = Table(
+    "reservations",
+    metadata,
+    Column("id", IdType, primary_key=True, autoincrement=True),
+    Column("name", String(128), nullable=False, unique=True),
+    Column("nodes_expr", String(1024), nullable=False),  # as the operator wrote it (or picked)
+    Column("nodes", JSON, nullable=False),  # expanded names
+    Column("start", Float, nullable=False),
+    Column("end", Float, nullable=False),
+    Column("users", JSON, nullable=False),  # names, sorted
+    Column("accounts", JSON, nullable=False),
+    Column("flags", JSON, nullable=False),  # MAINT, OVERLAP, IGNORE_JOBS, SPEC_NODES
+    Column("partition", String(128), nullable=True),
+    Column("created_by", String(128), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("updated_by", String(128), nullable=True),
+    Column("updated_at", Float, nullable=True),
+    sqlite_autoincrement=True,
+)
+
 # Job steps (`srun` inside an allocation): numbered per attempt (0, 1, ...), shown as JOBID.N.
 # state: RUNNING (asked to start or started), then COMPLETED / FAILED / CANCELLED / NODE_FAIL /
 # TIMEOUT / OUT_OF_MEMORY. `spec` is what the nodes need to start its tasks (argv, env, layout,

@@ -14,6 +14,7 @@ methods as Protocols grouped by who calls them, and a test holds the two to the 
     history      get_job, list_jobs, events, purge_finished, ...   store/history.py
     steps        create_step, apply_step_reports, ...              store/steps.py
     maintenance  add_window, start_window, end_window, ...         store/maintenance.py
+    reservations create_reservation, update_reservation, ...      store/reservations.py
     preemption   preempt, preemption_rows                          store/preemption.py
     fair share   charge_usage, usage_table, ...                    store/fairshare.py
     metrics      metrics_figures, carry_purged                     store/metrics.py

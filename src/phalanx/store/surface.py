@@ -363,6 +363,35 @@ class MaintenanceStore(Protocol):
     def attempts_on(self, nodes: Sequence[str]) -> list[dict[str, Any]]: ...
 
 
+class ReservationStore(Protocol):
+    """Reservations (`scontrol create|update|delete|show reservation`)."""
+
+    def create_reservation(
+        self,
+        name: str,
+        *,
+        start: float,
+        end: float,
+        nodes_expr: str | None,
+        node_count: int | None,
+        users: Sequence[str],
+        accounts: Sequence[str],
+        flags: Sequence[str],
+        partition: str | None,
+        actor: str,
+    ) -> dict[str, Any]: ...
+
+    def update_reservation(
+        self, name: str, changes: dict[str, Any], actor: str
+    ) -> dict[str, Any]: ...
+
+    def delete_reservation(self, name: str, actor: str) -> dict[str, Any]: ...
+
+    def list_reservations(self) -> list[dict[str, Any]]: ...
+
+    def get_reservation(self, name: str) -> dict[str, Any]: ...
+
+
 class FairShareStore(Protocol):
     """Fair-share usage: what associations used, charged and decayed."""
 
@@ -402,6 +431,7 @@ PARTS: tuple[type, ...] = (
     HistoryStore,
     StepStore,
     MaintenanceStore,
+    ReservationStore,
     FairShareStore,
     StoreLifecycle,
 )
@@ -420,8 +450,9 @@ def _store_satisfies_every_part(store: Store) -> list[object]:
     history: HistoryStore = store
     steps: StepStore = store
     maintenance: MaintenanceStore = store
+    reservations: ReservationStore = store
     fairshare: FairShareStore = store
     lifecycle: StoreLifecycle = store
     parts += [lease, submission, control, scheduling, agents, nodes, history]
-    parts += [steps, maintenance, fairshare, lifecycle]
+    parts += [steps, maintenance, reservations, fairshare, lifecycle]
     return parts

@@ -1,0 +1,424 @@
+"""Reservations in the store: creating, changing, deleting and listing them, each change an
+event with its actor, in one transaction with the checks that need the live cluster (known
+nodes, overlapping reservations, running jobs, jobs that still use a reservation).
+
+A mixin of `Store` (its methods take `self`). The rules are in domain/reservations.py; the
+scheduler reads the live rows with its snapshot (store/scheduling.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, delete, insert, select, update
+
+from phalanx.domain import reservations as rules
+from phalanx.domain.hostlist import compress_hostlist, expand_hostlist, hostname_sort_key
+from phalanx.domain.maintenance import format_when
+from phalanx.domain.scheduling import node_partitions
+from phalanx.domain.states import TERMINAL
+from phalanx.errors import Conflict, InvalidSpec, NotFound
+from phalanx.store import schema as s
+from phalanx.store.base import StoreBase
+from phalanx.store.sqlbits import active_tasks as _active_tasks
+from phalanx.store.sqlbits import now as _now
+
+# a job's --reservation, read from its stored spec (no column of its own)
+RESERVATION_OF_JOB = s.jobs.c.spec["reservation"].as_string()
+
+
+def _not_found(name: str) -> NotFound:
+    return NotFound(
+        f"Reservation {name} not found (`scontrol show reservation` lists them)",
+        reservation=name,
+    )
+
+
+class Reservations(StoreBase):
+    """The `reservations` table's operations (see the module docstring)."""
+
+    def _live_reservations(
+        self, conn: Connection, now: float | None = None
+    ) -> list[dict[str, Any]]:
+        """Reservations that have not ended, earliest first."""
+        now = _now() if now is None else now
+        q = (
+            select(s.reservations)
+            .where(s.reservations.c.end > now)
+            .order_by(s.reservations.c.start, s.reservations.c.name)
+        )
+        return [dict(r) for r in conn.execute(q).mappings()]
+
+    def list_reservations(self) -> list[dict[str, Any]]:
+        with self.db.begin(write=False) as conn:
+            return self._live_reservations(conn)
+
+    def get_reservation(self, name: str) -> dict[str, Any]:
+        with self.db.begin(write=False) as conn:
+            row = self._row(conn, name)
+        if row is None:
+            raise _not_found(name)
+        return row
+
+    def _row(self, conn: Connection, name: str) -> dict[str, Any] | None:
+        found = (
+            conn.execute(
+                select(s.reservations).where(
+                    s.reservations.c.name == name, s.reservations.c.end > _now()
+                )
+            )
+            .mappings()
+            .first()
+        )
+        return dict(found) if found is not None else None
+
+    # ---------------------------------------------------------------------------- checks
+    def _resolve_nodes(
+        self,
+        conn: Connection,
+        new: rules.Reservation,
+        nodes_expr: str | None,
+        node_count: int | None,
+        others: Sequence[rules.Reservation],
+        running: Sequence[dict[str, Any]],
+    ) -> tuple[list[str], str]:
+        """The reservation's nodes: those named (known to the cluster), or `node_count`
+        usable ones picked (of its partition, if given). Returns (names, expression)."""
+        rows = [
+            dict(r)
+            for r in conn.execute(
+                select(
+                    s.nodes.c.name,
+                    s.nodes.c.registered,
+                    s.nodes.c.down,
+                    s.nodes.c.drain,
+                )
+            ).mappings()
+        ]
+        known = {str(r["name"]) for r in rows}
+        if nodes_expr is not None:
+            try:
+                names = expand_hostlist(nodes_expr)
+            except ValueError as e:
+                raise InvalidSpec(f"Nodes={nodes_expr}: {e}", field="nodes") from None
+            if not names:
+                raise InvalidSpec(
+                    "Nodes=: no node given; use e.g. Nodes=node[01-04]", field="nodes"
+                )
+            unknown = [n for n in names if n not in known]
+            if unknown:
+                raise InvalidSpec(
+                    f"Nodes={nodes_expr}: unknown node{'s' if len(unknown) > 1 else ''} "
+                    f"{compress_hostlist(unknown)} (`sinfo -N` lists the nodes of this cluster)",
+                    field="nodes",
+                    unknown=unknown,
+                )
+            return sorted(dict.fromkeys(names), key=hostname_sort_key), nodes_expr.strip()
+        assert node_count is not None
+        parts = [dict(r) for r in conn.execute(select(s.partitions)).mappings()]
+        if new.partition is not None and new.partition not in {p["name"] for p in parts}:
+            raise InvalidSpec(
+                f"PartitionName={new.partition}: no such partition (`sinfo` lists them)",
+                field="partition",
+            )
+        usable = [
+            str(r["name"])
+            for r in sorted(rows, key=lambda r: hostname_sort_key(str(r["name"])))
+            if r["registered"]
+            and not r["down"]
+            and not r["drain"]
+            and (new.partition is None or new.partition in node_partitions(r["name"], parts))
+        ]
+        probe = rules.Reservation(
+            new.name, tuple(usable), new.start, new.end, flags=new.flags - {"IGNORE_JOBS"}
+        )
+        taken = {n for r in rules.overlapping(probe, others, new.start) for n in r.nodes}
+        try:
+            names = rules.pick_nodes(
+                usable, node_count, taken=taken, busy=rules.busy_nodes(probe, running)
+            )
+        except ValueError as e:
+            raise InvalidSpec(str(e), field="node_count") from None
+        return sorted(names, key=hostname_sort_key), compress_hostlist(names)
+
+    @staticmethod
+    def _running(conn: Connection) -> list[dict[str, Any]]:
+        """Jobs holding nodes: their nodes and when their time limit ends them (None:
+        unknown or unlimited)."""
+        by_job: dict[int, dict[str, Any]] = {}
+        for r in conn.execute(
+            _active_tasks(s.tasks.c.node, s.attempts.c.job_id, s.attempts.c.expected_end)
+        ):
+            item = by_job.setdefault(
+                int(r.job_id), {"job_id": int(r.job_id), "nodes": [], "end": r.expected_end}
+            )
+            item["nodes"].append(str(r.node))
+        return list(by_job.values())
+
+    def _check(
+        self,
+        conn: Connection,
+        new: rules.Reservation,
+        others: Sequence[rules.Reservation],
+        running: Sequence[dict[str, Any]],
+        now: float,
+    ) -> None:
+        try:
+            rules.check_times(new.start, new.end, now)
+        except ValueError as e:
+            raise InvalidSpec(str(e), field="start") from None
+        if not new.users and not new.accounts:
+            raise InvalidSpec(
+                "Either Users/Groups and/or Accounts must be specified. No reservation made: "
+                "give Users=NAME[,NAME] or Accounts=NAME[,NAME]",
+                field="users",
+            )
+        clash = rules.overlapping(new, others, now)
+        if clash:
+            names = ", ".join(r.name for r in clash)
+            raise Conflict(
+                f"Requested reservation overlaps with another reservation ({names} on "
+                f"{compress_hostlist(n for r in clash for n in r.nodes if n in new.nodes)}): "
+                "choose other nodes or times, or add Flags=OVERLAP",
+                reservation=new.name,
+            )
+        busy = rules.busy_nodes(new, running)
+        if busy:
+            raise Conflict(
+                f"Requested nodes are busy: {compress_hostlist(busy)} run jobs that would still "
+                f"run at {format_when(new.start, now)}; choose a later StartTime=, other nodes, "
+                "or add Flags=IGNORE_JOBS to let them finish inside the reservation",
+                reservation=new.name,
+            )
+
+    # ---------------------------------------------------------------------------- changes
+    def create_reservation(
+        self,
+        name: str,
+        *,
+        start: float,
+        end: float,
+        nodes_expr: str | None,
+        node_count: int | None,
+        users: Sequence[str],
+        accounts: Sequence[str],
+        flags: Sequence[str],
+        partition: str | None,
+        actor: str,
+    ) -> dict[str, Any]:
+        """Create a reservation; InvalidSpec (422) or Conflict (409) says what to change."""
+        if (nodes_expr is None) == (node_count is None):
+            raise InvalidSpec(
+                "give the reservation Nodes=... or NodeCnt=N (one of them)", field="nodes"
+            )
+        now = _now()
+        flag_set = set(flags)
+        if nodes_expr is not None:
+            flag_set.add("SPEC_NODES")
+        with self.db.begin() as conn:
+            # an ended reservation of the same name is gone, as in Slurm
+            conn.execute(
+                delete(s.reservations).where(
+                    s.reservations.c.name == name, s.reservations.c.end <= now
+                )
+            )
+            if self._row(conn, name) is not None:
+                raise Conflict(
+                    f"Duplicate reservation name {name}: pick another name, or change it with "
+                    f"`scontrol update ReservationName={name} ...`",
+                    reservation=name,
+                )
+            others = [rules.Reservation.from_row(r) for r in self._live_reservations(conn, now)]
+            running = self._running(conn)
+            draft = rules.Reservation(
+                name, (), start, end, tuple(users), tuple(accounts), frozenset(flag_set), partition
+            )
+            names, expr = self._resolve_nodes(conn, draft, nodes_expr, node_count, others, running)
+            new = rules.Reservation(
+                name, tuple(names), start, end, tuple(users), tuple(accounts),
+                frozenset(flag_set), partition,
+            )  # fmt: skip
+            self._check(conn, new, others, running, now)
+            row = {
+                "name": name,
+                "nodes_expr": expr[:1024],
+                "nodes": names,
+                "start": float(start),
+                "end": float(end),
+                "users": list(new.users),
+                "accounts": list(new.accounts),
+                "flags": sorted(new.flags),
+                "partition": partition,
+                "created_by": actor,
+                "created_at": now,
+                "updated_by": None,
+                "updated_at": None,
+            }
+            pk = conn.execute(insert(s.reservations).values(**row)).inserted_primary_key
+            assert pk is not None
+            self._event(
+                conn,
+                "resv.create",
+                f"reservation {name} on {new.hostlist} from {format_when(start, now)} to "
+                f"{format_when(end, now)} for {_who(new)}"
+                + (f" flags {rules.format_flags(new.flags)}" if new.flags else "")
+                + f" created by {actor}",
+                actor=actor,
+                data={"reservation": name, **{k: row[k] for k in ("nodes", "start", "end")}},
+            )
+            return {"id": int(pk[0]), **row}
+
+    def update_reservation(self, name: str, changes: dict[str, Any], actor: str) -> dict[str, Any]:
+        """Change a live reservation: any of start, end, nodes_expr/node_count, users,
+        accounts, flags, partition (already parsed). The result is checked as a new one
+        would be, except that running jobs inside it are its own."""
+        now = _now()
+        with self.db.begin() as conn:
+            row = self._row(conn, name)
+            if row is None:
+                raise _not_found(name)
+            old = rules.Reservation.from_row(row)
+            others = [
+                rules.Reservation.from_row(r)
+                for r in self._live_reservations(conn, now)
+                if r["name"] != name
+            ]
+            start = float(changes.get("start", old.start))
+            if "end" in changes:
+                end = float(changes["end"])
+            elif "duration" in changes:
+                end = start + float(changes["duration"])
+            else:  # a new start alone keeps the duration, as in Slurm
+                end = start + (old.end - old.start)
+            flags = set(changes.get("flags", old.flags))
+            partition = changes.get("partition", old.partition)
+            draft = rules.Reservation(
+                name,
+                old.nodes,
+                start,
+                end,
+                tuple(changes.get("users", old.users)),
+                tuple(changes.get("accounts", old.accounts)),
+                frozenset(flags),
+                partition,
+            )
+            nodes, expr = list(old.nodes), str(row["nodes_expr"])
+            running = self._running(conn)
+            mine = self._jobs_in(conn, name)
+            outsiders = [j for j in running if j.get("job_id") not in mine]
+            if "nodes_expr" in changes or "node_count" in changes:
+                if "nodes_expr" in changes:
+                    flags.add("SPEC_NODES")
+                else:
+                    flags.discard("SPEC_NODES")
+                draft = replace_flags(draft, flags)
+                nodes, expr = self._resolve_nodes(
+                    conn,
+                    draft,
+                    changes.get("nodes_expr"),
+                    changes.get("node_count"),
+                    others,
+                    outsiders,
+                )
+            new = rules.Reservation(
+                name, tuple(nodes), start, end, draft.users, draft.accounts,
+                frozenset(flags), partition,
+            )  # fmt: skip
+            self._check(conn, new, others, outsiders, now)
+            values = {
+                "nodes_expr": expr[:1024],
+                "nodes": list(new.nodes),
+                "start": new.start,
+                "end": new.end,
+                "users": list(new.users),
+                "accounts": list(new.accounts),
+                "flags": sorted(new.flags),
+                "partition": new.partition,
+                "updated_by": actor,
+                "updated_at": now,
+            }
+            conn.execute(
+                update(s.reservations).where(s.reservations.c.id == row["id"]).values(**values)
+            )
+            said = _changes_text(old, new, now)
+            self._event(
+                conn,
+                "resv.update",
+                f"reservation {name} updated by {actor}: {said or 'no change'}",
+                actor=actor,
+                data={"reservation": name, "changes": sorted(changes)},
+            )
+            return {**row, **values}
+
+    def _jobs_in(self, conn: Connection, name: str) -> set[int]:
+        """Jobs not ended yet that ask for reservation `name`."""
+        return {
+            int(r.id)
+            for r in conn.execute(
+                select(s.jobs.c.id).where(
+                    s.jobs.c.state.not_in([str(x) for x in TERMINAL]),
+                    name == RESERVATION_OF_JOB,
+                )
+            )
+        }
+
+    def delete_reservation(self, name: str, actor: str) -> dict[str, Any]:
+        """Delete a reservation no job uses any more (pending or running), as Slurm does."""
+        with self.db.begin() as conn:
+            row = self._row(conn, name)
+            if row is None:
+                raise _not_found(name)
+            jobs = sorted(self._jobs_in(conn, name))
+            if jobs:
+                listed = ", ".join(map(str, jobs[:20])) + (" ..." if len(jobs) > 20 else "")
+                raise Conflict(
+                    f"{rules.IN_USE}: job{'s' if len(jobs) > 1 else ''} {listed} "
+                    f"{'ask' if len(jobs) > 1 else 'asks'} for it; cancel "
+                    f"{'them' if len(jobs) > 1 else 'it'} (scancel) or wait for "
+                    f"{'them' if len(jobs) > 1 else 'it'} to end",
+                    reservation=name,
+                    jobs=jobs,
+                )
+            conn.execute(delete(s.reservations).where(s.reservations.c.id == row["id"]))
+            r = rules.Reservation.from_row(row)
+            self._event(
+                conn,
+                "resv.delete",
+                f"reservation {name} on {r.hostlist} deleted by {actor}",
+                actor=actor,
+                data={"reservation": name},
+            )
+            return row
+
+
+def replace_flags(r: rules.Reservation, flags: set[str]) -> rules.Reservation:
+    return rules.Reservation(
+        r.name, r.nodes, r.start, r.end, r.users, r.accounts, frozenset(flags), r.partition
+    )
+
+
+def _who(r: rules.Reservation) -> str:
+    parts = []
+    if r.users:
+        parts.append("users " + ",".join(r.users))
+    if r.accounts:
+        parts.append("accounts " + ",".join(r.accounts))
+    return " and ".join(parts)
+
+
+def _changes_text(old: rules.Reservation, new: rules.Reservation, now: float) -> str:
+    out = []
+    if old.nodes != new.nodes:
+        out.append(f"nodes {old.hostlist} -> {new.hostlist}")
+    if old.start != new.start:
+        out.append(f"start {format_when(old.start, now)} -> {format_when(new.start, now)}")
+    if old.end != new.end:
+        out.append(f"end {format_when(old.end, now)} -> {format_when(new.end, now)}")
+    if old.users != new.users or old.accounts != new.accounts:
+        out.append(f"for {_who(new)}")
+    if old.flags != new.flags:
+        out.append(f"flags {rules.format_flags(new.flags) or '(none)'}")
+    if old.partition != new.partition:
+        out.append(f"partition {new.partition}")
+    return ", ".join(out)
