@@ -130,6 +130,23 @@ class ApiCalls:
     def remove_maintenance(self, wid: int) -> dict[str, Any]:
         return self.delete(f"/v1/maintenance/{seg(wid, 'maintenance window id')}")
 
+    # reservations (times: epoch seconds or text; duration: seconds or text)
+    def create_reservation(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.post("/v1/reservations", body)["reservation"]
+
+    def update_reservation(self, name: str, changes: dict[str, Any]) -> dict[str, Any]:
+        path = f"/v1/reservations/{seg(name, 'reservation name')}/update"
+        return self.post(path, changes)["reservation"]
+
+    def delete_reservation(self, name: str) -> dict[str, Any]:
+        return self.delete(f"/v1/reservations/{seg(name, 'reservation name')}")["reservation"]
+
+    def reservations(self) -> list[dict[str, Any]]:
+        return self.get("/v1/reservations")["reservations"]
+
+    def reservation(self, name: str) -> dict[str, Any]:
+        return self.get(f"/v1/reservations/{seg(name, 'reservation name')}")["reservation"]
+
 
 def seg(value: str | int, what: str) -> str:
     """One path segment from a user's value: quoted (a `/` or `?` in a job id or node name

@@ -155,7 +155,8 @@ def test_a_route_without_a_rule_is_refused_to_everyone() -> None:
 # ------------------------------------------------------------------ every route x every caller
 
 # per route: (path with the parameters filled in, a minimal valid body), given the fixtures
-# of one fresh setup: {job} is a pending job of alice's, {wid} a live maintenance window on n1
+# of one fresh setup: {job} is a pending job of alice's, {wid} a live maintenance window on n1,
+# {resv} a reservation on n2 to come
 BODIES: dict[tuple[str, str], tuple[str, Any]] = {
     ("GET", "/healthz"): ("/healthz", None),
     ("GET", "/healthz/live"): ("/healthz/live", None),
@@ -215,6 +216,24 @@ BODIES: dict[tuple[str, str], tuple[str, Any]] = {
         {"nodes": "n1", "start": "now+2h", "duration": 3600, "reason": "bios"},
     ),
     ("DELETE", "/v1/maintenance/{wid}"): ("/v1/maintenance/{wid}", None),
+    ("GET", "/v1/reservations"): ("/v1/reservations", None),
+    ("GET", "/v1/reservations/{name}"): ("/v1/reservations/{resv}", None),
+    ("POST", "/v1/reservations"): (
+        "/v1/reservations",
+        {
+            "name": "new{job}",
+            "nodes": "n2",
+            "start": "now+2h",
+            "duration": 600,
+            "users": ["alice"],
+            "flags": ["OVERLAP"],
+        },
+    ),
+    ("POST", "/v1/reservations/{name}/update"): (
+        "/v1/reservations/{resv}/update",
+        {"duration": 1200},
+    ),
+    ("DELETE", "/v1/reservations/{name}"): ("/v1/reservations/{resv}", None),
     ("POST", "/v1/tokens"): ("/v1/tokens", {"user": "carol", "role": "user"}),
     ("POST", "/v1/agents/{node}/register"): (
         "/v1/agents/n1/register",
@@ -307,6 +326,9 @@ POLICY = {
         "GET /v1/events",
         "POST /v1/maintenance",
         "DELETE /v1/maintenance/{wid}",
+        "POST /v1/reservations",
+        "POST /v1/reservations/{name}/update",
+        "DELETE /v1/reservations/{name}",
     },
     "admin": {"POST /v1/tokens"},
     "agent": {"POST /v1/agents/{node}/register", "POST /v1/agents/{node}/heartbeat"},
@@ -359,7 +381,19 @@ def test_every_caller_gets_what_the_rule_says(cluster: Any, route: tuple[str, st
             assert r.status_code == 200
         r = c.post("/v1/maintenance", json={"nodes": "n1", "start": "now+3h", "duration": 600})
         assert r.status_code == 201, r.text
-        params = {"job": str(jid), "wid": str(r.json()["window"]["id"])}
+        params = {"job": str(jid), "wid": str(r.json()["window"]["id"]), "resv": f"rv{jid}"}
+        r = c.post(
+            "/v1/reservations",
+            json={
+                "name": f"rv{jid}",
+                "nodes": "n2",
+                "start": "now+3h",
+                "duration": 600,
+                "users": ["alice"],
+                "flags": ["OVERLAP"],
+            },
+        )
+        assert r.status_code == 201, r.text
         if route == ("POST", "/v1/nodes/{name}/resume"):
             c.post("/v1/nodes/n1/drain", json={"reason": "to resume"})
         if route == ("POST", "/v1/nodes/{name}/drain"):

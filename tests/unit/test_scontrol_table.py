@@ -13,7 +13,10 @@ from phalanx.slurm.scontrol_refused import COMMANDS, OPTIONS, SHOW
 
 DATA = Path(__file__).parents[1] / "data" / "slurm-22.05" / "scontrol-commands.txt"
 OWN_COMMANDS = {*scontrol.CLIENT_COMMANDS, "ping", "version", "suspend", "resume"}
-OWN_SHOW = {"job", "node", "partition", "licenses", "hostnames", "hostlist", "hostlistsorted"}
+OWN_SHOW = {
+    *("job", "node", "partition", "reservation", "licenses"),
+    *("hostnames", "hostlist", "hostlistsorted"),
+}
 OWN_OPTIONS = {"all", "clusters", "details", "help", "oneliner", "quiet", "verbose", "version"}
 
 
@@ -37,7 +40,7 @@ def test_every_command_entity_and_option_is_handled_or_refused_by_name() -> None
     ("argv", "message"),
     [
         (["reconfigure"], "scontrol: error: reconfigure is not supported: Phalanx's controllers"),
-        (["create", "reservation"], "scontrol: error: create is not supported: no reservations"),
+        (["reboot", "node01"], "scontrol: error: reboot is not supported: Phalanx does not"),
         (["show", "config"], "scontrol: error: show config is not supported: Phalanx's"),
         (["show", "step", "12.0"], "scontrol: error: show step is not supported: a job's steps"),
         (["-F", "show", "node"], "scontrol: error: -F is not supported here: Phalanx has no"),

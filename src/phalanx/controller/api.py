@@ -1,7 +1,7 @@
 """The REST API (`/v1`), served by every controller: the app, its credential check, its error
 replies and middleware; the routes live in one router per resource (submit_api, jobs_api,
-steps_api, nodes_api, agents_api, cluster_api, maintenance_api, fairshare_api, dashboard). Errors
-mirror `phalanx.errors`:
+steps_api, nodes_api, agents_api, cluster_api, maintenance_api, reservations_api,
+fairshare_api, dashboard). Errors mirror `phalanx.errors`:
 
 {"error": {"code": "invalid_spec", "message": "nodes: ...", "details": {...}}}
 """
@@ -32,6 +32,7 @@ from phalanx.controller import (
     maintenance_api,
     metrics,
     nodes_api,
+    reservations_api,
     steps_api,
     submit_api,
 )
@@ -159,6 +160,7 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         nodes_api.router(api),
         agents_api.router(api),
         maintenance_api.router(ctl),
+        reservations_api.router(ctl),
         dashboard.router(ctl),
         fairshare_api.router(ctl),
     ):

@@ -17,10 +17,17 @@ from prometheus_client import Counter
 
 from phalanx.config import Config
 from phalanx.controller.fairshare import FairShare
-from phalanx.domain import licenses, scheduling
+from phalanx.domain import licenses, reservations, scheduling
 from phalanx.domain.spec import JobSpec, ResolvedJob, normalize
-from phalanx.errors import PhalanxError, StoreOutcomeUnknown, StoreUnavailable, Unsatisfiable
-from phalanx.store.surface import NodeStore, SubmissionStore
+from phalanx.errors import (
+    InvalidSpec,
+    NotFound,
+    PhalanxError,
+    StoreOutcomeUnknown,
+    StoreUnavailable,
+    Unsatisfiable,
+)
+from phalanx.store.surface import NodeStore, ReservationStore, SubmissionStore
 
 SUBMITTED = Counter("phalanx_jobs_submitted_total", "Jobs (array tasks count one each) accepted")
 
@@ -28,7 +35,7 @@ CACHE_TTL = 2.0  # seconds submit-time checks may use a cached view of partition
 MAX_VERDICTS = 1024  # request shapes whose satisfiability is remembered per cached node view
 
 
-class IntakeStore(SubmissionStore, NodeStore, Protocol):
+class IntakeStore(SubmissionStore, NodeStore, ReservationStore, Protocol):
     """What intake asks of the store: the submission methods, and the nodes it judges by."""
 
 
@@ -167,7 +174,37 @@ class Intake:
         self._check_satisfiable(resolved, views)
         dump = spec.model_dump(exclude={"ignored"})
         dump["account"], dump["qos"] = self.fairshare.resolve(user, spec.account, spec.qos)
+        if spec.reservation:
+            self._check_reservation(spec.reservation, user, dump["account"], resolved, views)
         return resolved, dump
+
+    def _check_reservation(
+        self, name: str, user: str, account: str | None, resolved: Any, views: list[Any]
+    ) -> None:
+        """--reservation: refused, in Slurm's words, when it does not exist (or has ended),
+        when neither the user nor the account may use it, or when the job could never fit
+        on its nodes."""
+        from phalanx.domain.placement_reasons import unsatisfiable_reason
+
+        try:
+            row = self.store.get_reservation(name)
+        except NotFound:
+            row = None
+        resv = reservations.Reservation.from_row(row) if row is not None else None
+        why = reservations.submit_refusal(resv, user, account, time.time())
+        if why:
+            raise InvalidSpec(why, field="reservation", reservation=name)
+        assert resv is not None
+        inside = set(resv.nodes)
+        mine = [v for v in views if v.name in inside]
+        if mine:
+            fields = scheduling.resolved_fields(resolved)
+            reason = unsatisfiable_reason(scheduling.job_request(fields), mine)
+            if reason:
+                raise Unsatisfiable(
+                    "Requested node configuration is not available: on the nodes of "
+                    f"reservation {name} ({resv.hostlist}): {reason}"
+                )
 
     @staticmethod
     def _limit_key(

@@ -23,7 +23,7 @@ from phalanx.domain.hostlist import compress_hostlist, expand_hostlist
 from phalanx.domain.text import escape
 from phalanx.errors import Forbidden, NotFound, PhalanxError
 from phalanx.failover import urls_from
-from phalanx.slurm import records
+from phalanx.slurm import records, scontrol_resv
 from phalanx.slurm.common import (
     TERMINAL_STATES,
     SlurmParser,
@@ -48,7 +48,7 @@ PROG = "scontrol"
 # everything else scontrol(1) has is refused with why (slurm/scontrol_refused.py)
 CLIENT_COMMANDS = (
     *("show", "requeue", "requeuehold", "hold", "uhold", "release", "update", "token"),
-    "wait_job",
+    *("wait_job", "create", "delete"),
 )
 RECENT_S = 300.0  # `show job` without an id also lists jobs ended this recently (MinJobAge)
 
@@ -419,6 +419,13 @@ def show(cli: ApiCalls | None, words: list[str], *, oneliner: bool, now: float) 
             blocks.append(partition_lines(p, [n for n in nodes if n["name"] in members]))
         sys.stdout.write(render_blocks(blocks, oneliner=oneliner))
         return 0
+    if what in ("reservation", "reservations", "res"):
+        blocks = scontrol_resv.show_blocks(cli, rest, now)
+        if not blocks:
+            sys.stdout.write("No reservations in the system\n")
+            return 0
+        sys.stdout.write(render_blocks(blocks, oneliner=oneliner))
+        return 0
     if what in ("lic", "license", "licenses"):
         lics = cli.licenses()
         if rest:
@@ -428,8 +435,8 @@ def show(cli: ApiCalls | None, words: list[str], *, oneliner: bool, now: float) 
         sys.stdout.write(render_blocks([license_lines(x) for x in lics], oneliner=oneliner))
         return 0
     raise SlurmUsageError(
-        f"show {words[0]} is not supported here (supported: job, node, partition, licenses, "
-        "hostnames, hostlist)"
+        f"show {words[0]} is not supported here (supported: job, node, partition, reservation, "
+        "licenses, hostnames, hostlist)"
     )
 
 
@@ -465,8 +472,12 @@ def license_lines(lic: dict[str, Any]) -> list[str]:
 
 def update(cli: ApiCalls, words: list[str]) -> int:
     if not words:
-        raise SlurmUsageError("update: give JobId=... or NodeName=... and what to change")
+        raise SlurmUsageError(
+            "update: give JobId=..., NodeName=... or ReservationName=... and what to change"
+        )
     first = words[0].split("=", 1)[0].lower()
+    if first in scontrol_resv.NAME_KEYS:
+        return scontrol_resv.update(cli, words, time.time())
     if first in ("jobid", "job"):
         refs, changes = parse_job_update(words)
         try:
@@ -486,7 +497,8 @@ def update(cli: ApiCalls, words: list[str]) -> int:
                 raise CommandError("slurm_update error: Invalid node name specified") from None
         return 0
     raise SlurmUsageError(
-        f"update {words[0]}: only JobId=... and NodeName=... updates are supported here"
+        f"update {words[0]}: only JobId=..., NodeName=... and ReservationName=... updates are "
+        "supported here"
     )
 
 
@@ -580,6 +592,10 @@ def body(argv: list[str]) -> int:
             return update(cli, rest)
         if cmd == "token":
             return token(cli, rest)
+        if cmd == "create":
+            return scontrol_resv.create(cli, rest, now)
+        if cmd == "delete":
+            return scontrol_resv.delete(cli, rest)
         # `JobId=12` / `Job=12` as scontrol also takes them; other keys are refused
         words = [w.split("=", 1)[1] if w.lower().startswith(("jobid=", "job=")) else w
                  for w in rest]  # fmt: skip
@@ -607,7 +623,7 @@ def main(argv: list[str]) -> int:
     def guarded(args: list[str]) -> int:
         try:
             return body(args)
-        except CommandError as e:
+        except (CommandError, scontrol_resv.ResvError) as e:
             sys.stderr.write(f"{e}\n")
             return 1
         except PhalanxError as e:

@@ -36,6 +36,7 @@ from phalanx.slurm.common import (
     timestamp,
 )
 from phalanx.slurm.main import SLURM_RELEASE
+from phalanx.slurm.scontrol_resv import sinfo_lines as _resv_lines
 
 PROG = "sinfo"
 DEFAULT_FORMAT = "%9P %.5a %.10l %.6D %.6t %N"
@@ -387,7 +388,7 @@ def parser() -> SlurmParser:
     refuse(p, "-i", "--iterate", why="run sinfo in a loop (e.g. watch sinfo)")
     p.add_argument("-O", "--Format", dest="long_format")
     refuse(p, "-S", "--sort", why="sinfo prints partitions and nodes in their natural order")
-    refuse(p, "-T", "--reservation", why="reservations do not exist here", nargs=0)
+    p.add_argument("-T", "--reservation", action="store_true")
     add_clusters(p)
     refuse(p, "--json", why="use `phalanx nodes --json`", nargs=0)
     refuse(p, "--yaml", why="use `phalanx nodes --json`", nargs=0)
@@ -417,6 +418,10 @@ def _main(argv: list[str]) -> int:
     responding = True if args.responding else False if args.dead else None
     with client() as c:
         cluster = check_clusters(c, args.clusters)
+        if args.reservation:  # -T: the reservations instead of the nodes
+            text = _resv_lines(c.reservations(), time.time(), header=not args.noheader)
+            sys.stdout.write(text)
+            return 0
         nodes = c.nodes()
         partitions = list(c.cluster().get("partitions") or [])
     if args.long_format and args.format:

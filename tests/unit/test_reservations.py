@@ -1,0 +1,292 @@
+"""Reservations as pure logic (domain/reservations.py) and as scontrol and sinfo parse and print
+them (slurm/scontrol_resv.py): what operators type, who may use one, which nodes each job may
+use in a scheduling pass and the reason it waits."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from phalanx.domain import reservations as r
+from phalanx.domain import scheduling
+from phalanx.domain.reservations import Reservation
+from phalanx.slurm import scontrol_resv
+from phalanx.slurm.common import SlurmUsageError, timestamp
+from phalanx.store.store import SchedSnapshot
+
+NOW = datetime(2026, 12, 2, 14, 0, 0).timestamp()
+
+
+def resv(
+    name: str = "r1",
+    nodes: tuple[str, ...] = ("n1", "n2"),
+    start: float = NOW,
+    end: float | None = None,
+    users: tuple[str, ...] = ("alice",),
+    accounts: tuple[str, ...] = (),
+    flags: frozenset[str] = frozenset(),
+) -> Reservation:
+    return Reservation(
+        name, nodes, start, end if end is not None else start + 3600, users, accounts, flags
+    )
+
+
+def row(x: Reservation) -> dict[str, Any]:
+    return {
+        "name": x.name,
+        "nodes": list(x.nodes),
+        "start": x.start,
+        "end": x.end,
+        "users": list(x.users),
+        "accounts": list(x.accounts),
+        "flags": sorted(x.flags),
+        "partition": x.partition,
+    }
+
+
+# ---------------------------------------------------------------------- what operators type
+def test_parse_flags_any_case_and_refusals() -> None:
+    assert r.parse_flags("maint,Ignore_Jobs") == {"MAINT", "IGNORE_JOBS"}
+    with pytest.raises(ValueError, match="Error parsing flags BOGUS: supported flags are"):
+        r.parse_flags("BOGUS")
+    with pytest.raises(ValueError, match="Flags=DAILY is not supported here: recurring"):
+        r.parse_flags("daily")
+    assert r.format_flags({"SPEC_NODES", "MAINT"}) == "MAINT,SPEC_NODES"
+
+
+def test_parse_names_and_names() -> None:
+    assert r.parse_names("bob,alice,bob", "Users") == ("alice", "bob")
+    with pytest.raises(ValueError, match="excluding users with '-' is not supported"):
+        r.parse_names("-bob", "Users")
+    assert r.check_name(" maint_rack3 ") == "maint_rack3"
+    with pytest.raises(ValueError, match="invalid reservation name"):
+        r.check_name("a b")
+
+
+def test_check_times() -> None:
+    r.check_times(NOW, NOW + 60, NOW)
+    with pytest.raises(ValueError, match="must end after it starts"):
+        r.check_times(NOW, NOW, NOW)
+    with pytest.raises(ValueError, match="which has passed"):
+        r.check_times(NOW - 120, NOW - 60, NOW)
+
+
+def test_overlaps_busy_nodes_and_picking() -> None:
+    a = resv("a", ("n1", "n2"))
+    b = resv("b", ("n2", "n3"), start=NOW + 600)
+    assert r.overlapping(b, [a], NOW) == [a]
+    assert r.overlapping(resv("c", ("n3",)), [a], NOW) == []
+    assert r.overlapping(resv("c", ("n2",), start=NOW + 3600), [a], NOW) == []  # after a
+    assert r.overlapping(resv("m", ("n2",), flags=frozenset({"MAINT"})), [a], NOW) == []
+    running = [{"nodes": ["n1"], "end": NOW + 100}, {"nodes": ["n3"], "end": None}]
+    assert r.busy_nodes(resv("x", ("n1", "n3")), running) == ["n1", "n3"]
+    assert r.busy_nodes(resv("x", ("n1", "n3"), start=NOW + 200), running) == ["n3"]
+    assert r.busy_nodes(resv("x", ("n3",), flags=frozenset({"IGNORE_JOBS"})), running) == []
+    assert r.pick_nodes(["n1", "n2", "n3", "n4"], 2, taken=["n1"], busy=["n2"]) == ["n3", "n4"]
+    with pytest.raises(ValueError, match="NodeCnt=3: only 2 usable nodes"):
+        r.pick_nodes(["n1", "n2", "n3"], 3, taken=["n3"])
+
+
+def test_submit_refusal_in_slurms_words() -> None:
+    x = resv(users=("alice",), accounts=("physics",))
+    assert r.submit_refusal(x, "alice", "other", NOW) is None
+    assert r.submit_refusal(x, "bob", "physics", NOW) is None
+    denied = r.submit_refusal(x, "bob", "chem", NOW)
+    assert denied and denied.startswith("Access denied to requested reservation ("), denied
+    assert "users alice" in denied and "accounts physics" in denied
+    missing = r.submit_refusal(None, "bob", None, NOW)
+    assert missing and missing.startswith("Requested reservation is invalid")
+    over = r.submit_refusal(resv(start=NOW - 7200), "alice", None, NOW)
+    assert over and over.startswith("Requested reservation is invalid")
+
+
+# ---------------------------------------------------------------------- the scheduling pass
+def _snap(nodes: list[str], rows: list[Reservation], pending: list[dict[str, Any]]) -> Any:
+    snap = SchedSnapshot(
+        nodes=[
+            {
+                "name": n,
+                "cpus": 4,
+                "mem_mb": 4096,
+                "gpus": [],
+                "features": [],
+                "registered": True,
+                "down": False,
+                "drain": False,
+            }
+            for n in nodes
+        ],
+        partitions={"batch": {"name": "batch", "nodes": "*"}},
+        allocations=[],
+        pending=pending,
+        dep_states={},
+        dep_started={},
+        active_names=set(),
+        array_active={},
+    )
+    snap.resv = [row(x) for x in rows]
+    return snap
+
+
+def _job(jid: int, limit: int | None, nodes: int = 1, resv: str | None = None) -> dict[str, Any]:
+    return {
+        "id": jid,
+        "name": f"j{jid}",
+        "user": "alice",
+        "partitions": "batch",
+        "nodes": nodes,
+        "cpus_per_node": 4,
+        "mem_per_node_mb": 1024,
+        "gpus_per_node": 0,
+        "gpu_type": None,
+        "exclusive": False,
+        "constraint_expr": None,
+        "nodelist": [],
+        "exclude": [],
+        "time_limit_s": limit,
+        "dependency": [],
+        "array_job_id": None,
+        "array_limit": None,
+        "eligible_time": None,
+        "reason": None,
+        "reservation": resv,
+    }
+
+
+def test_an_active_reservation_keeps_other_jobs_off_and_its_jobs_on_its_nodes() -> None:
+    snap = _snap(
+        ["n1", "n2", "n3"],
+        [resv("r1", ("n2", "n3"))],
+        [_job(1, 60), _job(2, 60), _job(3, 60, resv="r1"), _job(4, 60, nodes=2, resv="r1")],
+    )
+    plan = scheduling.plan(snap, NOW)
+    where = {p.job_id: p.nodes for p in plan.starts}
+    # job 1 takes n1 (the only node outside); job 2 waits though n2 and n3 are free
+    assert where == {1: ("n1",), 3: ("n2",)}, plan
+    assert plan.reasons[2].startswith("ReqNodeNotAvail, May be reserved for other job ("), plan
+    assert "reservation r1 holds n[2-3] now" in plan.reasons[2]
+    assert not plan.reasons[4].startswith("ReqNodeNotAvail")  # its own nodes are busy
+
+
+def test_a_job_whose_limit_runs_into_a_later_reservation_is_kept_off() -> None:
+    later = resv("later", ("n1",), start=NOW + 600, flags=frozenset({"MAINT"}))
+    snap = _snap(["n1"], [later], [_job(1, 3600), _job(2, None)])
+    plan = scheduling.plan(snap, NOW)
+    assert not plan.starts
+    assert plan.reasons[1].startswith("ReqNodeNotAvail, Reserved for maintenance ("), plan
+    assert "from 14:10, which its time limit would reach" in plan.reasons[1]
+    # one that ends before the reservation starts runs
+    snap = _snap(["n1"], [later], [_job(3, 300)])
+    assert [p.nodes for p in scheduling.plan(snap, NOW).starts] == [("n1",)]
+
+
+def test_a_job_of_a_reservation_waits_for_its_start_and_for_a_deleted_one() -> None:
+    later = resv("later", ("n1",), start=NOW + 600)
+    snap = _snap(["n1", "n2"], [later], [_job(1, 60, resv="later"), _job(2, 60, resv="gone")])
+    plan = scheduling.plan(snap, NOW)
+    assert not plan.starts
+    assert plan.reasons[1] == "Reservation (reservation later starts at 14:10)"
+    assert plan.reasons[2].startswith("Reservation (reservation gone has ended or was deleted")
+    # once it has started, the job runs there
+    plan = scheduling.plan(snap, NOW + 601)
+    assert [(p.job_id, p.nodes) for p in plan.starts] == [(1, ("n1",))]
+
+
+def test_an_ended_reservation_keeps_nobody_off() -> None:
+    over = resv("over", ("n1",), start=NOW - 7200)
+    snap = _snap(["n1"], [over], [_job(1, None)])
+    assert [p.nodes for p in scheduling.plan(snap, NOW).starts] == [("n1",)]
+
+
+def test_a_job_in_one_reservation_is_kept_off_another() -> None:
+    a = resv("a", ("n1",))
+    b = resv("b", ("n1", "n2"), start=NOW + 600, flags=frozenset({"OVERLAP"}))
+    snap = _snap(["n1", "n2"], [a, b], [_job(1, 3600, resv="a"), _job(2, 300, resv="a")])
+    plan = scheduling.plan(snap, NOW)
+    # job 1 would run into b on n1; job 2 ends before b starts
+    assert [(p.job_id, p.nodes) for p in plan.starts] == [(2, ("n1",))], plan
+
+
+# ---------------------------------------------------------------------- scontrol and sinfo
+def test_scontrol_parses_keys_in_any_case() -> None:
+    name, body = scontrol_resv.parse(
+        [
+            "reservationname=r1",
+            "STARTTIME=now+1hour",
+            "duration=1:30:00",
+            "Nodes=n[1-2]",
+            "users=bob,alice",
+            "accounts=phys",
+            "flags=maint,ignore_jobs",
+            "PartitionName=batch",
+        ],
+        NOW,
+        what="created",
+    )
+    assert name == "r1"
+    assert body == {
+        "start": NOW + 3600,
+        "duration": 5400.0,
+        "nodes": "n[1-2]",
+        "users": ["alice", "bob"],
+        "accounts": ["phys"],
+        "flags": ["IGNORE_JOBS", "MAINT"],
+        "partition": "batch",
+    }
+    _, body = scontrol_resv.parse(["NodeCnt=2", "Duration=60", "EndTime=15:00"], NOW, what="x")
+    assert body["node_count"] == 2 and body["duration"] == 3600.0
+    assert body["end"] == NOW + 3600
+
+
+@pytest.mark.parametrize(
+    ("word", "message"),
+    [
+        ("Bogus=1", "Unknown parameter Bogus=1.  No reservation created."),
+        ("Groups=wheel", "Groups= is not supported here: reservations are for users"),
+        ("CoreCnt=4", "CoreCnt= is not supported here: reservations here hold whole nodes"),
+        ("Flags=BOGUS", "Flags=BOGUS: Error parsing flags BOGUS"),
+        ("Users+=bob", "Users+=bob: adding to or taking from a list with +="),
+        ("Duration=UNLIMITED", "Duration=UNLIMITED: a reservation needs an end here"),
+        ("NodeCnt=0", "NodeCnt=0: give a node count"),
+        ("StartTime=soon", "StartTime=soon: invalid start time"),
+    ],
+)
+def test_scontrol_refuses_with_what_is_wrong(word: str, message: str) -> None:
+    with pytest.raises(SlurmUsageError, match="^" + message.replace("+", r"\+")):
+        scontrol_resv.parse(["ReservationName=r1", word], NOW, what="created")
+
+
+def test_show_reservation_lines_are_slurms() -> None:
+    view = {
+        "name": "r1",
+        "nodes": "n[1-2]",
+        "node_names": ["n1", "n2"],
+        "start": NOW,
+        "end": NOW + 3600,
+        "users": ["root"],
+        "accounts": [],
+        "flags": ["SPEC_NODES", "MAINT"],
+        "partition": None,
+    }
+    lines = scontrol_resv.lines(view, {"n1": 4, "n2": 4}, NOW + 1)
+    assert lines == [
+        f"ReservationName=r1 StartTime={timestamp(NOW)} EndTime={timestamp(NOW + 3600)} "
+        "Duration=01:00:00",
+        "Nodes=n[1-2] NodeCnt=2 CoreCnt=8 Features=(null) PartitionName=(null) "
+        "Flags=MAINT,SPEC_NODES",
+        "TRES=cpu=8",
+        "Users=root Groups=(null) Accounts=(null) Licenses=(null) State=ACTIVE "
+        "BurstBuffer=(null) Watts=n/a",
+        "MaxStartDelay=(null)",
+    ]
+    later = {**view, "name": "b", "start": NOW + 90000, "end": NOW + 91800}
+    text = scontrol_resv.sinfo_lines([view, later], NOW)
+    # Slurm 22.05's `sinfo -T`, column for column
+    assert text.splitlines() == [
+        "RESV_NAME     STATE           START_TIME             END_TIME     DURATION  NODELIST",
+        f"r1           ACTIVE  {timestamp(NOW)}  {timestamp(NOW + 3600)}     01:00:00  n[1-2]",
+        f"b          INACTIVE  {timestamp(NOW + 90000)}  {timestamp(NOW + 91800)}     00:30:00"
+        "  n[1-2]",
+    ]
