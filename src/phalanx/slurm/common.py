@@ -363,6 +363,22 @@ def render_line(prefix: str, fields: Sequence[Field], values: Mapping[str, str])
     return prefix + "".join(cell(values[f.key], f) for f in fields)
 
 
+def line_template(prefix: str, fields: Sequence[Field]) -> str:
+    """`render_line` as one ``str.format`` template (positional, one per field): a listing
+    of thousands of lines (squeue) formats each in one call. ``{:<W.W}`` cuts to W and pads
+    as `cell` does."""
+
+    def literal(text: str) -> str:
+        return text.replace("{", "{{").replace("}", "}}")
+
+    parts = [literal(prefix)]
+    for i, f in enumerate(fields):
+        side = ">" if f.right else "<"
+        parts.append(f"{{{i}}}" if f.width <= 0 else f"{{{i}:{side}{f.width}.{f.width}}}")
+        parts.append(literal(f.suffix))
+    return "".join(parts)
+
+
 def split_list(values: Sequence[str] | None) -> list[str]:
     """Repeated and comma-separated option values (``-u a,b -u c``) as one list."""
     return [x.strip() for v in values or [] for x in v.split(",") if x.strip()]

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from phalanx.domain.hostlist import expand_hostlist
-from phalanx.domain.text import escape
+from phalanx.domain.text import CONTROL, escape
 from phalanx.errors import NotFound
 from phalanx.slurm import squeue_fields
 from phalanx.slurm.common import (
@@ -30,6 +30,7 @@ from phalanx.slurm.common import (
     client,
     duration,
     job_id_text,
+    line_template,
     parse_format,
     parse_long_format,
     parse_states,
@@ -315,10 +316,18 @@ def format_rows(
     lines = []
     if header:
         lines.append(render_line(prefix, fields, {f.key: headers[f.key] for f in fields}))
+    template = line_template(prefix, fields).format
+    makers = [VALUES.get(f.key, squeue_fields.EXTRA.get(f.key, _unknown)) for f in fields]
     for j in jobs:
-        # others' names, comments and reasons: never a control character on the terminal
-        values = field_values(j, now, (f.key for f in fields))
-        lines.append(render_line(prefix, fields, {f.key: escape(values[f.key]) for f in fields}))
+        values = [make(j, now) for make in makers]
+        line = template(*values)
+        if CONTROL.search(line) is not None:
+            # others' names, comments and reasons: never a control character on the
+            # terminal (each value escaped, then cut to its width)
+            line = render_line(
+                prefix, fields, {f.key: escape(v) for f, v in zip(fields, values, strict=True)}
+            )
+        lines.append(line)
     return lines
 
 
