@@ -25,6 +25,7 @@ from phalanx.errors import BY_CODE, ControllerUnavailable, PhalanxError, Unauthe
 from phalanx.failover import Step, after_reply, after_transport_error, urls_from
 
 TIMEOUT_S = 30.0
+_ORJSON_FROM = 64 * 1024  # reply bytes from which orjson parses it (_loads)
 
 
 class LeanClient(ApiCalls):
@@ -149,8 +150,22 @@ class LeanClient(ApiCalls):
                     # no credential was found: say why (the full client's message)
                     err = Unauthenticated(self.credentials.problem or err.message, **err.details)
                 raise err
-            return json.loads(raw or b"null")
+            return _loads(raw)
         raise ControllerUnavailable("no controller answered: " + "; ".join(errors))
+
+
+def _loads(raw: bytes) -> Any:
+    """A reply's JSON. A large one (a listing of thousands of jobs: squeue, sacct) is parsed
+    by orjson, about three times faster than the standard parser; its import is paid only
+    then (and never by the command server's workers, which have it loaded already)."""
+    if len(raw) > _ORJSON_FROM:
+        try:
+            import orjson
+
+            return orjson.loads(raw)
+        except (ImportError, ValueError):  # not installed; a number past 64 bits
+            pass
+    return json.loads(raw or b"null")
 
 
 def _message(raw: bytes, status: int) -> str:

@@ -63,6 +63,7 @@ PRELOAD = (
     "phalanx.auth.localsock",
     "encodings.idna",
     "json",
+    "orjson",  # lean_client parses a large reply (squeue, sacct of thousands) with it
     "shutil",
     "selectors",
     "logging",
