@@ -122,6 +122,9 @@ def test_show_job_of_pending_running_array_and_failed_jobs() -> None:
     assert "Requeue=1 Restarts=1 BatchFlag=1 Reboot=0 ExitCode=3:0" in failed
     redacted = scontrol.job_lines(job(command=None, workdir=None, stdout=None), now=T0)
     assert "Command=(null)" in redacted and "StdOut=(null)" in redacted
+    assert not any(x.startswith("Reservation=") for x in redacted)  # Slurm: only when asked
+    reserved = scontrol.job_lines(job(reservation="maint1"), now=T0)
+    assert reserved[reserved.index("Reservation=maint1") - 1].startswith("NodeList=")
 
 
 def test_show_node_and_partition() -> None:

@@ -105,3 +105,16 @@ def test_fields_from_a_jobs_detail_are_asked_for_in_the_same_call() -> None:
     for name in ("Command", "WorkDir", "STDOUT", "Comment", "Licenses", "NumTasks"):
         (field,) = parse_long_format(name, squeue.LONG_FIELDS)
         assert field.key in squeue_fields.DETAIL, name
+
+
+def test_a_reservations_job_and_reason_print_as_slurms() -> None:
+    assert squeue.field_values(job(reservation="maint1"), NOW, ["v"]) == {"v": "maint1"}
+    assert "v" in squeue_fields.DETAIL  # the reservation is in the job's detail
+    waiting = job(
+        state="PENDING",
+        start_time=None,
+        reason="ReqNodeNotAvail, Reserved for maintenance (maint1 holds node01 from 12:00)",
+    )
+    # Slurm's phrase as Slurm prints it; our own reasons stay one word
+    assert squeue.slurm_reason(waiting) == "ReqNodeNotAvail, Reserved for maintenance"
+    assert squeue.slurm_reason({**waiting, "reason": "waiting for a node"}) == "waiting_for_a_node"

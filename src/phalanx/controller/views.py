@@ -89,6 +89,7 @@ def job_view(row: dict[str, Any], *, detail: bool = False) -> dict[str, Any]:
                 "account": row.get("account") or spec.get("account"),
                 "qos": row.get("qos") or spec.get("qos"),
                 "comment": spec.get("comment"),
+                "reservation": spec.get("reservation"),  # --reservation (squeue's %v)
                 "nodes_max": spec.get("nodes_max"),
                 "ntasks": spec.get("ntasks"),
                 "ntasks_per_node": spec.get("ntasks_per_node"),

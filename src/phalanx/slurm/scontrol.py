@@ -106,6 +106,8 @@ def job_lines(job: dict[str, Any], now: float) -> list[str]:
         f"Partition={job.get('partition') or ''}",
         f"NodeList={records.null_text(job.get('nodelist'))}",
     ]
+    if job.get("reservation"):  # as Slurm: only for a job that asked for one
+        lines.append(f"Reservation={job['reservation']}")
     if job.get("exclude"):  # Slurm's ExcNodeList= (its ReqNodeList is Phalanx's --nodelist)
         lines.append(f"ExcNodeList={compress_hostlist(list(job['exclude']))}")
     if host:

@@ -94,7 +94,13 @@ def slurm_reason(job: dict[str, Any]) -> str:
     if job["state"] not in ("PENDING", "HELD") or not text:
         return "None"
     word = text.split(" (", 1)[0].strip()
+    if word.startswith(_SLURM_PHRASES):  # Slurm's own words, printed as Slurm prints them
+        return word
     return word.replace(" ", "_")[:40] or "None"
+
+
+# reasons given in Slurm's own phrasing (reservations: domain/reservations.py)
+_SLURM_PHRASES = ("ReqNodeNotAvail, ",)
 
 
 def _elapsed(job: dict[str, Any], now: float) -> float | None:

@@ -235,7 +235,7 @@ CONSTANT: dict[str, str] = {
 STEP_ONLY = ("cpufreq", "nodes", "resvport", "stepid", "stepname", "stepstate", "tres-per-step")
 # keys whose values are in the job's detail (GET /v1/jobs?detail=true)
 DETAIL = frozenset(
-    {"k", "o", "Z", "W", "stdout", "stderr", "stdin"}
+    {"k", "o", "Z", "W", "v", "stdout", "stderr", "stdin"}
     | {"maxnodes", "numtasks", "ntpernode", "cpus-per-task"}
 )
 
@@ -319,7 +319,7 @@ EXTRA: dict[str, Value] = {
     "q": lambda j, now: null_text(j.get("qos")),
     "s": lambda j, now: "",
     "U": lambda j, now: _uid(j),
-    "v": lambda j, now: "(null)",
+    "v": lambda j, now: j.get("reservation") or "(null)",
     "w": lambda j, now: "(null)",
     "W": lambda j, now: null_text(j.get("licenses")),
     "x": lambda j, now: _hosts(j.get("exclude")),
