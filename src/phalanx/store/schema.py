@@ -345,3 +345,67 @@ assoc_usage = Table(
     Column("usage", Float, nullable=False),
     Column("decayed_at", Float, nullable=False),
 )
+
+# Accounts, user associations and QOS (`sacctmgr`; domain/accounts.py, store/accounts.py): the
+# fair share tree and the limits, changed at run time. `seq` keeps the order they were added
+# (the configuration's order for the first import). Limits: NULL is none.
+acct_accounts = Table(
+    "acct_accounts",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("seq", Integer, nullable=False),
+    Column("parent", String(64), nullable=False),  # "root": top level
+    Column("shares", Integer, nullable=False),
+    Column("description", String(256), nullable=False),
+    Column("organization", String(256), nullable=False),
+    Column("max_running_jobs", Integer, nullable=True),
+    Column("max_submit_jobs", Integer, nullable=True),
+    Column("max_gpus", Integer, nullable=True),
+    Column("max_wall_s", Integer, nullable=True),
+    Column("updated_by", String(128), nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+acct_users = Table(
+    "acct_users",
+    metadata,
+    Column("account", String(64), primary_key=True),
+    Column("user", String(128), primary_key=True),
+    Column("seq", Integer, nullable=False),
+    Column("shares", Integer, nullable=False),
+    Column("default", Boolean, nullable=False),  # the user's default account (one per user)
+    Column("max_running_jobs", Integer, nullable=True),
+    Column("max_submit_jobs", Integer, nullable=True),
+    Column("max_gpus", Integer, nullable=True),
+    Column("max_wall_s", Integer, nullable=True),
+    Column("updated_by", String(128), nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+acct_qos = Table(
+    "acct_qos",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("seq", Integer, nullable=False),
+    Column("description", String(256), nullable=False),
+    Column("priority", Integer, nullable=False),
+    Column("priority_tier", Integer, nullable=True),
+    Column("preempt_mode", String(16), nullable=True),  # requeue | cancel | off
+    Column("max_running_jobs", Integer, nullable=True),
+    Column("max_submit_jobs", Integer, nullable=True),
+    Column("max_gpus", Integer, nullable=True),
+    Column("max_wall_s", Integer, nullable=True),
+    Column("updated_by", String(128), nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+# One row (id 1) once the first tree was imported: `version` goes up with every change, so a
+# controller re-reads the tables only when it moved; `declared`: a tree was declared (else any
+# --account is accepted); `digest`: the imported file's tree, to warn when the file changed.
+acct_meta = Table(
+    "acct_meta",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("version", BigInteger, nullable=False),
+    Column("declared", Boolean, nullable=False),
+    Column("digest", String(64), nullable=False),
+    Column("imported_by", String(128), nullable=False),
+    Column("imported_at", Float, nullable=False),
+)

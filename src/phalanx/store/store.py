@@ -17,6 +17,7 @@ methods as Protocols grouped by who calls them, and a test holds the two to the 
     reservations create_reservation, update_reservation, ...      store/reservations.py
     preemption   preempt, preemption_rows                          store/preemption.py
     fair share   charge_usage, usage_table, ...                    store/fairshare.py
+    accounts     import_accounts, change_accounts, accounts_tree    store/accounts.py
     metrics      metrics_figures, carry_purged                     store/metrics.py
 
 Every method is one transaction; every state change appends `events` in it. Outcomes are kept
@@ -28,6 +29,7 @@ paused old leader can never write after its lease was taken over.
 
 from __future__ import annotations
 
+from phalanx.store.accounts import AccountRecords
 from phalanx.store.exchange import AgentReports, TaskReport
 from phalanx.store.history import History
 from phalanx.store.job_control import JobCommands
@@ -49,5 +51,6 @@ class Store(
     NodeRecords,
     History,
     Preemptions,
+    AccountRecords,
 ):
     """The store's one interface (see the module docstring)."""

@@ -19,6 +19,7 @@ from phalanx.domain import checkpointing  # default values of two reads
 if TYPE_CHECKING:
     from sqlalchemy import Connection
 
+    from phalanx.domain import accounts as acct
     from phalanx.domain.spec import PartitionInfo, ResolvedJob
     from phalanx.domain.states import JobState
     from phalanx.domain.steps import StepRequest
@@ -413,6 +414,32 @@ class FairShareStore(Protocol):
     def submitted_counts(self, users: Sequence[str] | None = None) -> list[dict[str, Any]]: ...
 
 
+class AccountStore(Protocol):
+    """Accounts, user associations and QOS (`sacctmgr`; store/accounts.py)."""
+
+    def accounts_version(self) -> int | None: ...
+
+    def accounts_tree(self) -> tuple[acct.Tree, dict[str, Any]] | None: ...
+
+    def import_accounts(
+        self, tree: acct.Tree, actor: str, *, replace: bool = False, source: str = "the file"
+    ) -> bool: ...
+
+    def change_accounts(
+        self,
+        what: str,
+        kind: str,
+        *,
+        names: Sequence[str] = (),
+        where: Mapping[str, Sequence[str]] | None = None,
+        settings: Mapping[str, Any] | None = None,
+        accounts: Sequence[str] = (),
+        keep: Mapping[str, str] | None = None,
+        actor: str,
+        dry_run: bool = False,
+    ) -> dict[str, Any]: ...
+
+
 class StoreLifecycle(Protocol):
     """Opening the schema and closing the connections."""
 
@@ -433,6 +460,7 @@ PARTS: tuple[type, ...] = (
     MaintenanceStore,
     ReservationStore,
     FairShareStore,
+    AccountStore,
     StoreLifecycle,
 )
 
@@ -452,7 +480,8 @@ def _store_satisfies_every_part(store: Store) -> list[object]:
     maintenance: MaintenanceStore = store
     reservations: ReservationStore = store
     fairshare: FairShareStore = store
+    accounts: AccountStore = store
     lifecycle: StoreLifecycle = store
     parts += [lease, submission, control, scheduling, agents, nodes, history]
-    parts += [steps, maintenance, reservations, fairshare, lifecycle]
+    parts += [steps, maintenance, reservations, fairshare, accounts, lifecycle]
     return parts
