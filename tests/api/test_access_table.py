@@ -235,6 +235,17 @@ BODIES: dict[tuple[str, str], tuple[str, Any]] = {
     ),
     ("DELETE", "/v1/reservations/{name}"): ("/v1/reservations/{resv}", None),
     ("POST", "/v1/tokens"): ("/v1/tokens", {"user": "carol", "role": "user"}),
+    ("GET", "/v1/accounts"): ("/v1/accounts", None),
+    ("POST", "/v1/accounts/add"): ("/v1/accounts/add", {"kind": "qos", "names": ["q{job}"]}),
+    ("POST", "/v1/accounts/modify"): (
+        "/v1/accounts/modify",
+        {"kind": "qos", "where": {"names": ["normal"]}, "settings": {"priority": 1}},
+    ),
+    ("POST", "/v1/accounts/delete"): (
+        "/v1/accounts/delete",
+        {"kind": "qos", "where": {"names": ["q{job}"]}},
+    ),
+    ("POST", "/v1/accounts/import"): ("/v1/accounts/import", {"replace": True}),
     ("POST", "/v1/agents/{node}/register"): (
         "/v1/agents/n1/register",
         {"cpus": 4, "mem_mb": 8192},
@@ -267,6 +278,7 @@ PAST_AUTH = {
     ("POST", "/v1/jobs/{ref}/steps"): {409},
     ("GET", "/v1/jobs/{ref}/steps/{step_id}"): {404},
     ("POST", "/v1/jobs/{ref}/steps/{step_id}/wake"): {404},
+    ("POST", "/v1/accounts/delete"): {404},  # nothing of that name: past the check
 }
 SUCCESS = {"POST": {200, 201}, "GET": {200}, "DELETE": {200}}
 PUBLIC_OK = {200, 503}  # health may say "not ready" (no loops run here), never "who are you"
@@ -330,7 +342,13 @@ POLICY = {
         "POST /v1/reservations/{name}/update",
         "DELETE /v1/reservations/{name}",
     },
-    "admin": {"POST /v1/tokens"},
+    "admin": {
+        "POST /v1/tokens",
+        "POST /v1/accounts/add",
+        "POST /v1/accounts/modify",
+        "POST /v1/accounts/delete",
+        "POST /v1/accounts/import",
+    },
     "agent": {"POST /v1/agents/{node}/register", "POST /v1/agents/{node}/heartbeat"},
 }
 OWNED = {

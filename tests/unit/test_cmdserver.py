@@ -123,6 +123,7 @@ def test_who_is_served() -> None:
         "sdiag",
         "sstat",
         "sreport",
+        "sacctmgr",
     }
 
 

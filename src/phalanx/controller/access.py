@@ -76,6 +76,12 @@ RULES: dict[tuple[str, str], Rule] = {
     ("POST", "/v1/jobs/update"): Rule(USER, "changing jobs", owner=True),
     ("GET", "/v1/jobs/{ref}/priority"): Rule(USER, "reading a job's priority", owner=True),
     ("GET", "/v1/share"): Rule(USER, "reading fair share"),
+    # accounts, users and QOS (sacctmgr; controller/fairshare_api.py)
+    ("GET", "/v1/accounts"): Rule(USER, "listing accounts, users and QOS"),
+    ("POST", "/v1/accounts/add"): Rule(ADMIN, "adding accounts, users or QOS"),
+    ("POST", "/v1/accounts/modify"): Rule(ADMIN, "changing accounts, users or QOS"),
+    ("POST", "/v1/accounts/delete"): Rule(ADMIN, "deleting accounts, users or QOS"),
+    ("POST", "/v1/accounts/import"): Rule(ADMIN, "re-importing the accounts of [fairshare]"),
     ("GET", "/v1/nodes"): Rule(USER, "listing nodes"),
     ("GET", "/v1/nodes/{name}"): Rule(USER, "showing a node"),
     ("POST", "/v1/nodes/{name}/drain"): Rule(OPERATOR, "draining a node"),

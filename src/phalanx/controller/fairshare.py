@@ -8,12 +8,16 @@ once per `priority.calc_period`) between passes, so a pass only looks factors up
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
 from typing import Any
 
-from phalanx.config import Config, LimitFields
+from phalanx.config import Config
+from phalanx.domain import accounts as accts
 from phalanx.domain import fairshare as fs
 from phalanx.domain import limits as lim
 from phalanx.domain import priority as prio
@@ -21,20 +25,29 @@ from phalanx.errors import Forbidden, InvalidSpec
 from phalanx.store.sqlbits import Fence
 from phalanx.store.store import Store
 
+log = logging.getLogger("phalanx.controller.fairshare")
 
-def _limit(c: LimitFields) -> lim.Limit:
-    return lim.Limit(
-        max_running_jobs=c.max_running_jobs,
-        max_submit_jobs=c.max_submit_jobs,
-        max_gpus=c.max_gpus,
-        max_wall_s=c.max_wall_s(),
-    )
+CHECK_EVERY = 1.0  # seconds: how stale the submit path's view of the tree may be at most
 
 
-def _has_limit(c: LimitFields) -> bool:
-    return any(
-        v is not None for v in (c.max_running_jobs, c.max_submit_jobs, c.max_gpus, c.max_wall)
-    )
+def _config_name() -> str:
+    return os.environ.get("PHALANX_CONFIG") or "the default configuration"
+
+
+class _View:
+    """One version of the tree and what the checks derive from it (immutable: swapped whole
+    when the store's counter moves)."""
+
+    def __init__(self, tree: accts.Tree, default_account: str, default_qos: str) -> None:
+        self.tree = tree
+        self.account_names = set(tree.accounts)
+        # No account declared (the default configuration): any --account is accepted and
+        # becomes a top-level account with 1 share, so scripts that name their site's account
+        # keep working and fair share still balances the accounts jobs name.
+        self.dynamic = not tree.declared
+        self.listed = set(tree.users())
+        self.limits = tree.limits()
+        self.submit_limited = tree.submit_limited()
 
 
 class FairShare:
@@ -55,23 +68,12 @@ class FairShare:
             favor_small=p.favor_small,
         )
         self.half_life = p.half_life_s()
-        accounts = self.cfg.all_accounts()
-        self.account_names = {a.name for a in accounts}
-        # No account declared (the default configuration): any --account is accepted and
-        # becomes a top-level account with 1 share, so scripts that name their site's account
-        # keep working and fair share still balances the accounts jobs name.
-        self.dynamic = not self.cfg.accounts
-        self.listed = {u.name for u in self.cfg.users}
-        self.qos = {q.name: q for q in self.cfg.all_qos()}
-        self.limits = lim.Limits(
-            accounts={a.name: _limit(a) for a in accounts if _has_limit(a)},
-            assocs={(u.account, u.name): _limit(u) for u in self.cfg.users if _has_limit(u)},
-            qos={q.name: _limit(q) for q in self.qos.values() if _has_limit(q)},
-            parents={a.name: a.parent for a in accounts},
-        )
-        self._submit_limited = any(
-            x.max_submit_jobs is not None for x in [*accounts, *self.cfg.users, *self.qos.values()]
-        )
+        # the tree, its limits and QOS come from the store (`sacctmgr`; the configuration's
+        # [fairshare] is its first import): read when its change counter moves, checked
+        # every scheduling pass and, on the submit path, at most every CHECK_EVERY seconds
+        self._view: _View | None = None
+        self._checked_at = -1e18  # monotonic time the counter was last read
+        self._load_lock = threading.Lock()
         self._lock = threading.Lock()
         self._usage: dict[tuple[str, str], float] = {}
         self._usage_at = -1e18  # monotonic time the usage was read
@@ -79,10 +81,85 @@ class FairShare:
         self._table_users: frozenset[tuple[str, str]] = frozenset()
 
     # ------------------------------------------------------------------ accounts
+    # ------------------------------------------------------------------ the tree
+    def view(self, max_age: float = CHECK_EVERY) -> _View:
+        """The tree as the store holds it, re-read if its change counter moved since (the
+        counter is read when the last read is older than `max_age` seconds). On a store with
+        no tree yet, the configuration's [fairshare] is imported first (once, cluster-wide)."""
+        now_m = time.monotonic()
+        view = self._view
+        if view is not None and now_m - self._checked_at < max_age:
+            return view
+        with self._load_lock:
+            view = self._view
+            if view is not None and time.monotonic() - self._checked_at < max_age:
+                return view
+            version = self.store.accounts_version()
+            if version is None:
+                self._first_import()
+            if view is None or version is None or version != view.tree.version:
+                view = self._load()
+            self._checked_at = time.monotonic()
+            return view
+
+    def changed(self) -> None:
+        """This controller changed the tree: the next use re-reads it."""
+        self._checked_at = -1e18
+
+    def _first_import(self) -> None:
+        tree = accts.from_config(self.cfg)
+        source = f"[fairshare] of {_config_name()}"
+        if self.store.import_accounts(tree, self.store.actor, source=source):
+            log.info(
+                "accounts: imported %s into the store (%d accounts, %d user associations, "
+                "%d QOS); from now on the store's tree is used (sacctmgr changes it)",
+                source,
+                len(tree.accounts),
+                len(tree.assocs),
+                len(tree.qos),
+            )
+
+    def _load(self) -> _View:
+        read = self.store.accounts_tree()
+        if read is None:  # the import was undone under us (a restored store): the file's
+            tree, meta = accts.from_config(self.cfg), {"digest": ""}
+        else:
+            tree, meta = read
+        if self._view is None and read is not None:
+            mine = accts.from_config(self.cfg).digest()
+            if meta.get("digest") != mine:
+                log.warning(
+                    "accounts: the [fairshare] accounts, users and qos of %s differ from the "
+                    "tree imported into the store (by %s); the store's tree is used and the "
+                    "file's is ignored: change accounts with sacctmgr, or re-import the file "
+                    "(POST /v1/accounts/import, docs/fairshare.md)",
+                    _config_name(),
+                    meta.get("imported_by"),
+                )
+        view = _View(tree, self.cfg.default_account, self.cfg.default_qos)
+        with self._lock:
+            self._view = view
+            self._table = None  # the next table uses the new tree
+        return view
+
+    def qos_source(self) -> Any:
+        """The QOS with their preemption tiers and modes, as PreemptionConfig.tiers reads
+        them (`.qos`)."""
+        return SimpleNamespace(qos=list(self.view().tree.qos.values()))
+
     def resolve(self, user: str, account: str | None, qos: str | None) -> tuple[str, str]:
         """The account and QOS a job of `user` is charged to; refuse what the tree does not
-        allow with a message that says what would be allowed."""
-        mine = self.cfg.accounts_of(user)
+        allow with a message that says what would be allowed. A refusal is checked against
+        the store's latest tree first (an account added a moment ago on another controller)."""
+        try:
+            return self._resolve(self.view(), user, account, qos)
+        except (Forbidden, InvalidSpec):
+            return self._resolve(self.view(max_age=0.0), user, account, qos)
+
+    def _resolve(
+        self, v: _View, user: str, account: str | None, qos: str | None
+    ) -> tuple[str, str]:
+        mine = v.tree.accounts_of(user)
         if not mine and self.cfg.open:
             mine = [self.cfg.default_account]
         if account == fs.ROOT:
@@ -95,13 +172,14 @@ class FairShare:
             if not mine:
                 raise Forbidden(
                     f"user {user} is in no account and unlisted users may not submit "
-                    "(fairshare.open = false): ask an admin to add them to [[fairshare.users]]"
+                    "(fairshare.open = false): ask an admin to add them (`sacctmgr add user "
+                    f"{user} account=ACCOUNT`)"
                 )
             account = mine[0]
-        elif self.dynamic and self.cfg.open and user not in self.listed:
+        elif v.dynamic and self.cfg.open and user not in v.listed:
             pass  # no tree declared: an account is made by naming it (see `dynamic`)
-        elif account not in self.account_names:
-            known = ", ".join(sorted(self.account_names))
+        elif account not in v.account_names:
+            known = ", ".join(sorted(v.account_names))
             raise InvalidSpec(
                 f"account: account {account!r} does not exist (accounts: {known})",
                 field="account",
@@ -113,43 +191,47 @@ class FairShare:
                 "submit with --account set to one of theirs or ask an admin to add them"
             )
         qos = qos or self.cfg.default_qos
-        if qos not in self.qos:
-            known = ", ".join(sorted(self.qos))
+        if qos not in v.tree.qos:
+            known = ", ".join(sorted(v.tree.qos))
             raise InvalidSpec(f"qos: QOS {qos!r} does not exist (QOS: {known})", field="qos")
         return account, qos
 
     def check_submit(self, jobs: Sequence[tuple[str, str, str, int]]) -> None:
         """Refuse a submission that breaks a submit limit: jobs are (user, account, qos, count
         of jobs, array tasks counted)."""
-        if not self._submit_limited or not jobs:
+        v = self.view()
+        if not v.submit_limited or not jobs:
             return
+        limits = v.limits
         counted = lim.Usage()
         for row in self.store.submitted_counts():
             job = {"user": row["user"], "account": row["account"] or self.cfg.default_account}
             job.update(qos=row["qos"], nodes=0, gpus_per_node=0)
-            for key in lim.keys(job, self.limits):
+            for key in lim.keys(job, limits):
                 counted.jobs[key] += int(row["n"])
         for user, account, qos, n in jobs:
             job = {"user": user, "account": account, "qos": qos, "nodes": 0, "gpus_per_node": 0}
-            why = lim.submit_refusal(job, counted, self.limits, n)
+            why = lim.submit_refusal(job, counted, limits, n)
             if why:
                 raise InvalidSpec(f"submit limit: {why}", field="account")
-            for key in lim.keys(job, self.limits):
+            for key in lim.keys(job, limits):
                 counted.jobs[key] += n
 
     # ------------------------------------------------------------------ the table
-    def _tree(self, extra: set[tuple[str, str]]) -> tuple[list[fs.Account], list[fs.Member]]:
-        """The configured tree plus the associations jobs and usage name that it lacks: an
+    def _tree(
+        self, v: _View, extra: set[tuple[str, str]]
+    ) -> tuple[list[fs.Account], list[fs.Member]]:
+        """The stored tree plus the associations jobs and usage name that it lacks: an
         unlisted user in the default account (or, with no tree declared, in the account they
         named, made a top-level account), with 1 share."""
-        accounts = self.cfg.tree_accounts()
-        members = self.cfg.members()
+        accounts = v.tree.tree_accounts()
+        members = v.tree.members()
         listed = {(m.account, m.user) for m in members}
         made: set[str] = set()
         for account, user in sorted(extra - listed):
-            if account not in self.account_names:
-                if not self.dynamic:
-                    continue  # an account since removed from the configuration
+            if account not in v.account_names:
+                if not v.dynamic:
+                    continue  # an account since removed
                 if account not in made:
                     accounts.append(fs.Account(account, fs.ROOT, 1))
                     made.add(account)
@@ -160,6 +242,7 @@ class FairShare:
         """The fair share table from the cached usage (re-read every calc_period or when
         `refresh`); `more`: associations to rank besides the configured ones (users submitting
         to the default account without being listed)."""
+        v = self.view(max_age=0.0 if refresh else CHECK_EVERY)
         now_m = time.monotonic()
         with self._lock:
             stale = refresh or now_m - self._usage_at >= self.config.priority.calc_period
@@ -171,7 +254,7 @@ class FairShare:
             key = frozenset(users)
             if self._table is None or stale or not key <= self._table_users:
                 known = users | set(self._table_users)
-                accounts, members = self._tree(known)
+                accounts, members = self._tree(v, known)
                 self._table = fs.fair_tree(accounts, members, self._usage)
                 self._table_users = frozenset(known)
             return self._table
@@ -211,12 +294,14 @@ class FairShare:
             (str(j.get("account") or self.cfg.default_account), str(j["user"]))
             for j in snap.pending
         }
+        self.view(max_age=0.0)  # every pass sees the store's latest tree
         table = self.table(more=more)
+        v = self.view()
         return prio.QueuePolicy(
             weights=self.weights,
             fairshare=table.factor,
-            qos_priority={name: q.priority for name, q in self.qos.items()},
-            limits=self.limits,
+            qos_priority={name: q.priority for name, q in v.tree.qos.items()},
+            limits=v.limits,
             default_account=self.cfg.default_account,
         )
 

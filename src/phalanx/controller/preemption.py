@@ -45,11 +45,13 @@ def preempt_pass(
     fences: dict[str, Fence],
     owner: dict[int, str],
     topo: Any,
+    qos: Any = None,
 ) -> dict[int, str]:
     """Decide and apply this pass's preemptions; returns pending reasons to record (the
     preemptors waiting for their victims). ``owner``: job id -> the partition whose lease
     schedules it; ``fences``: the leases held."""
-    tiers = config.preemption.tiers(config.cluster, config.fairshare)
+    # `qos`: the store's QOS (FairShare.qos_source: sacctmgr changes them), else the file's
+    tiers = config.preemption.tiers(config.cluster, qos or config.fairshare)
     if not tiers.active:
         return {}
     now = time.time()

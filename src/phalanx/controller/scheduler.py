@@ -170,7 +170,16 @@ class Scheduler:
             self._observe_starts(snap.pending, started)
             self.waiters.notify(sorted({n for p in plan.starts for n in p.nodes}))
         plan.reasons.update(
-            preempt_pass(self.store, self.config, snap, plan, fences, owner, self.topology)
+            preempt_pass(
+                self.store,
+                self.config,
+                snap,
+                plan,
+                fences,
+                owner,
+                self.topology,
+                qos=self.fairshare.qos_source(),
+            )
         )
         current = {int(j["id"]): j["reason"] for j in snap.pending}
         changed = {jid: r for jid, r in plan.reasons.items() if current.get(jid) != r}

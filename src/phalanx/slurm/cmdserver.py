@@ -55,6 +55,7 @@ SERVED = (
     *("sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct", "sshare", "sprio", "sdiag"),
     "sstat",
     "sreport",
+    "sacctmgr",
 )
 # modules a call imports after its command module (found with `python -X importtime`):
 # imported once here, so no worker pays for them

@@ -1,6 +1,6 @@
 /*
  * The compiled Slurm commands (sbatch, squeue, scancel, sinfo, scontrol, sacct, sshare, sprio,
- * sdiag, sstat, sreport):
+ * sdiag, sstat, sreport, sacctmgr):
  * one multi-call program, told apart by the name it runs as, that runs the command in the
  * host's command server (slurm/cmdserver.py) instead of starting an interpreter.
  *
@@ -47,7 +47,7 @@
 
 static const char *const SERVED[] = {"sbatch", "squeue", "scancel", "sinfo", "scontrol",
                                      "sacct",  "sshare", "sprio",   "sdiag", "sstat",
-                                     "sreport"};
+                                     "sreport", "sacctmgr"};
 
 static volatile sig_atomic_t worker_pid = 0;  /* set once "pid N" arrived */
 static volatile sig_atomic_t pending_sig = 0; /* a signal that came before it */

@@ -24,6 +24,7 @@ COMMANDS = (
     "sdiag",
     "sstat",
     "sreport",
+    "sacctmgr",
 )
 
 
