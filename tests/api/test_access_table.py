@@ -235,6 +235,13 @@ BODIES: dict[tuple[str, str], tuple[str, Any]] = {
     ),
     ("DELETE", "/v1/reservations/{name}"): ("/v1/reservations/{resv}", None),
     ("POST", "/v1/tokens"): ("/v1/tokens", {"user": "carol", "role": "user"}),
+    # the cluster configuration's versions (this store has none: 404 past the check)
+    ("GET", "/v1/config"): ("/v1/config", None),
+    ("GET", "/v1/config/history"): ("/v1/config/history", None),
+    ("GET", "/v1/config/{version}"): ("/v1/config/1", None),
+    ("POST", "/v1/config/check"): ("/v1/config/check", {"text": ""}),
+    ("POST", "/v1/config/apply"): ("/v1/config/apply", {"text": "[priority]\nweight_age = 1\n"}),
+    ("POST", "/v1/config/rollback"): ("/v1/config/rollback", {}),
     ("GET", "/v1/accounts"): ("/v1/accounts", None),
     ("POST", "/v1/accounts/add"): ("/v1/accounts/add", {"kind": "qos", "names": ["q{job}"]}),
     ("POST", "/v1/accounts/modify"): (
@@ -279,6 +286,9 @@ PAST_AUTH = {
     ("GET", "/v1/jobs/{ref}/steps/{step_id}"): {404},
     ("POST", "/v1/jobs/{ref}/steps/{step_id}/wake"): {404},
     ("POST", "/v1/accounts/delete"): {404},  # nothing of that name: past the check
+    ("GET", "/v1/config"): {404},  # no version in this store yet
+    ("GET", "/v1/config/{version}"): {404},
+    ("POST", "/v1/config/rollback"): {404},
 }
 SUCCESS = {"POST": {200, 201}, "GET": {200}, "DELETE": {200}}
 PUBLIC_OK = {200, 503}  # health may say "not ready" (no loops run here), never "who are you"
@@ -348,6 +358,12 @@ POLICY = {
         "POST /v1/accounts/modify",
         "POST /v1/accounts/delete",
         "POST /v1/accounts/import",
+        "GET /v1/config",
+        "GET /v1/config/history",
+        "GET /v1/config/{version}",
+        "POST /v1/config/check",
+        "POST /v1/config/apply",
+        "POST /v1/config/rollback",
     },
     "agent": {"POST /v1/agents/{node}/register", "POST /v1/agents/{node}/heartbeat"},
 }

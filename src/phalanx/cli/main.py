@@ -17,6 +17,7 @@ from typing import Any
 import typer
 
 from phalanx.cli import auth, explain, fairshare, maintenance, output, render, sim
+from phalanx.cli import config as config_cli
 from phalanx.cli.output import JsonOpt, UrlOpt, console
 from phalanx.client import Client
 from phalanx.domain.text import escape
@@ -648,6 +649,7 @@ def command_server(ctx: typer.Context) -> None:
 
 
 app.add_typer(maintenance.app, name="maint")
+app.add_typer(config_cli.app, name="config")
 explain.register(app)
 app.add_typer(auth.token_app, name="token")
 app.add_typer(auth.keys_app, name="keys")

@@ -313,7 +313,12 @@ def events_text(evs: list[dict[str, Any]]) -> str:
 def cluster_summary(st: dict[str, Any]) -> str:
     lines = ["Controllers:"]
     for c in st["controllers"]:
-        lines.append(f"  {c['id']}  {c['url']}  last seen {_ts(c['last_seen'])}")
+        line = f"  {c['id']}  {c['url']}  last seen {_ts(c['last_seen'])}"
+        if c.get("config_version") is not None:  # the cluster configuration version it runs
+            line += f"  config version {c['config_version']}"
+        if c.get("config_problem"):
+            line += f"  TAKES NO DUTIES: {c['config_problem']}"
+        lines.append(line)
     lines.append("Leases:")
     for le in st["leases"]:
         lines.append(

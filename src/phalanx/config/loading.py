@@ -29,7 +29,7 @@ from phalanx.config.timing import Timing
 from phalanx.domain.policy import FailurePolicy
 from phalanx.errors import ConfigError
 
-__all__ = ["Config", "load_config"]
+__all__ = ["Config", "explain_validation", "load_config"]
 
 
 class Config(BaseModel):
@@ -136,6 +136,11 @@ def load_config(
         raise ConfigError(
             f"invalid configuration{f' in {path}' if path else ''}: {_explain(e)}"
         ) from None
+
+
+def explain_validation(e: ValidationError) -> str:
+    """A validation error as one line: `section.key: message; ...`."""
+    return _explain(e)
 
 
 def _explain(e: ValidationError) -> str:

@@ -101,6 +101,13 @@ RULES: dict[tuple[str, str], Rule] = {
     ("POST", "/v1/reservations/{name}/update"): Rule(OPERATOR, "changing a reservation"),
     ("DELETE", "/v1/reservations/{name}"): Rule(OPERATOR, "deleting a reservation"),
     ("POST", "/v1/tokens"): Rule(ADMIN, "creating tokens"),
+    # the cluster configuration's versions (controller/config_api.py)
+    ("GET", "/v1/config"): Rule(ADMIN, "showing the cluster configuration"),
+    ("GET", "/v1/config/history"): Rule(ADMIN, "listing cluster configuration versions"),
+    ("GET", "/v1/config/{version}"): Rule(ADMIN, "showing a cluster configuration version"),
+    ("POST", "/v1/config/check"): Rule(ADMIN, "checking a cluster configuration"),
+    ("POST", "/v1/config/apply"): Rule(ADMIN, "applying a cluster configuration"),
+    ("POST", "/v1/config/rollback"): Rule(ADMIN, "rolling the cluster configuration back"),
     ("POST", "/v1/agents/{node}/register"): Rule(AGENT, "registering a node"),
     ("POST", "/v1/agents/{node}/heartbeat"): Rule(AGENT, "reporting for a node"),
 }

@@ -24,6 +24,7 @@ from phalanx.controller import (
     access,
     agents_api,
     cluster_api,
+    config_api,
     dashboard,
     docs_ui,
     fairshare_api,
@@ -163,6 +164,7 @@ def create_app(ctl: Controller, keys: KeySet) -> FastAPI:
         reservations_api.router(ctl),
         dashboard.router(ctl),
         fairshare_api.router(ctl),
+        config_api.router(api),
     ):
         app.include_router(router)
     docs_ui.add_routes(app)

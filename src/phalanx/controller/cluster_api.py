@@ -42,6 +42,8 @@ def router(api: ApiContext) -> APIRouter:
     def ready() -> JSONResponse:
         """For a load balancer: 503 when this controller cannot serve (store or loops down)."""
         problems = [f"loop {name} has not run recently" for name in ctl.stuck_loops()]
+        if ctl.versions.problem:  # it takes no duties (controller/confversions.py)
+            problems.append(ctl.versions.problem)
         try:
             ctl.store.db_time()
         except PhalanxError as e:

@@ -187,6 +187,22 @@ class LeaseKeeper:
             self.on_change(name, None)
         return name
 
+    def release(self, names: list[str] | None = None) -> None:
+        """Hand back these leases (None: every one held) and say so to `on_change`: a
+        partition a new configuration version no longer has, or a controller that stops
+        taking duties (controller/confversions.py)."""
+        with self._lock:
+            picked = list(self._held) if names is None else [n for n in names if n in self._held]
+            held = {n: self._held.pop(n) for n in picked}
+        for name, h in held.items():
+            try:
+                self.store.release_lease(name, self.holder, h.term)
+            except PhalanxError as e:
+                log.warning("could not release lease %s: %s", name, e)
+            log.info("handed lease %s (term %s) back", name, h.term)
+            if self.on_change:
+                self.on_change(name, None)
+
     def release_all(self) -> None:
         with self._lock:
             held = dict(self._held)

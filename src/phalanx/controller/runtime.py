@@ -14,13 +14,16 @@ asyncio loop and calls the methods here, which hand each request to its duty:
   controller/heartbeats.py (`Heartbeats`: batched heartbeat stamps), controller/wakeups.py
   (`Waiters`, `WorkWakeups`: long-polls woken for new work), controller/intervals.py
   (checkpoint intervals in force);
-- the timings in force: controller/timings.py (`Timings`, the heartbeat rule).
+- the timings in force: controller/timings.py (`Timings`, the heartbeat rule);
+- the cluster configuration version it runs: controller/confversions.py (`ConfigVersions`,
+  read each presence tick, swapped in by `adopt_config`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from typing import Any
 
@@ -29,6 +32,7 @@ from phalanx.clock import Clock
 from phalanx.config import Config, Timing
 from phalanx.controller.agentwork import AgentDuty
 from phalanx.controller.clusterduty import CLUSTER_LEASE, ClusterDuty
+from phalanx.controller.confversions import ConfigVersions, partition_rows
 from phalanx.controller.exchange import Reply, StepReply
 from phalanx.controller.fairshare import FairShare
 from phalanx.controller.heartbeats import Heartbeats
@@ -41,7 +45,6 @@ from phalanx.controller.scheduler import Scheduler, sched_lease
 from phalanx.controller.submitq import SubmitQueue
 from phalanx.controller.timings import Timings
 from phalanx.controller.wakeups import Waiters, WorkWakeups
-from phalanx.domain import values
 from phalanx.domain.checkpointing import IntervalDecision
 from phalanx.domain.spec import JobSpec
 from phalanx.errors import PhalanxError
@@ -50,6 +53,9 @@ from phalanx.store.store import Store, TaskReport
 from phalanx.watchdog import Beats
 
 log = logging.getLogger("phalanx.controller")
+
+# partition_rows moved to confversions.py; importable from here as before
+__all__ = ["Controller", "partition_rows"]
 
 
 class Controller:
@@ -65,6 +71,8 @@ class Controller:
         cid: str,
         url: str | None = None,
         clock: Clock | None = None,
+        local_config: Config | None = None,
+        config_version: int | None = None,
     ) -> None:
         self.store = store
         self.config = config
@@ -141,6 +149,18 @@ class Controller:
         self.step_addrs = self.agents.step_addrs
         # POST /v1/jobs: concurrent one-job requests committed together (submitq.py)
         self.submitq = SubmitQueue(self.submit_group)
+        # the cluster configuration version it runs (confversions.py); `local_config`: this
+        # process's file, whose process-local sections stay in force whatever the version
+        self._between_passes = threading.Lock()  # a new version is swapped in between passes
+        self.versions = ConfigVersions(
+            store,
+            local_config or config,
+            cid,
+            config_version,
+            adopt=self.adopt_config,
+            stop_duties=self.stop_duties,
+        )
+        self.scheduler.config_check = self.versions.runs
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -209,10 +229,44 @@ class Controller:
         """Keep this controller's `last_seen` fresh: peers spread leases over the live ones,
         and `phalanx cluster` shows who is alive. Also the store probe of the watchdog, and
         the heartbeat rule's look at the cluster's size."""
-        self.store.touch_controller(self.cid)
+        said = self.versions.presence()  # also reads the current configuration version
         self._store_answered()
         self.rescale_timing()
-        return "idle"
+        return said or "idle"
+
+    def adopt_config(self, config: Config) -> None:
+        """Run a new cluster configuration version (ConfigVersions.move): swapped in whole,
+        between two scheduling passes; the leases of partitions it no longer has are handed
+        back, those of new ones taken by the next lease tick."""
+        with self._between_passes:
+            self.config = config
+            self.timings.rebase(config.timing)
+            self.partition_names = [p.name for p in config.cluster.partitions]
+            self.topology = config.topology.layout()
+            names = [CLUSTER_LEASE, *(sched_lease(p) for p in self.partition_names)]
+            gone = [n for n in self.leases.names if n not in names]
+            self.leases.names = names
+            self.leases.ttl = config.timing.lease_ttl
+            self.leases.renew_interval = config.timing.renew_interval
+            self.leases.release(gone)
+            self.fairshare = FairShare(self.store, config)
+            for duty in (self.intake, self.scheduler, self.cluster, self.agents):
+                duty.config = config
+            self.intake.fairshare = self.fairshare
+            self.scheduler.fairshare = self.fairshare
+            self.cluster.fairshare = self.fairshare
+            self.scheduler.partition_names = list(self.partition_names)
+            self.scheduler.topology = self.topology
+            self.intake.forget_views()
+            self.store.policy = config.failure_policy()
+            self.store.restart_reservation = config.timing.restart_reservation
+        self.kick()
+
+    def stop_duties(self) -> None:
+        """Take no duty: hand every lease back and take none (a version this controller
+        cannot run: ConfigVersions)."""
+        self.leases.names = []
+        self.leases.release()
 
     def _store_answered(self) -> None:
         self.store_ok_at = time.monotonic()
@@ -265,8 +319,10 @@ class Controller:
         return self.scheduler.plan_options(snap)
 
     def schedule_tick(self) -> str:
-        """One scheduling pass (Scheduler.tick)."""
-        return self.scheduler.tick()
+        """One scheduling pass (Scheduler.tick), never while a new configuration version is
+        being swapped in."""
+        with self._between_passes:
+            return self.scheduler.tick()
 
     def purge_tick(self, *, now: float | None = None, force: bool = False) -> str:
         """Accounting retention (ClusterDuty.purge_tick)."""
@@ -356,23 +412,7 @@ class Controller:
             "ticks_ago": {k: round(time.monotonic() - v, 3) for k, v in self.last_tick.items()},
             # how work placed by other controllers reaches agents long-polling this one
             "wakeups": self.wakeups.mode(),
+            # the cluster configuration version it runs, or why it cannot run the current one
+            "config_version": self.versions.version,
+            "config_problem": self.versions.problem,
         }
-
-
-def partition_rows(config: Config) -> list[dict[str, Any]]:
-    """The partitions table rows from the configuration."""
-    rows = []
-    parts = config.cluster.partitions
-    has_default = any(p.default for p in parts)
-    for i, p in enumerate(parts):
-        rows.append(
-            {
-                "name": p.name,
-                "is_default": p.default or (not has_default and i == 0),
-                "nodes": p.nodes,
-                "default_time_s": values.parse_duration(p.default_time),
-                "max_time_s": values.parse_duration(p.max_time),
-                "priority": p.priority,
-            }
-        )
-    return rows

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import Counter
@@ -67,6 +68,9 @@ class Scheduler:
         # (store.notify_schedulers) instead of finding it at their next interval
         self._news = threading.Event()
         self.notices = 0  # notifications sent (store.notify_schedulers)
+        # whether this controller runs the configuration version a snapshot saw as current
+        # (controller/confversions.py): a pass is skipped until it does
+        self.config_check: Callable[[int | None], bool] | None = None
 
     def news(self) -> None:
         """This controller committed something a pass may act on (a submission, a job's end,
@@ -132,6 +136,8 @@ class Scheduler:
         snap = self.store.sched_snapshot(eligible_by=now)
         if snap.quiet:
             return "idle"
+        if self.config_check is not None and not self.config_check(snap.config_version):
+            return f"skipped: cluster configuration version {snap.config_version} not run yet"
         owner = {int(j["id"]): j["partitions"].split(",")[0] for j in snap.pending}
         snap.pending = [j for j in snap.pending if owner[int(j["id"])] in fences]
         snap.not_yet = [j for j in snap.not_yet if j["partitions"].split(",")[0] in fences]

@@ -18,9 +18,10 @@ import uvicorn
 
 from phalanx.auth import keys as keyfiles
 from phalanx.config import Config
+from phalanx.controller import confversions
 from phalanx.controller.api import create_app
 from phalanx.controller.httpserver import guarded_protocol
-from phalanx.controller.runtime import Controller, partition_rows
+from phalanx.controller.runtime import Controller
 from phalanx.daemon import StartupError, check_state_dir, open_device, setup_logging
 from phalanx.errors import PhalanxError
 from phalanx.sdnotify import Notifier
@@ -146,11 +147,22 @@ def run_controller(
             )
             store.restart_reservation = config.timing.restart_reservation
             store.migrate()
-            store.sync_partitions(partition_rows(config))
         except PhalanxError as e:
             sock.close()
             raise StartupError(
                 f"cannot use the database {describe_url(url)}: {e.message}"
+            ) from None
+        try:
+            # the cluster-wide sections: the store's current version (version 1 made from
+            # this file on an empty store); the process-local ones: this file's
+            running, version = confversions.startup(store, config, cid)
+            store.policy = running.failure_policy()
+            store.restart_reservation = running.timing.restart_reservation
+        except PhalanxError as e:
+            sock.close()
+            store.close()
+            raise StartupError(
+                f"cannot run the store's cluster configuration: {e.message}"
             ) from None
     except StartupError as e:
         print(f"phalanx controller: {e}", file=sys.stderr)
@@ -158,7 +170,10 @@ def run_controller(
     actual_port = sock.getsockname()[1]
     tls = config.auth.tls_cert is not None
     public = f"{'https' if tls else 'http'}://{host}:{actual_port}"
-    ctl = Controller(store, config, cid=cid, url=public)
+    ctl = Controller(
+        store, running, cid=cid, url=public, local_config=config, config_version=version
+    )
+    config = running  # what the rest of the start-up reads is process-local: the same
     app = create_app(ctl, keys)
     try:
         device = open_device(config.watchdog.device, config.watchdog.interval)

@@ -42,6 +42,18 @@ class Timings:
         self.nodes = 0  # the node count `current` was scaled for
         self._lock = threading.Lock()
 
+    def rebase(self, base: Timing) -> None:
+        """New configured timings (a new cluster configuration version,
+        controller/confversions.py), scaled for the node count already seen."""
+        with self._lock:
+            self.base = base
+            try:
+                new = base.for_cluster(self.nodes)
+            except ValidationError:  # past a limit: unscaled, as rescale would keep them
+                new = base
+            self.current = new
+            self.agent = scaled_fields(new)
+
     def rescale(self, nodes: int | None = None) -> str:
         """Apply the heartbeat rule (docs/sim.md) to the cluster's size: `nodes` node rows
         (read from the store when None). Logs and returns what changed, or "".

@@ -39,6 +39,7 @@ from phalanx.domain.states import (
 )
 from phalanx.store import schema as s
 from phalanx.store.attempts import _elastic_columns
+from phalanx.store.configs import latest_config_version
 from phalanx.store.fairshare import FairShareUsage
 from phalanx.store.maintenance import MaintenanceWindows
 from phalanx.store.pending import Pending, PendingMirror
@@ -73,6 +74,9 @@ class SchedSnapshot:
     active_jobs: list[dict[str, Any]] = field(default_factory=list)
     # the --licenses text of every attempt that holds its resources (not ENDED)
     licenses_held: list[str] = field(default_factory=list)
+    # the cluster configuration version current when it was read (store/configs.py): the
+    # partitions above are that version's
+    config_version: int | None = None
     # job id -> --group of every job with an attempt that holds its nodes (anti-affinity)
     groups_active: dict[int, str] = field(default_factory=dict)
     # True: no pending job at all for this pass (nothing else was read; see sched_snapshot)
@@ -299,6 +303,7 @@ class SchedulingReads(MaintenanceWindows, Reservations, FairShareUsage):
                 resv=self._live_reservations(conn),
                 active_jobs=self._limit_rows(conn, active_states),
                 licenses_held=self._licenses_held(conn),
+                config_version=latest_config_version(conn),
                 groups_active=self._groups_active(conn),
             )
 

@@ -250,6 +250,27 @@ controllers = Table(
     Column("last_seen", Float, nullable=False),
     # database time through which every heartbeat it answered is stored (migration 0014)
     Column("flushed_through", Float, nullable=True),
+    # the cluster configuration version it runs, and why it cannot run the current one
+    # (it then takes no duties; migration 0020, store/configs.py)
+    Column("config_version", Integer, nullable=True),
+    Column("config_problem", Text, nullable=True),
+)
+
+# The cluster-wide configuration, one row per version (config/versioned.py): the document as
+# JSON text, who made it and how (create: the first controller's file on an empty store;
+# apply; rollback: an older version's document applied again, `source` naming it). The
+# current version is the highest; rows are never changed or deleted (migration 0020).
+cluster_config = Table(
+    "cluster_config",
+    metadata,
+    Column("version", Integer, primary_key=True, autoincrement=False),
+    Column("document", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("actor", String(128), nullable=False),
+    Column("action", String(16), nullable=False),  # create | apply | rollback
+    Column("parent", Integer, nullable=True),  # the version it replaced
+    Column("source", Integer, nullable=True),  # rollback: the version restored
+    Column("comment", Text, nullable=True),
 )
 
 # Maintenance windows: the nodes are kept free of jobs that would cross the window, drained for

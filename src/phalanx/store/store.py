@@ -19,6 +19,7 @@ methods as Protocols grouped by who calls them, and a test holds the two to the 
     fair share   charge_usage, usage_table, ...                    store/fairshare.py
     accounts     import_accounts, change_accounts, accounts_tree    store/accounts.py
     metrics      metrics_figures, carry_purged                     store/metrics.py
+    configs      config_current, config_put, controller_presence   store/configs.py
 
 Every method is one transaction; every state change appends `events` in it. Outcomes are kept
 apart: a database that cannot be reached raises `StoreUnavailable`; a lost race (a lease
@@ -30,6 +31,7 @@ paused old leader can never write after its lease was taken over.
 from __future__ import annotations
 
 from phalanx.store.accounts import AccountRecords
+from phalanx.store.configs import ConfigRecords
 from phalanx.store.exchange import AgentReports, TaskReport
 from phalanx.store.history import History
 from phalanx.store.job_control import JobCommands
@@ -52,5 +54,6 @@ class Store(
     History,
     Preemptions,
     AccountRecords,
+    ConfigRecords,
 ):
     """The store's one interface (see the module docstring)."""

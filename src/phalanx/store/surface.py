@@ -448,6 +448,40 @@ class StoreLifecycle(Protocol):
     def close(self) -> None: ...
 
 
+class ConfigStore(Protocol):
+    """The cluster configuration's versions (store/configs.py): the one in force, history,
+    the next one written with its partitions, and each controller's report of the one it runs."""
+
+    def config_current(self) -> dict[str, Any] | None: ...
+
+    def config_get(self, version: int) -> dict[str, Any] | None: ...
+
+    def config_history(self, limit: int = 100) -> list[dict[str, Any]]: ...
+
+    def config_first(
+        self, document: dict[str, Any], *, actor: str, partitions: Sequence[dict[str, Any]]
+    ) -> dict[str, Any]: ...
+
+    def config_put(
+        self,
+        document: dict[str, Any],
+        *,
+        actor: str,
+        action: str,
+        base_version: int | None,
+        partitions: Sequence[dict[str, Any]],
+        message: str,
+        comment: str | None = None,
+        source: int | None = None,
+    ) -> int: ...
+
+    def controller_presence(
+        self, cid: str, *, config_version: int | None, problem: str | None, seen: bool = True
+    ) -> int | None: ...
+
+    def config_live_facts(self) -> dict[str, Any]: ...
+
+
 PARTS: tuple[type, ...] = (
     LeaseStore,
     SubmissionStore,
@@ -462,6 +496,7 @@ PARTS: tuple[type, ...] = (
     FairShareStore,
     AccountStore,
     StoreLifecycle,
+    ConfigStore,
 )
 
 
@@ -482,6 +517,8 @@ def _store_satisfies_every_part(store: Store) -> list[object]:
     fairshare: FairShareStore = store
     accounts: AccountStore = store
     lifecycle: StoreLifecycle = store
+    configs: ConfigStore = store
     parts += [lease, submission, control, scheduling, agents, nodes, history]
     parts += [steps, maintenance, reservations, fairshare, accounts, lifecycle]
+    parts += [configs]
     return parts
