@@ -17,10 +17,14 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from system.harness import Cluster, base_env, wait_for
+from system.test_preemption import CONFIG as PREEMPT_CONFIG
 
 pytestmark = pytest.mark.system
 
@@ -153,3 +157,52 @@ def test_a_reservation_keeps_others_off_its_nodes_until_it_ends(
     go.touch()
     done = cluster.wait_terminal([first, second, inside])
     assert {j["state"] for j in done.values()} == {"COMPLETED"}, done
+
+
+@pytest.mark.timeout(300)
+def test_preemption_never_stops_a_job_for_a_node_the_preemptor_may_not_use(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A high-tier job waits for a node; the only lower-tier job running sits on a reserved
+    node the high job may not use. Stopping it would free nothing the high job can take, so
+    preemption leaves it alone (its trial placements keep off what the pass keeps off)."""
+    config = tmp_path / "phalanx.toml"
+    config.write_text(PREEMPT_CONFIG)  # partitions low (tier 0) and high (tier 1)
+    cluster.extra_env["PHALANX_CONFIG"] = str(config)
+    cluster.start(nodes=2, cpus=2)
+    c = cluster.client()
+    me = c.get("/v1/whoami")["user"]
+    go = tmp_path / "go"
+    p = slurm(
+        cluster, tmp_path, "scontrol", "create", "reservation", "ReservationName=r1",
+        "StartTime=now", "Duration=30", "Nodes=node01", f"Users={me}",
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    kw: dict[str, Any] = {"cpus_per_task": 2}
+    inside = cluster.submit_script(
+        tmp_path, "inside", HOLD.format(go=go), partition="low", reservation="r1", **kw
+    )
+    peer = cluster.submit_script(tmp_path, "peer", HOLD.format(go=go), partition="high", **kw)
+    assert cluster.wait_state(inside, "RUNNING")["nodelist"] == "node01"
+    assert cluster.wait_state(peer, "RUNNING")["nodelist"] == "node02"
+    urgent = cluster.submit_script(tmp_path, "urgent", "#!/bin/sh\ntrue\n", partition="high", **kw)
+    wait_for(lambda: c.job(urgent)[0]["reason"], what="a pass to give the urgent job a reason")
+
+    def passes() -> float:
+        text = httpx.get(cluster.url + "/metrics", timeout=30).text
+        return sum(
+            s.value
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+            if s.name == "phalanx_scheduling_pass_seconds_count"
+        )
+
+    seen = passes()  # two more whole passes (each with its preemption step) after this one
+    wait_for(lambda: passes() >= seen + 2, what="two more scheduling passes")
+    job = c.job(inside)[0]
+    assert (job["state"], job["restart_count"]) == ("RUNNING", 0), job
+    assert c.job(urgent)[0]["state"] == "PENDING"
+    kinds = {e["kind"] for e in c.get("/v1/events", limit=1000)["events"] if e["job_id"] == inside}
+    assert not any("preempt" in k for k in kinds), kinds
+    go.touch()
+    cluster.wait_terminal([inside, peer, urgent])

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from phalanx.config import Config
-from phalanx.domain import preemption, scheduling
+from phalanx.domain import maintenance, preemption, reservations, scheduling
 from phalanx.domain.placement_types import Allocation
 from phalanx.errors import PhalanxError
 from phalanx.store.preemption import victims_of
@@ -80,15 +80,23 @@ def preempt_pass(
     if not running:
         return reasons
     lowest = min(r.tier for r in running)
-    blocked = [
-        (scheduling.job_request(job), tier)
-        for job, tier in maybe
-        if tier > lowest and int(job["id"]) not in waiting
-    ]
+    views = scheduling.node_views(snap.nodes, snap.partitions, topo)
+    # the trial placements keep off the nodes the pass keeps the job off (maintenance windows,
+    # reservations): a victim stopped for a node the preemptor may not use frees nothing
+    keep_off = maintenance.KeepOff(getattr(snap, "maintenance", None) or [], now)
+    gate = reservations.Gate(getattr(snap, "resv", None) or [], now, [v.name for v in views])
+    blocked = []
+    for job, tier in maybe:
+        if tier <= lowest or int(job["id"]) in waiting:
+            continue
+        req, waits = gate.admit(
+            keep_off.restrict(scheduling.job_request(job)), job.get("reservation")
+        )
+        if waits is None:
+            blocked.append((req, tier))
     if not blocked:
         return reasons
     blocked.sort(key=lambda b: -b[1])  # stable: queue order within a tier
-    views = scheduling.node_views(snap.nodes, snap.partitions, topo)
     allocs = scheduling.allocations(snap.allocations) + _started(plan, snap)
     others: dict[str, int] = {}
     for r in getattr(snap, "reservations", None) or []:
