@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +101,17 @@ def cli(cluster: Cluster, url: str, *args: str) -> Any:
     return run_cli(["config", *args], url=url, root=cluster.root)
 
 
-def test_three_controllers_apply_and_roll_back_versions(cluster: Cluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_three_controllers_apply_and_roll_back_versions(
+    make_cluster: Callable[..., Cluster],
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    backend: str,
+) -> None:
+    db = request.getfixturevalue("pg_url") if backend == "postgres" else None
+    cluster = make_cluster(db=db)
     for i, cid in enumerate(CONTROLLERS):
         cluster.start_controller(cid, port=cluster.port if i == 0 else free_port())
     url = cluster.use_all_controllers()
@@ -114,6 +125,11 @@ def test_three_controllers_apply_and_roll_back_versions(cluster: Cluster, tmp_pa
     assert shown.returncode == 0, shown.stderr
     assert "# cluster configuration version 1: create by ctl-1" in shown.stdout
     assert '[[cluster.partitions]]\nname = "batch"' in shown.stdout
+    same = tmp_path / "shown.toml"
+    same.write_text(shown.stdout)  # what `show` prints reads back as the same version
+    unchanged = cli(cluster, url, "diff", str(same))
+    assert unchanged.returncode == 0, unchanged.stdout + unchanged.stderr
+    assert "no difference from version 1" in unchanged.stdout
 
     new = tmp_path / "new.toml"
     new.write_text(NEW_LAYOUT)
