@@ -107,3 +107,25 @@ def test_a_qos_added_at_run_time_is_usable_and_refusals_say_what_to_do(fs: Any) 
     r = c.post("/v1/accounts/delete", json={"kind": "account", "where": {"names": ["bio"]}},
                headers=ADMIN)  # fmt: skip
     assert r.status_code == 409 and "still has users alice, bob" in r.text
+
+
+def test_another_controller_sees_a_change_at_its_next_pass(fs: Any) -> None:
+    c, ctl = fs
+    other = Controller(Store(ctl.store.db.url, actor="t2"), ctl.config, cid="t2")
+    try:
+        snap = other.store.sched_snapshot(eligible_by=0)
+        assert other.fairshare.policy(snap).qos_priority["urgent"] == 100
+        r = c.post(
+            "/v1/accounts/modify",
+            json={"kind": "qos", "where": {"names": ["urgent"]}, "settings": {"priority": 7}},
+            headers=ADMIN,
+        )
+        assert r.status_code == 200, r.text
+        # the other controller's next pass reads the moved counter, then the new tree
+        assert other.fairshare.policy(snap).qos_priority["urgent"] == 7
+        # and its submit path re-checks before refusing someone it does not know yet
+        c.post("/v1/accounts/add", json={"kind": "user", "names": ["erin"], "accounts": ["bio"]},
+               headers=ADMIN)  # fmt: skip
+        assert other.fairshare.resolve("erin", None, None) == ("bio", "normal")
+    finally:
+        other.store.close()
