@@ -176,3 +176,28 @@ def test_a_controller_that_cannot_run_a_version_takes_no_duties(
     assert "took term" in b.leases.tick()
     row = next(r for r in store.list_controllers() if r["id"] == "b")
     assert (row["config_version"], row["config_problem"]) == (3, None)
+
+
+def test_at_start_the_store_version_wins_over_a_different_file(
+    store: Store, config: Config, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Version 1 comes from the first controller's file; a controller whose file differs
+    later starts with the store's version (and its own process-local settings) and warns."""
+    _, v1 = confversions.startup(store, config, "a")
+    assert v1 == 1
+    other = config.model_copy(
+        update={
+            "priority": config.priority.model_copy(update={"weight_age": 1}),
+            "http": config.http.model_copy(update={"max_connections": 77}),
+        }
+    )
+    with caplog.at_level("WARNING", logger="phalanx.controller"):
+        running, version = confversions.startup(store, other, "b")
+    assert version == 1
+    assert running.priority.weight_age == config.priority.weight_age  # the store's
+    assert running.http.max_connections == 77  # its own
+    assert "differs from the store's cluster configuration version 1 in priority.weight_age" in (
+        caplog.text
+    )
+    assert "phalanx config apply FILE" in caplog.text
+    assert [v["version"] for v in store.config_history()] == [1]
