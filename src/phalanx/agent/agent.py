@@ -42,6 +42,7 @@ from phalanx.agent import (
 )
 from phalanx.agent.agent_isolation import DEFAULT_ISOLATION
 from phalanx.agent.agent_launch import AgentLaunch
+from phalanx.agent.agent_nodeconf import AgentNodeConfig
 from phalanx.agent.agent_status import AgentStatus, read_job_reports
 from phalanx.agent.agent_stops import AgentStops, signals_done
 from phalanx.agent.agent_timing import fence_mark, heartbeat_grace, learned_timing, reply_is_late
@@ -72,7 +73,7 @@ FORGOTTEN_MAX = 100_000  # forgotten attempt ids remembered (never launched agai
 CGROUP_SWEEP_INTERVAL = 5.0  # how often leftover cgroups of ended attempts are looked for (s)
 
 
-class Agent(AgentLaunch, AgentStops, AgentStatus):
+class Agent(AgentLaunch, AgentStops, AgentStatus, AgentNodeConfig):
     """The node agent: its state, its two loops, and the heartbeat protocol."""
 
     def __init__(
@@ -94,6 +95,7 @@ class Agent(AgentLaunch, AgentStops, AgentStatus):
         srun_dir: Path | None = None,
         usage_sample_s: float = 30.0,
         hooks: NodeHooks | None = None,
+        node_file: dict[str, Any] | None = None,
     ) -> None:
         # set in every job: this node's credential socket (it wins over a submitter's) and the
         # controllers (a submitter's own PHALANX_URL wins), so `phalanx` works inside jobs
@@ -109,6 +111,9 @@ class Agent(AgentLaunch, AgentStops, AgentStatus):
         self.fence_file = state_dir / "heartbeat"
         self.client = client
         self.resources = resources
+        # the node file's settings (`node_file`: --health-config, parsed), with those the
+        # controllers deliver from the versioned configuration (agent_nodeconf.py)
+        self._init_node_config(node_file)
         self.addr = addr or socket.gethostname()
         self.boot_id = uuid.uuid4().hex
         self.timing: dict[str, Any] = {
@@ -331,12 +336,12 @@ class Agent(AgentLaunch, AgentStops, AgentStatus):
         )
         self._learn_timing(reply.get("timing"))
         self._learn_isolation(reply.get("isolation"))
+        self.launch_timeout = (reply.get("timing") or {}).get("launch_timeout")
         if self.hooks is not None:
-            said = launch_timeout_warning(
-                self.hooks, (reply.get("timing") or {}).get("launch_timeout")
-            )
+            said = launch_timeout_warning(self.hooks, self.launch_timeout)
             if said:
                 log.warning("%s", said)
+        self._learn_node_config(reply.get("node_config"))
         self._registered = True
         self.last_reply_at = time.monotonic()
         # not a long-poll: the request's sending is the whole of what the reply vouches for
@@ -411,6 +416,11 @@ class Agent(AgentLaunch, AgentStops, AgentStatus):
                 "wait": wait,
                 "health": health,
                 **({"steps_at": self.steps_at} if self.steps_at else {}),
+                **(
+                    {"node_config_version": self.node_config_version}
+                    if self.node_config_version is not None
+                    else {}
+                ),
             },
             idempotent=True,
             timeout=timeout,
@@ -438,6 +448,9 @@ class Agent(AgentLaunch, AgentStops, AgentStatus):
         # after the lateness check: a controller scales only from counts read before it
         # replied, and the detector's count is read after the silence (rescale_timing)
         self._learn_timing(reply.get("timing"))
+        if "node_config" in reply:  # only when this node runs another version (or none)
+            with self._lock:  # between launches: the next one takes the new hooks
+                self._learn_node_config(reply["node_config"])
         with self._lock:
             self.apply(reply)
         return reply

@@ -16,7 +16,8 @@ from phalanx.agent import metrics as agent_metrics
 from phalanx.agent import native_srun as native
 from phalanx.agent.agent import Agent
 from phalanx.agent.health import build_monitor
-from phalanx.agent.hooks import HOOK_TABLES, parse_hooks
+from phalanx.agent.hooks import parse_hooks
+from phalanx.agent.nodeconf import health_table
 from phalanx.agent.resources import detect, parse_gpu_override
 from phalanx.auth import localsock, service
 from phalanx.client import Client
@@ -41,14 +42,6 @@ def load_node_file(path: Path | None) -> dict[str, Any]:
         raise StartupError(f"health config {path} does not exist") from None
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise StartupError(f"health config {path} is not valid TOML: {e}") from None
-
-
-def health_table(data: dict[str, Any]) -> dict[str, Any]:
-    """The [health] table of the node file, or the whole file less the hooks' tables (a
-    file of health keys alone); none = the default checks."""
-    if "health" in data:
-        return dict(data["health"])
-    return {k: v for k, v in data.items() if k not in HOOK_TABLES}
 
 
 def run_agent(
@@ -139,6 +132,7 @@ def run_agent(
         usage_sample_s=config.accounting.gather_interval,
         srun_dir=native.thin_srun_dir(state_dir) if config.steps.compiled_srun else None,
         hooks=hooks,
+        node_file=node_file,
     )
     watchdog = Watchdog(
         notifier,

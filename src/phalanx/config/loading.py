@@ -24,6 +24,7 @@ from phalanx.config.daemons import (
     StepsConfig,
     WatchdogConfig,
 )
+from phalanx.config.nodes import NodesConfig
 from phalanx.config.policy import FairShareConfig, PreemptionConfig, PriorityConfig
 from phalanx.config.timing import Timing
 from phalanx.domain.policy import FailurePolicy
@@ -50,6 +51,8 @@ class Config(BaseModel):
     preemption: PreemptionConfig = Field(default_factory=lambda: PreemptionConfig())
     topology: TopologyConfig = Field(default_factory=lambda: TopologyConfig())
     steps: StepsConfig = Field(default_factory=lambda: StepsConfig())
+    # what every agent runs (config/nodes.py): part of the versioned document
+    nodes: NodesConfig = Field(default_factory=lambda: NodesConfig())
 
     @model_validator(mode="after")
     def _watchdog_rules(self) -> Config:

@@ -34,6 +34,7 @@ from phalanx.errors import ConfigError
 __all__ = [
     "CLUSTER_SECTIONS",
     "LOCAL_TIMING",
+    "OPTIONAL_SECTIONS",
     "changed_keys",
     "cluster_document",
     "cross_check",
@@ -45,7 +46,10 @@ __all__ = [
 ]
 
 # the sections of the versioned document, in the order they are shown
-CLUSTER_SECTIONS = ("cluster", "retry", "topology", "priority", "preemption", "timing")
+CLUSTER_SECTIONS = ("cluster", "retry", "topology", "priority", "preemption", "timing", "nodes")
+# sections a document holds only when they set something (`[nodes]`, config/nodes.py): a
+# version made before they existed means the same as one that leaves them empty
+OPTIONAL_SECTIONS = frozenset({"nodes"})
 # timings that stay in each process's file: how long this process waits for its database
 LOCAL_TIMING = frozenset({"db_op_timeout"})
 
@@ -53,6 +57,10 @@ LOCAL_TIMING = frozenset({"db_op_timeout"})
 def cluster_document(config: Config) -> dict[str, Any]:
     """The cluster-wide part of a loaded configuration, every value given."""
     doc = {sec: getattr(config, sec).model_dump(mode="json") for sec in CLUSTER_SECTIONS}
+    if config.nodes.is_empty():
+        del doc["nodes"]
+    else:
+        doc["nodes"] = config.nodes.model_dump(mode="json", exclude_none=True)
     for key in LOCAL_TIMING:
         doc["timing"].pop(key, None)
     return doc
@@ -97,6 +105,8 @@ def with_document(local: Config, doc: Mapping[str, Any], label: str = "the docum
     for sec in CLUSTER_SECTIONS:
         if sec in doc:
             data[sec] = dict(doc[sec])
+        elif sec in OPTIONAL_SECTIONS:
+            data[sec] = {}  # not in the document: empty, whatever this process's file says
     data["timing"] = {
         **data["timing"],
         **{k: getattr(local.timing, k) for k in LOCAL_TIMING},

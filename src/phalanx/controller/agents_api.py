@@ -10,7 +10,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from phalanx.controller import access
+from phalanx.controller import access, nodeconfig
 from phalanx.controller.api_context import ApiContext, error_reply, fast_json
 from phalanx.controller.api_models import HEARTBEAT_PATH, HeartbeatIn, RegisterIn
 from phalanx.controller.fastpath import FastRoute
@@ -51,6 +51,10 @@ async def answer_heartbeat(ctl: Controller, node: str, body: HeartbeatIn) -> Res
             break
         read_at = time.monotonic()
         reply, steps = await run_in_threadpool(ctl.exchange, *args)
+    # the node's settings (health checks, hooks, features) when its agent runs another version
+    conf = nodeconfig.for_heartbeat(
+        ctl.config, ctl.versions.version, node, body.node_config_version
+    )
     return fast_json(
         {
             "start": await run_in_threadpool(ctl.launch_specs, reply, node),
@@ -68,6 +72,7 @@ async def answer_heartbeat(ctl: Controller, node: str, body: HeartbeatIn) -> Res
             "terms": ctl.leases.terms(),
             # the heartbeat rule's timings, as they grow with the cluster (rescale_timing)
             "timing": ctl.agent_timing,
+            **({"node_config": conf} if conf is not None else {}),
         }
     )
 
@@ -85,6 +90,8 @@ def router(api: ApiContext) -> APIRouter:
             "timing": ctl.timing.model_dump(),
             "isolation": ctl.config.isolation.model_dump(),
             "controller": ctl.cid,
+            # the node's settings from the version in force (controller/nodeconfig.py)
+            "node_config": nodeconfig.node_config(ctl.config, ctl.versions.version, node),
         }
 
     @r.post(HEARTBEAT_PATH)

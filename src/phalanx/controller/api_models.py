@@ -225,3 +225,8 @@ class HeartbeatIn(BaseModel):
     steps_at: str | None = Field(
         default=None, max_length=300, description="host:port the agent takes step launches at"
     )
+    node_config_version: int | None = Field(
+        default=None,
+        ge=0,
+        description="the cluster configuration version whose node settings the agent runs",
+    )

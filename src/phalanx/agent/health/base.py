@@ -130,6 +130,25 @@ class HealthMonitor:
             self.checks.append(check)
             self._states[check.name] = _State()
 
+    def replace_checks(
+        self, checks: list[Check], *, passes_to_recover: int = 3, hung_after: float = 120.0
+    ) -> None:
+        """Run `checks` from now on (a new node configuration version, agent/nodeconf.py).
+        A check kept by name keeps its verdict (a failing one still needs its passes to
+        recover); a removed one leaves the summary; a new one runs at the monitor's next
+        look, within its period."""
+        if passes_to_recover < 1:
+            raise ValueError(f"passes_to_recover must be at least 1, not {passes_to_recover}")
+        names = [c.name for c in checks]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"health checks must have unique names; repeated: {', '.join(dupes)}")
+        with self._run_lock, self._lock:
+            self.checks = list(checks)
+            self._states = {n: self._states.get(n) or _State() for n in names}
+            self.passes_to_recover = passes_to_recover
+            self.hung_after = hung_after
+
     # ------------------------------------------------------------------ running
     def preflight(self) -> CheckResult:
         """Run every check once (before the node registers) and return the worst raw result.
