@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+import phalanx.agent.nodecheck  # noqa: F401  (the [nodes] rules: config/nodes.py RULES)
 from phalanx.config import Config
 from phalanx.config.versioned import cluster_document, to_toml
 from phalanx.controller import confversions

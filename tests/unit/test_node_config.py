@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+import phalanx.agent.nodecheck  # noqa: F401  (the [nodes] rules: config/nodes.py RULES)
 from phalanx.agent import nodeconf
 from phalanx.agent.agent import Agent
 from phalanx.agent.health import HealthMonitor
@@ -194,3 +195,14 @@ def test_an_agent_takes_a_newer_version_and_ignores_an_older_one(
     assert a.node_config_version == 4 and a.hooks is not None and a.hooks.prolog is None
     assert a.resources.features == ["local"]
     assert [c.name for c in a.health.checks] == ["gpu", "memory", "kernel_log"]  # type: ignore[union-attr]
+
+
+def test_a_process_without_the_agents_rules_refuses_node_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from phalanx.config import nodes
+
+    monkeypatch.setattr(nodes, "RULES", {})
+    with pytest.raises(ConfigError) as e:
+        document_from_toml('[nodes]\nprolog = "/p"')
+    assert "nodes.prolog: cannot check node settings in this process" in e.value.message

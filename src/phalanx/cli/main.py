@@ -16,6 +16,8 @@ from typing import Any
 
 import typer
 
+# for its effect: the rules of a version's [nodes] (config/nodes.py), in every controller
+import phalanx.agent.nodecheck  # noqa: F401
 from phalanx.cli import auth, explain, fairshare, maintenance, output, render, sim
 from phalanx.cli import config as config_cli
 from phalanx.cli.output import JsonOpt, UrlOpt, console

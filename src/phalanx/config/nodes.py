@@ -32,12 +32,12 @@ This module is pure: the section's model and `resolve`, a node's settings from i
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Any, cast
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["NODE_KEYS", "NodeMatch", "NodesConfig", "resolve"]
+__all__ = ["NODE_KEYS", "RULES", "NodeMatch", "NodesConfig", "resolve"]
 
 # the settings a node's configuration may hold, in the order they are shown
 NODE_KEYS = ("health", "prolog", "epilog", "task_prolog", "features")
@@ -45,20 +45,30 @@ HOOK_KEYS = ("prolog", "epilog", "task_prolog")
 _FEATURE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,256}$")
 
 
-class _NoNvml:
-    """Stands for NVML while a health table is checked: building checks must not touch
-    the controller's own GPUs."""
+# The rules are the agent's own (agent/hooks.py `parse_hook`, agent/health/config.py
+# `build_checks`), but the configuration sits below the agent in the package's layers
+# (tests/unit/test_import_graph.py), so the agent package installs them here
+# (agent/nodecheck.py, imported by the `phalanx` command and whatever checks a version). A
+# process without them refuses any `[nodes]` value rather than let it through unchecked.
+RULES: dict[str, Callable[..., Any]] = {}
+
+
+def _rule(name: str) -> Callable[..., Any]:
+    rule = RULES.get(name)
+    if rule is None:
+        raise ValueError(
+            "cannot check node settings in this process: the agent's rules are not loaded "
+            "(import phalanx.agent.nodecheck)"
+        )
+    return rule
 
 
 def _check_health(value: Any) -> dict[str, Any] | None:
     if value is None:
         return None
-    from phalanx.agent.health.config import build_checks  # the agent's own rules
-    from phalanx.agent.health.gpu import NvmlLike
-
     if not isinstance(value, Mapping):
         raise ValueError(f"expected a table of health checks, got {value!r}")
-    build_checks(value, nvml=cast(NvmlLike, _NoNvml()))
+    _rule("health")(value)
     return dict(value)
 
 
@@ -68,10 +78,8 @@ def _check_hook(name: str, value: Any) -> dict[str, Any] | bool | None:
         return None
     if value is False:
         return False
-    from phalanx.agent.hooks import parse_hook  # the agent's own rules
-
-    hook = parse_hook(name, value, check_file=False)
-    return hook.spec() if hook is not None else False
+    spec: dict[str, Any] | None = _rule("hook")(name, value)
+    return spec if spec is not None else False
 
 
 class NodeSettings(BaseModel):
