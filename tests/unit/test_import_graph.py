@@ -33,6 +33,7 @@ LAYERS: dict[str, int] = {
             "daemon",
             "failover",
             "faulthooks",
+            "gctune",
             "native",
         ),
         0,

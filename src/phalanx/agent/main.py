@@ -26,6 +26,7 @@ from phalanx.daemon import StartupError, check_state_dir, open_device, setup_log
 from phalanx.domain.topology import parse_place
 from phalanx.domain.values import parse_memory_mb
 from phalanx.errors import PhalanxError
+from phalanx.gctune import tune_collector
 from phalanx.sdnotify import Notifier
 from phalanx.watchdog import DeviceWatchdog, Watchdog
 
@@ -181,6 +182,7 @@ def run_agent(
     )
     if notifier.enabled:
         notifier.status(f"node {name}: registering with {', '.join(client.urls)}")
+    tune_collector()  # start-up is over: out of the collector's sight (gctune.py)
     # from the start: the hardware device is armed, and the controllers may be away for long
     watchdog.start()
     try:

@@ -24,6 +24,7 @@ from phalanx.controller.httpserver import guarded_protocol
 from phalanx.controller.runtime import Controller
 from phalanx.daemon import StartupError, check_state_dir, open_device, setup_logging
 from phalanx.errors import PhalanxError
+from phalanx.gctune import tune_collector
 from phalanx.sdnotify import Notifier
 from phalanx.store.dburl import describe_url
 from phalanx.store.store import Store
@@ -216,6 +217,7 @@ def run_controller(
         print(f"phalanx controller: cannot start: {e.message}", file=sys.stderr)
         return 2
     log.info("controller %s serving %s (store %s)", cid, public, describe_url(url))
+    tune_collector()  # start-up is over: out of the collector's sight (gctune.py)
     try:
         server.run(sockets=[sock])
     finally:
