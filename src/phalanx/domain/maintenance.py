@@ -19,11 +19,11 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from phalanx.domain import values
 from phalanx.domain.hostlist import compress_hostlist
@@ -471,6 +471,7 @@ def job_checkpoint_grace(spec: Mapping[str, Any] | None) -> float:
 # --------------------------------------------------------------------------------------------
 
 _REASON_CHECKS = 200  # per pass: explaining a wait costs one single-job placement each
+T = TypeVar("T")
 
 
 class KeepOff:
@@ -509,21 +510,47 @@ class KeepOff:
         exclusive: Mapping[int, bool] | None = None,
     ) -> dict[int, str]:
         """Reasons to use instead of Resources/Priority for jobs maintenance holds back."""
-        if not self.blocked:
-            return {}
-        after = allocations_after(placed, allocations, exclusive)
-        out: dict[int, str] = {}
-        checks = 0
-        for jid, (req, blocked) in self.blocked.items():
-            if current.get(jid) not in ("Resources", "Priority"):
-                continue  # placed, or waiting for something else
-            if checks >= _REASON_CHECKS:
-                break
-            checks += 1
-            if place([req], nodes, after, self.now, backfill=False):
-                usable = {n: w for n, w in blocked.items() if n not in req.exclude}
-                out[jid] = pending_reason(usable or blocked, self.now, req.time_limit_s)
-        return out
+        return held_back_reasons(
+            self.blocked,
+            current,
+            placed,
+            nodes,
+            allocations,
+            exclusive,
+            self.now,
+            lambda req, usable: pending_reason(usable, self.now, req.time_limit_s),
+        )
+
+
+def held_back_reasons(
+    blocked: Mapping[int, tuple[JobRequest, Mapping[str, T]]],
+    current: Mapping[int, str],
+    placed: Sequence[Placement],
+    nodes: Sequence[NodeView],
+    allocations: Sequence[Allocation],
+    exclusive: Mapping[int, bool] | None,
+    now: float,
+    describe: Callable[[JobRequest, Mapping[str, T]], str],
+) -> dict[int, str]:
+    """The reasons of jobs kept off some nodes (a maintenance window's, a reservation's, each
+    node mapped to what holds it in `blocked`) that would have started on them this pass:
+    `describe` names what holds them back, instead of Resources/Priority. A job placed, or
+    waiting for something else, keeps its reason; at most _REASON_CHECKS trial placements."""
+    if not blocked:
+        return {}
+    after = allocations_after(placed, allocations, exclusive)
+    out: dict[int, str] = {}
+    checks = 0
+    for jid, (req, held) in blocked.items():
+        if current.get(jid) not in ("Resources", "Priority"):
+            continue  # placed, or waiting for something else
+        if checks >= _REASON_CHECKS:
+            break
+        checks += 1
+        if place([req], nodes, after, now, backfill=False):
+            usable = {n: w for n, w in held.items() if n not in req.exclude}
+            out[jid] = describe(req, usable or held)
+    return out
 
 
 def allocations_after(

@@ -24,8 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from phalanx.domain.hostlist import compress_hostlist
-from phalanx.domain.maintenance import allocations_after, format_when
-from phalanx.domain.placement import place
+from phalanx.domain.maintenance import format_when, held_back_reasons
 from phalanx.domain.placement_types import Allocation, JobRequest, NodeView, Placement
 
 __all__ = [
@@ -305,8 +304,6 @@ def submit_refusal(
 # The scheduling pass
 # --------------------------------------------------------------------------------------------
 
-_REASON_CHECKS = 200  # per pass, as domain/maintenance.KeepOff
-
 
 class Gate:
     """Reservations as one scheduling pass sees them (``scheduling.plan`` builds one).
@@ -373,21 +370,16 @@ class Gate:
         exclusive: Mapping[int, bool] | None = None,
     ) -> dict[int, str]:
         """Reasons to use instead of Resources/Priority for jobs a reservation holds back."""
-        if not self.blocked:
-            return {}
-        after = allocations_after(placed, allocations, exclusive)
-        out: dict[int, str] = {}
-        checks = 0
-        for jid, (req, blocked) in self.blocked.items():
-            if current.get(jid) not in ("Resources", "Priority"):
-                continue
-            if checks >= _REASON_CHECKS:
-                break
-            checks += 1
-            if place([req], nodes, after, self.now, backfill=False):
-                usable = {n: r for n, r in blocked.items() if n not in req.exclude}
-                out[jid] = self.reason(usable or blocked)
-        return out
+        return held_back_reasons(
+            self.blocked,
+            current,
+            placed,
+            nodes,
+            allocations,
+            exclusive,
+            self.now,
+            lambda _req, usable: self.reason(usable),
+        )
 
     def reason(self, blocked: Mapping[str, Reservation]) -> str:
         first = min(blocked.values(), key=lambda r: (not r.maint, r.start, r.name))
