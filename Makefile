@@ -51,13 +51,15 @@ test: install lint
 # The long runs kept out of `make test`: the 1,000-node simulation, the chaos runs (a few
 # rounds each; `make soak-chaos` is the hour-long one), Patroni's failover, PostgreSQL under a
 # row lock and CPU hogs (tests/system/test_pg_load.py), the PyTorch DDP job's maintenance and
-# preemption stops (tests/system/test_ddp.py). CI runs both.
+# preemption stops (tests/system/test_ddp.py), and the API fuzzing at four times make test's
+# depth. CI runs both.
 soak: install
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-etcd.sh
 	bash scripts/ensure-netns-tools.sh
 	bash scripts/ensure-tools.sh
 	$(BIN)/pytest -q --durations=10 -m soak
+	PHX_API_FUZZ_EXAMPLES=100 $(BIN)/pytest -q tests/api/test_schemathesis.py
 
 # The chaos soak (docs/security.md "Faults"): random faults (controller, agent and authd kills,
 # pauses, partitions in network namespaces, PostgreSQL failovers) on SQLite, then on

@@ -36,7 +36,9 @@ PARTITIONS = [
     {"name": "batch", "default": True, "max_time": "2:00:00", "default_time": "1:00:00"},
     {"name": "long", "max_time": "UNLIMITED"},
 ]
-EXAMPLES = 50
+# generated cases per operation and role: 25 in `make test` (the API has ~80 operations, 50
+# took 3.5 minutes of one worker), more in `make soak` (PHX_API_FUZZ_EXAMPLES, the Makefile)
+EXAMPLES = int(os.environ.get("PHX_API_FUZZ_EXAMPLES", "25"))
 AGENT_PATH = re.compile(r"^/v1/agents/(?P<node>[^/]+)/")
 
 
