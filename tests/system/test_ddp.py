@@ -98,6 +98,7 @@ while step < total:
 if rank == 0:
     torch.save(model.state_dict(), os.path.join(out, "final.pt"))
     note(f"done {run} {step}")
+dist.barrier()  # leave together: rank 0 hosts the rendezvous store the others still use
 dist.destroy_process_group()
 """
 
