@@ -190,6 +190,9 @@ nodes = Table(
     Column("topology", JSON, nullable=True),
     # host:port of the agent's step listener, told at registration (migration 0016)
     Column("steps_at", String(300), nullable=True),
+    # the cluster configuration version whose node settings its agent runs, as it last said
+    # in a heartbeat (migration 0021)
+    Column("config_version", Integer, nullable=True),
 )
 
 partitions = Table(
@@ -312,6 +315,9 @@ reservations = Table(
     Column("created_at", Float, nullable=False),
     Column("updated_by", String(128), nullable=True),
     Column("updated_at", Float, nullable=True),
+    # scheduled, active, ended, closed: how far the cluster duty took it (migration 0021;
+    # domain/reservations.py, Phase)
+    Column("phase", String(16), nullable=False, default="scheduled", server_default="scheduled"),
     sqlite_autoincrement=True,
 )
 
