@@ -95,6 +95,33 @@ def test_env_override_not_a_number(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "PHALANX_TIMING_KILL_WAIT" in err.value.message
 
 
+def test_reservation_overrun_takes_seconds_or_unlimited(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slurm's ResvOverRun: 0 by default (a job is stopped at its reservation's end), seconds
+    here, or UNLIMITED in any case (also from the environment); anything else is refused
+    naming the key and what it takes."""
+    assert Timing().reservation_overrun == 0.0 and Timing().overrun_s() == 0.0
+    cfg = load_config(write(tmp_path, '[timing]\nreservation_overrun = "unlimited"\n'))
+    assert cfg.timing.reservation_overrun == "UNLIMITED" and cfg.timing.overrun_s() is None
+    assert (
+        load_config(write(tmp_path, "[timing]\nreservation_overrun = 600\n")).timing.overrun_s()
+        == 600.0
+    )
+    monkeypatch.setenv("PHALANX_TIMING_RESERVATION_OVERRUN", "INFINITE")
+    assert load_config().timing.overrun_s() is None
+    monkeypatch.setenv("PHALANX_TIMING_RESERVATION_OVERRUN", "90")
+    assert load_config().timing.overrun_s() == 90.0
+    for bad, said in (("-1", "seconds from 0 to"), ("soon", "give seconds (0 stops a job")):
+        monkeypatch.setenv("PHALANX_TIMING_RESERVATION_OVERRUN", bad)
+        with pytest.raises(ConfigError, match="reservation_overrun") as err:
+            load_config()
+        assert said in err.value.message, err.value.message
+    monkeypatch.delenv("PHALANX_TIMING_RESERVATION_OVERRUN")
+    with pytest.raises(ConfigError, match='or "UNLIMITED"'):
+        load_config(write(tmp_path, "[timing]\nreservation_overrun = true\n"))
+
+
 def test_config_path_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     p = write(tmp_path, '[cluster]\nname = "lab"\n')
     monkeypatch.setenv("PHALANX_CONFIG", str(p))

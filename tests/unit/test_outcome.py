@@ -136,3 +136,12 @@ def test_advance_names_the_launch_failures_of_an_ended_attempt() -> None:
         batch=False,
     )
     assert step.end is not None and step.end.launch_failed == (("n2", "cannot fork"),)
+
+
+def test_a_stop_at_the_end_of_its_reservation_ends_the_attempt_timeout() -> None:
+    """Slurm's TIMEOUT (reason TimeLimit) for a job stopped as its reservation ended, whatever
+    the tasks did with the signal: exit 0 after a checkpoint, or killed by SIGTERM."""
+    why = "timeout: Reservation r1, which this job was running under, has ended (at 14:00)"
+    text = why.removeprefix("timeout: ")
+    for tasks in ([task(code=0)], [task(code=None, signal=15, cancelled=True)]):
+        assert attempt_outcome(att(why), tasks)[:2] == (JobState.TIMEOUT, text)

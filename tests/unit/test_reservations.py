@@ -290,3 +290,104 @@ def test_show_reservation_lines_are_slurms() -> None:
         f"b          INACTIVE  {timestamp(NOW + 90000)}  {timestamp(NOW + 91800)}     00:30:00"
         "  n[1-2]",
     ]
+
+
+# ---------------------------------------------------------------------- the cluster duty
+def test_due_phases_start_end_skip_and_close() -> None:
+    P = r.Phase
+    soon, on, over, gone = (
+        resv("soon", start=NOW + 60),
+        resv("on", start=NOW - 60),
+        resv("over", start=NOW - 7200, end=NOW - 1),
+        resv("gone", start=NOW - 7200, end=NOW - 10),
+    )
+    rows = [
+        (soon, P.SCHEDULED),
+        (on, P.SCHEDULED),
+        (over, P.ACTIVE),
+        (gone, P.SCHEDULED),
+        (resv("ran", start=NOW - 7200, end=NOW - 5), P.ENDED),
+        (resv("busy", start=NOW - 7200, end=NOW - 5), P.ENDED),
+    ]
+    moves = {
+        c.reservation.name: (c.old, c.new, c.skipped) for c in r.due_phases(rows, NOW, ["busy"])
+    }
+    assert moves == {
+        "on": (P.SCHEDULED, P.ACTIVE, False),
+        "over": (P.ACTIVE, P.ENDED, False),
+        "gone": (P.SCHEDULED, P.ENDED, True),  # ended before anyone recorded its start
+        "ran": (P.ENDED, P.CLOSED, False),  # no job of it runs any more
+    }
+    # exactly at the start and at the end: due (a reservation is active from start to end)
+    assert [c.new for c in r.due_phases([(soon, P.SCHEDULED)], soon.start)] == [P.ACTIVE]
+    assert [c.new for c in r.due_phases([(on, P.ACTIVE)], on.end)] == [P.ENDED]
+    assert r.due_phases([(on, P.ACTIVE)], on.end - 0.001) == []
+
+
+def test_due_end_stops_at_the_end_plus_the_overrun_minus_the_grace() -> None:
+    x = resv("r1", start=NOW - 3600, end=NOW + 100)
+    jobs = [
+        r.InReservation(1, 11, "r1", ("n1",), grace=30.0),
+        r.InReservation(2, 12, "r1", ("n2",), grace=150.0),  # asked for more warning
+        r.InReservation(3, 13, "other", ("n3",), grace=30.0),  # unknown reservation: left
+    ]
+    by = {"r1": x}
+    assert [s.job_id for s in r.due_end_stops(by, jobs, NOW, 0.0)] == [12]
+    assert r.due_end_stops(by, jobs, NOW, 0.0)[0].at == x.end
+    # the caller's tick: a signal due before its next tick goes out now
+    assert [s.job_id for s in r.due_end_stops(by, jobs, NOW + 69.5, 0.0, early=1.0)] == [11, 12]
+    assert [s.job_id for s in r.due_end_stops(by, jobs, NOW + 69.5, 0.0)] == [12]
+    # an overrun moves the stop later; past it, everyone still running is stopped at once
+    assert [s.job_id for s in r.due_end_stops(by, jobs, NOW + 100, 600.0)] == []
+    late = r.due_end_stops(by, jobs, NOW + 5000, 600.0)
+    assert [(s.job_id, s.at) for s in late] == [(11, x.end + 600), (12, x.end + 600)]
+    # UNLIMITED (None): never stopped
+    assert r.due_end_stops(by, jobs, NOW + 10**6, None) == []
+
+
+def test_end_stop_reason_is_slurms_and_ends_the_job_timeout() -> None:
+    from phalanx.domain.policy import FailurePolicy, after_attempt, is_timeout_stop
+    from phalanx.domain.states import JobState
+
+    x = resv("rack3.a@b", start=NOW - 3600, end=NOW)
+    why = r.end_stop_reason(x, 0.0, NOW)
+    assert why == (
+        "timeout: Reservation rack3.a@b, which this job was running under, has ended (at 14:00)"
+    )
+    assert "reservation_overrun 600s" in r.end_stop_reason(x, 600.0, NOW)
+    assert r.reservation_of_stop(why) == "rack3.a@b"
+    assert r.reservation_of_stop("requeue: maintenance 3 on n1 at 15:00") is None
+    assert is_timeout_stop(why)
+    v = after_attempt(
+        result=JobState.FAILED,  # SIGTERM at the end of its grace
+        reason="task on n1 was killed by signal 15",
+        stop_reason=why,
+        requeue=True,
+        lost_nodes=[],
+        launch_failed=[],
+        launch_failures=0,
+        policy=FailurePolicy(),
+    )
+    assert (v.state, v.reason, v.retry) == (
+        JobState.TIMEOUT,
+        "Reservation rack3.a@b, which this job was running under, has ended (at 14:00)",
+        False,
+    )
+
+
+def test_end_event_text_says_what_happens_to_the_jobs_still_in_it() -> None:
+    x = resv("r1", start=NOW - 3600, end=NOW)
+    assert r.end_event_text(x, NOW, [], 0.0, skipped=False) == (
+        "reservation r1 on n[1-2] ended at 14:00"
+    )
+    text = r.end_event_text(x, NOW, [7, 8], 0.0, skipped=False)
+    assert text.endswith(
+        "jobs 7, 8 still in it are stopped at its end (reservation_overrun 0s) and end TIMEOUT"
+    ), text
+    assert "job 7 still in it is stopped at 14:10 (reservation_overrun 600s)" in (
+        r.end_event_text(x, NOW, [7], 600.0, skipped=False)
+    )
+    assert "run on to their time limit (reservation_overrun UNLIMITED)" in (
+        r.end_event_text(x, NOW, [7, 8], None, skipped=False)
+    )
+    assert "(no controller recorded its start)" in r.end_event_text(x, NOW, [], 0, skipped=True)

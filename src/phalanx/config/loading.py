@@ -32,6 +32,9 @@ from phalanx.errors import ConfigError
 
 __all__ = ["Config", "explain_validation", "load_config"]
 
+# timings that also take a word (reservation_overrun = "UNLIMITED")
+WORD_TIMINGS = frozenset({"reservation_overrun"})
+
 
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -116,6 +119,9 @@ def load_config(
             try:
                 timing[key] = float(env)
             except ValueError:
+                if key in WORD_TIMINGS:  # e.g. UNLIMITED: the model says what it takes
+                    timing[key] = env
+                    continue
                 raise ConfigError(f"PHALANX_TIMING_{key.upper()}={env!r} is not a number") from None
     if timing:
         data["timing"] = timing

@@ -9,9 +9,14 @@ apart because these rules are the fault-tolerance argument of the whole system
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Any, Literal
 
-__all__ = ["Timing"]
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = ["UNLIMITED", "Timing"]
+
+UNLIMITED = "UNLIMITED"  # reservation_overrun: jobs in a reservation run on past its end
+MAX_OVERRUN_S = 366 * 86400.0
 
 
 class Timing(BaseModel):
@@ -102,6 +107,12 @@ class Timing(BaseModel):
         description="maintenance windows: jobs on the window's nodes get their checkpoint "
         "signal this long before it starts (longer if the job asks for a longer grace)",
     )
+    reservation_overrun: float | Literal["UNLIMITED"] = Field(
+        0.0,
+        description="Slurm's ResvOverRun, in seconds: a job running in a reservation is "
+        "stopped this long after the reservation ends (checkpoint signal first, then TIMEOUT); "
+        "0 stops it at the end, UNLIMITED lets it run on to its own time limit",
+    )
     launch_backoff_base: float = Field(
         2.0, gt=0, le=3600, description="wait before retrying a failed launch; doubles each time"
     )
@@ -148,6 +159,36 @@ class Timing(BaseModel):
         le=86400,
         description="--checkpoint-interval=auto never asks for checkpoints more often than this",
     )
+
+    @field_validator("reservation_overrun", mode="before")
+    @classmethod
+    def _overrun_form(cls, v: Any) -> Any:
+        """Seconds (a number, or text that reads as one: environment overrides) or
+        UNLIMITED/INFINITE in any case; anything else is refused saying what to write."""
+        if isinstance(v, str):
+            word = v.strip()
+            if word.upper() in (UNLIMITED, "INFINITE"):
+                return UNLIMITED
+            try:
+                v = float(word)
+            except ValueError:
+                raise ValueError(
+                    f"reservation_overrun = {v!r}: give seconds (0 stops a job at its "
+                    'reservation\'s end, 600 ten minutes after) or "UNLIMITED"'
+                ) from None
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ValueError(f'reservation_overrun = {v!r}: give seconds or "UNLIMITED"')
+        if not 0 <= float(v) <= MAX_OVERRUN_S:
+            raise ValueError(
+                f"reservation_overrun = {v!r}: seconds from 0 to {MAX_OVERRUN_S:.0f} "
+                '(366 days), or "UNLIMITED" for no stop at all'
+            )
+        return float(v)
+
+    def overrun_s(self) -> float | None:
+        """reservation_overrun in seconds; None for UNLIMITED."""
+        v = self.reservation_overrun
+        return None if v == UNLIMITED else float(v)
 
     def cluster_interval(self, nodes: int) -> float:
         """The heartbeat interval for a cluster of `nodes` nodes: the configured one, or longer

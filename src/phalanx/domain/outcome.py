@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx.domain.policy import TaskEnd, describe_hang
+from phalanx.domain.policy import TIMEOUT_STOP, TaskEnd, describe_hang, is_timeout_stop
 from phalanx.domain.states import AttemptState, JobState, TaskState
 
 
@@ -118,6 +118,8 @@ def attempt_outcome(
     sig = next((t["exit_signal"] for t in tasks if t["exit_signal"]), None)
     if stop.startswith("cancel"):
         return JobState.CANCELLED, stop.removeprefix("cancel: "), code, sig
+    if is_timeout_stop(stop):  # a planned stop that ends it TIMEOUT (its reservation ended)
+        return JobState.TIMEOUT, stop.removeprefix(TIMEOUT_STOP), code, sig
     refused = next((d for d in details if d.get("job_error")), None)
     if refused is not None:  # e.g. "user alice is unknown on node01"
         return JobState.FAILED, str(refused.get("error") or "the job could not start"), code, sig

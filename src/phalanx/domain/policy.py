@@ -339,7 +339,7 @@ def classify(
     """The failure an ended attempt represents, or None (it succeeded, was cancelled, or a
     planned stop ended it)."""
     stop = stop_reason or ""
-    if stop.startswith("cancel"):
+    if stop.startswith(("cancel", TIMEOUT_STOP)):
         return None
     node = health_node(stop)
     if node is not None:
@@ -395,6 +395,15 @@ def _first_failed(tasks: Sequence[TaskEnd]) -> TaskEnd | None:
 USER_REQUEUE = "requeue: requested by "
 USER_REQUEUE_HOLD = "requeue and hold: requested by "
 
+# Stop reasons of a planned stop that ends the job TIMEOUT, not requeued and not a failure
+# (Slurm's state for a job stopped when its reservation ends, ResvOverRun): the job gets its
+# checkpoint signal first, like every planned stop, and ends with the rest of the reason.
+TIMEOUT_STOP = "timeout: "
+
+
+def is_timeout_stop(stop_reason: str | None) -> bool:
+    return (stop_reason or "").startswith(TIMEOUT_STOP)
+
 
 def user_requeue_reason(actor: str, *, hold: bool) -> str:
     """The stop reason recorded when `actor` requeues a running job."""
@@ -437,6 +446,8 @@ def after_attempt(
         return Verdict(Action.END, JobState.CANCELLED, stop.removeprefix("cancel: "))
     if stop.startswith("cancel"):
         return Verdict(Action.END, JobState.CANCELLED, reason)
+    if stop.startswith(TIMEOUT_STOP):  # e.g. its reservation ended: Slurm's TIMEOUT
+        return Verdict(Action.END, JobState.TIMEOUT, stop.removeprefix(TIMEOUT_STOP))
     refused = next((t for t in tasks if t.detail.get("job_error")), None)
     if refused is not None:
         error = str(refused.detail.get("error") or f"the job could not start on {refused.node}")

@@ -12,8 +12,16 @@ still to come), as Slurm does. A reservation that has ended is gone.
 neither drains the nodes nor stops the jobs on them: `phalanx maint add` (domain/maintenance.py)
 is the maintenance window that checkpoints, requeues and drains.
 
+A job running in a reservation when it ends is stopped ``reservation_overrun`` seconds after
+the end (Slurm's ResvOverRun, 0 by default; UNLIMITED lets it run on to its own time limit):
+it gets its checkpoint signal its grace before that (`due_end_stops`) and ends TIMEOUT, as in
+Slurm (``Reservation r1, which this job was running under, has ended``). Slurm lets such a job
+start whatever its time limit, and so does `Gate`.
+
 The store keeps the rows, the controller's scheduling pass asks `Gate` which nodes each job may
-use, and the submit path asks `submit_refusal`. Nothing here reads a clock or does I/O.
+use, and the submit path asks `submit_refusal`; the `cluster` duty asks `due_phases` which
+reservations start or end (one `resv.start` and one `resv.end` event each) and
+`due_end_stops` which jobs to stop. Nothing here reads a clock or does I/O.
 """
 
 from __future__ import annotations
@@ -21,25 +29,35 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from typing import Any
 
 from phalanx.domain.hostlist import compress_hostlist
 from phalanx.domain.maintenance import format_when, held_back_reasons
 from phalanx.domain.placement_types import Allocation, JobRequest, NodeView, Placement
+from phalanx.domain.policy import TIMEOUT_STOP
 
 __all__ = [
     "FLAGS",
     "REFUSED_FLAGS",
+    "EndStop",
     "Gate",
+    "InReservation",
+    "Phase",
+    "PhaseChange",
     "Reservation",
     "busy_nodes",
     "check_name",
     "check_times",
+    "due_end_stops",
+    "due_phases",
+    "end_stop_reason",
     "format_flags",
     "overlapping",
     "parse_flags",
     "parse_names",
     "pick_nodes",
+    "reservation_of_stop",
     "submit_refusal",
 ]
 
@@ -391,3 +409,141 @@ class Gate:
         )
         head = MAINT_REASON if first.maint else OTHER_REASON
         return f"{head} (reservation {first.name} holds {nodes} {when})"
+
+
+# --------------------------------------------------------------------------------------------
+# The cluster duty: reservations that start or end, jobs to stop at the end
+# --------------------------------------------------------------------------------------------
+
+
+class Phase(StrEnum):
+    """How far the cluster duty has taken a reservation (`reservations.phase`)."""
+
+    SCHEDULED = "scheduled"  # its start not yet recorded
+    ACTIVE = "active"  # `resv.start` written
+    ENDED = "ended"  # `resv.end` written; jobs of it may still run (overrun)
+    CLOSED = "closed"  # ended, and no job of it left running: nothing more to do
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseChange:
+    reservation: Reservation
+    old: Phase
+    new: Phase
+    skipped: bool = False  # it ended before any controller recorded its start
+
+
+def due_phases(
+    rows: Iterable[tuple[Reservation, Phase]], now: float, running: Iterable[str] = ()
+) -> list[PhaseChange]:
+    """The moves due at ``now``, in time order: a reservation whose start has come becomes
+    active, one whose end has come ended (from scheduled too, `skipped`), and an ended one
+    with no job of it running (`running`: names of reservations with a live attempt)
+    closed."""
+    busy = set(running)
+    out: list[PhaseChange] = []
+    for r, phase in sorted(rows, key=lambda x: (x[0].start, x[0].name)):
+        if phase in (Phase.SCHEDULED, Phase.ACTIVE) and now >= r.end:
+            out.append(PhaseChange(r, phase, Phase.ENDED, skipped=phase is Phase.SCHEDULED))
+        elif phase is Phase.SCHEDULED and now >= r.start:
+            out.append(PhaseChange(r, phase, Phase.ACTIVE))
+        elif phase is Phase.ENDED and r.name not in busy:
+            out.append(PhaseChange(r, phase, Phase.CLOSED))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class InReservation:
+    """A live (starting or running) attempt of a job that asked for a reservation."""
+
+    attempt_id: int
+    job_id: int
+    reservation: str
+    nodes: tuple[str, ...] = ()
+    grace: float = 0.0  # the warning its planned stops give it (its own, else the cluster's)
+
+
+@dataclass(frozen=True, slots=True)
+class EndStop:
+    attempt_id: int
+    job_id: int
+    reservation: Reservation
+    at: float  # when the job is stopped: the reservation's end plus the overrun
+
+
+def stop_time(resv: Reservation, overrun: float | None) -> float | None:
+    """When jobs still running in `resv` are stopped (None: UNLIMITED, never)."""
+    return None if overrun is None else resv.end + overrun
+
+
+def due_end_stops(
+    reservations: Mapping[str, Reservation],
+    running: Iterable[InReservation],
+    now: float,
+    overrun: float | None,
+    *,
+    early: float = 0.0,
+) -> list[EndStop]:
+    """Attempts to stop now because their reservation ends (plus `overrun`) within their
+    grace: they get their checkpoint signal now and SIGTERM at that time (an attempt whose
+    grace is longer than what is left gets what is left). None when `overrun` is None
+    (UNLIMITED). ``early``: the caller's tick interval, so that no job gets up to a tick less
+    warning than its grace. An attempt whose reservation is unknown (never: a reservation a
+    job uses cannot be deleted) is left alone."""
+    if overrun is None:
+        return []
+    out: list[EndStop] = []
+    for r in running:
+        resv = reservations.get(r.reservation)
+        if resv is None:
+            continue
+        at = resv.end + overrun
+        if now + early >= at - r.grace:
+            out.append(EndStop(r.attempt_id, r.job_id, resv, at))
+    return out
+
+
+def format_overrun(overrun: float | None) -> str:
+    return "UNLIMITED" if overrun is None else f"{overrun:g}s"
+
+
+_END_STOP = TIMEOUT_STOP + "Reservation "
+_END_STOP_RE = re.compile(re.escape(_END_STOP) + r"(\S+?), which this job was running under")
+
+
+def end_stop_reason(resv: Reservation, overrun: float, now: float) -> str:
+    """The attempt's stop reason, which ends the job TIMEOUT with the rest of it (Slurm's
+    words: ``Reservation r1, which this job was running under, has ended``)."""
+    at = f"at {format_when(resv.end, now)}"
+    if overrun:
+        at += f"; reservation_overrun {format_overrun(overrun)}"
+    return f"{_END_STOP}{resv.name}, which this job was running under, has ended ({at})"
+
+
+def reservation_of_stop(reason: str | None) -> str | None:
+    """The reservation an `end_stop_reason` names, else None."""
+    m = _END_STOP_RE.match(reason or "")
+    return m[1] if m else None
+
+
+def end_event_text(resv: Reservation, now: float, jobs: Sequence[int], overrun: float | None,
+                   *, skipped: bool) -> str:  # fmt: skip
+    """The `resv.end` event's message: when, and what happens to the jobs still in it."""
+    head = f"reservation {resv.name} on {resv.hostlist} ended at {format_when(resv.end, now)}"
+    if skipped:
+        head += " (no controller recorded its start)"
+    if not jobs:
+        return head
+    listed = ", ".join(map(str, jobs[:20])) + (" ..." if len(jobs) > 20 else "")
+    plural = "s" if len(jobs) > 1 else ""
+    at = stop_time(resv, overrun)
+    if at is None:
+        return (
+            f"{head}; job{plural} {listed} still in it run on to their time limit "
+            "(reservation_overrun UNLIMITED)"
+        )
+    when = "at its end" if overrun == 0 else f"at {format_when(at, now)}"
+    return (
+        f"{head}; job{plural} {listed} still in it {'are' if plural else 'is'} stopped {when} "
+        f"(reservation_overrun {format_overrun(overrun)}) and end TIMEOUT"
+    )
