@@ -30,6 +30,7 @@ from phalanx.domain.outcome import (
     task_end,
 )
 from phalanx.domain.policy import (
+    TIMEOUT_STOP,
     Action,
     FailureKind,
     RetryRules,
@@ -323,7 +324,7 @@ class AttemptProgress(JobSteps):
         left (then the usual policy decides).
         """
         stop = att["stop_reason"] or ""
-        if not job["requeue"] or stop.startswith(("cancel", "requeue")):
+        if not job["requeue"] or stop.startswith(("cancel", "requeue", TIMEOUT_STOP)):
             return False
         nodes_max, spares = self._elastic_of(conn, int(job["id"]))
         if nodes_max is None and not spares:

@@ -2,6 +2,11 @@
 event with its actor, in one transaction with the checks that need the live cluster (known
 nodes, overlapping reservations, running jobs, jobs that still use a reservation).
 
+The `cluster` duty's fenced writes (controller/reservations.py): a reservation's move from one
+`phase` to the next (compare-and-set, so its `resv.start` and `resv.end` events are written
+once whatever the number of controllers), and the planned stop of jobs still running in a
+reservation that has ended.
+
 A mixin of `Store` (its methods take `self`). The rules are in domain/reservations.py; the
 scheduler reads the live rows with its snapshot (store/scheduling.py).
 """
@@ -16,11 +21,13 @@ from sqlalchemy import Connection, delete, insert, select, update
 from phalanx.domain import reservations as rules
 from phalanx.domain.hostlist import compress_hostlist, expand_hostlist, hostname_sort_key
 from phalanx.domain.maintenance import format_when
+from phalanx.domain.policy import TIMEOUT_STOP
 from phalanx.domain.scheduling import node_partitions
-from phalanx.domain.states import TERMINAL
+from phalanx.domain.states import TERMINAL, AttemptState, JobState
 from phalanx.errors import Conflict, InvalidSpec, NotFound
 from phalanx.store import schema as s
 from phalanx.store.base import StoreBase
+from phalanx.store.sqlbits import JOB_SUMMARY, Fence
 from phalanx.store.sqlbits import active_tasks as _active_tasks
 from phalanx.store.sqlbits import now as _now
 
@@ -217,7 +224,19 @@ class Reservations(StoreBase):
         if nodes_expr is not None:
             flag_set.add("SPEC_NODES")
         with self.db.begin() as conn:
-            # an ended reservation of the same name is gone, as in Slurm
+            # an ended reservation of the same name is gone, as in Slurm, once no job runs in
+            # it any more (reservation_overrun): the new one would take those jobs over
+            still = self._running_in(conn, name, ended_by=now)
+            if still:
+                listed = ", ".join(map(str, still[:20])) + (" ..." if len(still) > 20 else "")
+                raise Conflict(
+                    f"Duplicate reservation name {name}: reservation {name} has ended but "
+                    f"job{'s' if len(still) > 1 else ''} {listed} still "
+                    f"run{'' if len(still) > 1 else 's'} in it (timing.reservation_overrun); "
+                    "pick another name, or wait until they end",
+                    reservation=name,
+                    jobs=still,
+                )
             conn.execute(
                 delete(s.reservations).where(
                     s.reservations.c.name == name, s.reservations.c.end <= now
@@ -338,6 +357,9 @@ class Reservations(StoreBase):
                 "updated_by": actor,
                 "updated_at": now,
             }
+            if row.get("phase") == rules.Phase.ACTIVE.value and new.start > now:
+                # moved to start later: it starts again then (another resv.start event)
+                values["phase"] = rules.Phase.SCHEDULED.value
             conn.execute(
                 update(s.reservations).where(s.reservations.c.id == row["id"]).values(**values)
             )
@@ -350,6 +372,23 @@ class Reservations(StoreBase):
                 data={"reservation": name, "changes": sorted(changes)},
             )
             return {**row, **values}
+
+    def _running_in(self, conn: Connection, name: str, *, ended_by: float) -> list[int]:
+        """Jobs running (or being stopped) in reservation `name` if it ended by `ended_by`."""
+        ended = conn.execute(
+            select(s.reservations.c.id).where(
+                s.reservations.c.name == name, s.reservations.c.end <= ended_by
+            )
+        ).first()
+        if ended is None:
+            return []
+        live = [JobState.STARTING.value, JobState.RUNNING.value, JobState.COMPLETING.value]
+        return sorted(
+            int(r.id)
+            for r in conn.execute(
+                select(s.jobs.c.id).where(s.jobs.c.state.in_(live), name == RESERVATION_OF_JOB)
+            )
+        )
 
     def _jobs_in(self, conn: Connection, name: str) -> set[int]:
         """Jobs not ended yet that ask for reservation `name`."""
@@ -390,6 +429,150 @@ class Reservations(StoreBase):
                 data={"reservation": name},
             )
             return row
+
+    # ---------------------------------------------------------------- the cluster duty
+    def watched_reservations(self) -> list[dict[str, Any]]:
+        """Reservations the cluster duty still has something to do for (not `closed`),
+        earliest first, each with its `phase`."""
+        with self.db.begin(write=False) as conn:
+            q = (
+                select(s.reservations)
+                .where(s.reservations.c.phase != rules.Phase.CLOSED.value)
+                .order_by(s.reservations.c.start, s.reservations.c.name)
+            )
+            return [dict(r) for r in conn.execute(q).mappings()]
+
+    def attempts_in_reservations(self, names: Sequence[str]) -> list[dict[str, Any]]:
+        """Live (starting or running) attempts, current for their job, of jobs that asked
+        for one of the reservations `names`: attempt_id, job_id, nodes, reservation. Read from
+        the live attempts (few, by index), not from every job's spec."""
+        if not names:
+            return []
+        wanted = set(names)
+        with self.db.begin(write=False) as conn:
+            rows = conn.execute(
+                select(
+                    s.attempts.c.id,
+                    s.attempts.c.job_id,
+                    s.attempts.c.nodes,
+                    RESERVATION_OF_JOB.label("reservation"),
+                )
+                .join(s.jobs, s.jobs.c.id == s.attempts.c.job_id)  # by its primary key
+                .where(
+                    s.attempts.c.state.in_(
+                        [AttemptState.STARTING.value, AttemptState.RUNNING.value]
+                    ),
+                    s.jobs.c.attempt_id == s.attempts.c.id,
+                    RESERVATION_OF_JOB.is_not(None),
+                )
+            ).mappings()
+            return [
+                {
+                    "attempt_id": int(r["id"]),
+                    "job_id": int(r["job_id"]),
+                    "nodes": list(r["nodes"] or ()),
+                    "reservation": str(r["reservation"]),
+                }
+                for r in rows
+                if r["reservation"] in wanted
+            ]
+
+    def reservation_end(self, name: str) -> float | None:
+        """The end of reservation `name`, ended or not (None: no such row)."""
+        with self.db.begin(write=False) as conn:
+            end = conn.execute(
+                select(s.reservations.c.end).where(s.reservations.c.name == name)
+            ).scalar()
+        return None if end is None else float(end)
+
+    def move_reservation(
+        self,
+        rid: int,
+        old: rules.Phase,
+        new: rules.Phase,
+        fence: Fence | None,
+        *,
+        message: str | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> bool:
+        """Move reservation `rid` from phase `old` to `new` (the cluster duty; fenced), with
+        its `resv.start` (to active) or `resv.end` (to ended) event carrying `message`. False
+        when it is no longer in `old` (another holder moved it, an update changed it) or no
+        longer exists: nothing is written, so each event is written once."""
+        with self.db.begin() as conn:
+            self._check_fence(conn, fence)
+            res = conn.execute(
+                update(s.reservations)
+                .where(s.reservations.c.id == rid, s.reservations.c.phase == old.value)
+                .values(phase=new.value)
+            )
+            if res.rowcount != 1:
+                return False
+            kind = {rules.Phase.ACTIVE: "resv.start", rules.Phase.ENDED: "resv.end"}.get(new)
+            if kind is not None:
+                self._event(
+                    conn,
+                    kind,
+                    message or f"reservation {rid} {new.value}",
+                    actor="cluster",
+                    term=fence.term if fence else None,
+                    data=data,
+                )
+            return True
+
+    def stop_at_reservation_end(
+        self, stops: Sequence[tuple[int, str, str]], fence: Fence | None
+    ) -> list[int]:
+        """Planned stops of jobs still running in a reservation that has ended (cluster duty;
+        fenced): each (attempt id, reservation, stop reason) is asked to checkpoint and stop,
+        and its job ends TIMEOUT with the reason (domain/policy.py, TIMEOUT_STOP). Only
+        attempts still live and current for their job. Returns the jobs stopped."""
+        if not stops:
+            return []
+        stopped: list[int] = []
+        with self.db.begin() as conn:
+            self._check_fence(conn, fence)
+            term = fence.term if fence else None
+            for aid, name, why in stops:
+                att = (
+                    conn.execute(select(s.attempts).where(s.attempts.c.id == aid))
+                    .mappings()
+                    .first()
+                )
+                live = (AttemptState.STARTING.value, AttemptState.RUNNING.value)
+                if att is None or att["state"] not in live:
+                    continue
+                job = dict(
+                    conn.execute(select(*JOB_SUMMARY).where(s.jobs.c.id == att["job_id"]))
+                    .mappings()
+                    .one()
+                )
+                if job["attempt_id"] != aid:
+                    continue
+                res = conn.execute(
+                    update(s.attempts)
+                    .where(s.attempts.c.id == aid, s.attempts.c.state == att["state"])
+                    .values(state=AttemptState.STOPPING.value, stop_reason=why)
+                )
+                if res.rowcount != 1:
+                    continue
+                if job["state"] in (JobState.STARTING.value, JobState.RUNNING.value):
+                    self._set_job_state(
+                        conn, job, JobState.COMPLETING, why, actor="cluster", term=term
+                    )
+                self._event(
+                    conn,
+                    "resv.stop",
+                    f"stopped as reservation {name} ended: checkpoint signal now, then "
+                    f"TIMEOUT: {why.removeprefix(TIMEOUT_STOP)}",
+                    job_id=int(job["id"]),
+                    actor="cluster",
+                    term=term,
+                    data={"reservation": name, "attempt": aid},
+                )
+                self._bump_gen(conn, att["nodes"])
+                stopped.append(int(job["id"]))
+        return stopped
 
 
 def replace_flags(r: rules.Reservation, flags: set[str]) -> rules.Reservation:

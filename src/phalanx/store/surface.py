@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Connection
 
     from phalanx.domain import accounts as acct
+    from phalanx.domain import reservations as rules
     from phalanx.domain.spec import PartitionInfo, ResolvedJob
     from phalanx.domain.states import JobState
     from phalanx.domain.steps import StepRequest
@@ -391,6 +392,27 @@ class ReservationStore(Protocol):
     def list_reservations(self) -> list[dict[str, Any]]: ...
 
     def get_reservation(self, name: str) -> dict[str, Any]: ...
+
+    def watched_reservations(self) -> list[dict[str, Any]]: ...
+
+    def attempts_in_reservations(self, names: Sequence[str]) -> list[dict[str, Any]]: ...
+
+    def reservation_end(self, name: str) -> float | None: ...
+
+    def move_reservation(
+        self,
+        rid: int,
+        old: rules.Phase,
+        new: rules.Phase,
+        fence: Fence | None,
+        *,
+        message: str | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> bool: ...
+
+    def stop_at_reservation_end(
+        self, stops: Sequence[tuple[int, str, str]], fence: Fence | None
+    ) -> list[int]: ...
 
 
 class FairShareStore(Protocol):
