@@ -35,7 +35,7 @@ def test_every_srun_option_slurm_documents_is_handled_or_refused_by_name() -> No
         (["-O", "true"], "-O is not supported here: an option of the job's allocation"),
         (["--x11", "true"], "--x11 is not supported here: no X11 forwarding"),
         (["--bcast", "true"], "--bcast is not supported here: no file broadcast"),
-        (["--no-kill", "true"], "--no-kill is not supported here: a step ends"),
+        (["--resv-ports", "true"], "--resv-ports is not supported here: no reserved port"),
     ],
 )
 def test_a_refused_option_says_why_in_any_form(argv: list[str], message: str) -> None:

@@ -300,6 +300,16 @@ def _nice(text: str) -> dict[str, Any]:
     return {"nice": int(word)}
 
 
+def _no_kill(text: str) -> dict[str, Any]:
+    """-k/--no-kill, or --no-kill=off (Slurm's way to turn it off again)."""
+    word = text.strip().lower()
+    if word in ("", "on", "yes", "1"):
+        return {"no_kill": True}
+    if word in ("off", "no", "0"):
+        return {"no_kill": False}
+    raise ValueError(f"invalid --no-kill value {text!r}: give none, or off")
+
+
 def _begin(text: str) -> dict[str, Any]:
     """--begin: resolved to epoch seconds now, at submission, as Slurm resolves it."""
     return {"begin_time": parse_time(text, time.time())}
@@ -429,6 +439,9 @@ OPTIONS: tuple[Option, ...] = (
          "SLURM_NODEID), not once on the first node"),
     _opt("spares", None, R, ("spares",), _int_to("spares", 0),
          "extra nodes to keep allocated as hot spares", "N"),
+    _opt("no-kill", "k", OPT, ("no_kill",), _no_kill,
+         "keep the job running when one of its nodes fails: a spare (--spares) takes the "
+         "lost node's place, its steps' tasks there start again (docs/elastic.md)", "off"),
     _opt("licenses", "L", R, ("licenses",), _licenses,
          "cluster-wide licences the job holds while it runs, e.g. fluent:2,matlab",
          "NAME[:N][,NAME[:N]]"),
@@ -501,7 +514,6 @@ OPTIONS: tuple[Option, ...] = (
     _ignored("mem-bind"),
     _ignored("mincpus"),
     _ignored("network"),
-    _ignored("no-kill", "k", arg=OPT),
     _ignored("ntasks-per-core"),
     _ignored("ntasks-per-socket"),
     _ignored("overcommit", "O", arg=N),

@@ -215,6 +215,11 @@ class JobSpec(BaseModel):
         description="run the batch script on every node (rank in SLURM_NODEID); default: once, "
         "on the first node of the allocation, as Slurm's batch step",
     )
+    no_kill: bool = Field(
+        default=False,
+        description="--no-kill: the loss of a node does not stop the job; it goes on in its "
+        "allocation, a hot spare in the lost node's place (docs/elastic.md)",
+    )
     progress_timeout_s: int | None = Field(default=None, ge=1)
     retries: int | None = Field(
         default=None, ge=0, le=10_000, description="failure retries; absent = the cluster's"

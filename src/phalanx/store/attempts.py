@@ -43,10 +43,10 @@ from phalanx.domain.states import (
 )
 from phalanx.store import schema as s
 from phalanx.store.prebuilt import Prebuilt, only, select_where, update_where
+from phalanx.store.regroup import InPlaceRecovery, left_job, lost_node
 from phalanx.store.sqlbits import JOB_SUMMARY as _JOB_SUMMARY
 from phalanx.store.sqlbits import Fence
 from phalanx.store.sqlbits import now as _now
-from phalanx.store.steps import JobSteps
 
 _DRAIN_REASON_MAX = 1000  # a hook's sentence is bounded already (shepherd_hooks.py); a cap here
 
@@ -82,7 +82,7 @@ def _elastic_columns() -> list[Any]:
     ]
 
 
-class AttemptProgress(JobSteps):
+class AttemptProgress(InPlaceRecovery):
     """Attempt progression."""
 
     def _prefetch(self, conn: Connection, attempt_ids: Iterable[int]) -> Prefetched:
@@ -134,10 +134,17 @@ class AttemptProgress(JobSteps):
                 return
             rows = select_where(conn, s.tasks, {"attempt_id": attempt_id}, order_by="rank")
             job = _JOB_SUMMARY_BY_ID.one(conn, {"id": att["job_id"]})
-        # hot spares run nothing: they never decide an attempt's progress or outcome
+        # hot spares run nothing: they never decide an attempt's progress or outcome; nor do
+        # the tasks of nodes that left a --no-kill job that went on without them
         spare_tasks = [t for t in rows if t["spare"]]
-        tasks = [t for t in rows if not t["spare"]]
+        tasks = [t for t in rows if not t["spare"] and not left_job(t)]
         now = _now()
+        if any(lost_node(t) for t in tasks) and self._regroup(
+            conn, job, att, tasks, spare_tasks, now
+        ):
+            rows = select_where(conn, s.tasks, {"attempt_id": attempt_id}, order_by="rank")
+            spare_tasks = [t for t in rows if t["spare"]]
+            tasks = [t for t in rows if not t["spare"] and not left_job(t)]
         batch = (
             len(tasks) > 1
             and any(t["state"] in (TaskState.EXITED.value, TaskState.LOST.value) for t in tasks)

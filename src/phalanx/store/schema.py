@@ -15,6 +15,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -124,6 +125,10 @@ attempts = Table(
     # and every second it held is charged (an index finds the few still open)
     Column("charged_until", Float, nullable=True),
     Column("uncharged", Boolean, nullable=False, default=True, server_default=true()),
+    # --no-kill: the attempt's node changes while it runs (docs/elastic.md), null until the
+    # first: {"gen": n, "changes": [{"gen", "at", "left", "joined", "nodes", "reason"}, ...]};
+    # agents write it to the job's control file and report the gen they wrote (migration 0022)
+    Column("membership", JSON, nullable=True),
     sqlite_autoincrement=True,
 )
 Index("ix_attempts_job", attempts.c.job_id)
@@ -274,6 +279,23 @@ cluster_config = Table(
     Column("parent", Integer, nullable=True),  # the version it replaced
     Column("source", Integer, nullable=True),  # rollback: the version restored
     Column("comment", Text, nullable=True),
+)
+
+# The torchrun rendezvous the controllers host (docs/elastic.md, store/rendezvous.py): per job
+# attempt and rendezvous id (torchrun's --rdzv-id), the state torch's DynamicRendezvousHandler
+# keeps (key "state", compare-and-set on `version`), its members' nodes (key "members") and
+# the key-value store torch's agents use for a round ("kv/..." keys). A new attempt starts
+# afresh: its rows are its own (migration 0022).
+rendezvous = Table(
+    "rendezvous",
+    metadata,
+    Column("job_id", IdType, primary_key=True, autoincrement=False),
+    Column("attempt_id", IdType, primary_key=True, autoincrement=False),
+    Column("run_id", String(128), primary_key=True),
+    Column("key", String(512), primary_key=True),
+    Column("value", LargeBinary, nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("updated_at", Float, nullable=False),
 )
 
 # Maintenance windows: the nodes are kept free of jobs that would cross the window, drained for

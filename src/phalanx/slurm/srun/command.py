@@ -70,6 +70,9 @@ def parser() -> SlurmParser:
     a("-x", "--exclude")
     a("-l", "--label", action="store_true")
     a("-K", "--kill-on-bad-exit", nargs="?", const="1", default=None)
+    # the job's: a step of a --no-kill job has its task on a lost node started again where
+    # a spare takes that node's place (docs/elastic.md); outside a job, the new job's option
+    a("-k", "--no-kill", nargs="?", const="on", default=None)
     a("-o", "--output")
     a("-e", "--error")
     a("--open-mode", type=open_mode)
@@ -689,6 +692,8 @@ def _outside(
         ):
             if value is not None:
                 spec[key] = value
+        if opts.no_kill is not None:
+            spec["no_kill"] = opts.no_kill.strip().lower() not in ("off", "no", "0")
         if opts.gpus_per_task is not None:
             spec["gpus_per_task"] = opts.gpus_per_task
         elif opts.gpus_per_node is not None or opts.gres is not None:

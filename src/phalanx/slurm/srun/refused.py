@@ -69,7 +69,6 @@ REFUSED: tuple[tuple[str, str | None, Any, str], ...] = (
     ("network", None, None, ALLOCATION),
     ("nice", None, "?", ALLOCATION),
     ("no-allocate", "-Z", 0, "a step always runs inside its job's allocation"),
-    ("no-kill", "-k", "?", "a step ends with the loss of one of its nodes (issue 28 builds it)"),
     ("nodefile", "-F", None, "name the nodes with -w/--nodelist"),
     ("ntasks-per-core", None, None, ALLOCATION),
     ("ntasks-per-gpu", None, None, ALLOCATION),
