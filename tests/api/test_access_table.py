@@ -200,6 +200,18 @@ BODIES: dict[tuple[str, str], tuple[str, Any]] = {
         "/v1/jobs/{job}/steps/0/wake",
         {"nodes": ["n1"]},
     ),
+    ("GET", "/v1/jobs/{ref}/rendezvous/{run_id}/state"): (
+        "/v1/jobs/{job}/rendezvous/r1/state",
+        None,
+    ),
+    ("PUT", "/v1/jobs/{ref}/rendezvous/{run_id}/state"): (
+        "/v1/jobs/{job}/rendezvous/r1/state",
+        {"state": "AA=="},
+    ),
+    ("POST", "/v1/jobs/{ref}/rendezvous/{run_id}/kv"): (
+        "/v1/jobs/{job}/rendezvous/r1/kv",
+        {"op": "count"},
+    ),
     ("GET", "/v1/nodes"): ("/v1/nodes", None),
     ("GET", "/v1/nodes/{name}"): ("/v1/nodes/n1", None),
     ("POST", "/v1/nodes/{name}/drain"): ("/v1/nodes/n1/drain", {"reason": "disk"}),
@@ -278,6 +290,9 @@ OWNER_REFUSALS = {
     (("POST", "/v1/jobs/{ref}/steps/{step_id}/wake"), "bob"),
     (("GET", "/v1/jobs/{ref}/priority"), "bob"),
     (("GET", "/v1/jobs/{ref}/usage"), "bob"),
+    (("GET", "/v1/jobs/{ref}/rendezvous/{run_id}/state"), "bob"),
+    (("PUT", "/v1/jobs/{ref}/rendezvous/{run_id}/state"), "bob"),
+    (("POST", "/v1/jobs/{ref}/rendezvous/{run_id}/kv"), "bob"),
 }
 # The matrix's jobs are pending: a step route that let the caller through then refuses on the
 # job's state (no step can start in a pending job, it has no step 0): past authorization.
@@ -285,12 +300,16 @@ PAST_AUTH = {
     ("POST", "/v1/jobs/{ref}/steps"): {409},
     ("GET", "/v1/jobs/{ref}/steps/{step_id}"): {404},
     ("POST", "/v1/jobs/{ref}/steps/{step_id}/wake"): {404},
+    # a rendezvous is a running job's
+    ("GET", "/v1/jobs/{ref}/rendezvous/{run_id}/state"): {409},
+    ("PUT", "/v1/jobs/{ref}/rendezvous/{run_id}/state"): {409},
+    ("POST", "/v1/jobs/{ref}/rendezvous/{run_id}/kv"): {409},
     ("POST", "/v1/accounts/delete"): {404},  # nothing of that name: past the check
     ("GET", "/v1/config"): {404},  # no version in this store yet
     ("GET", "/v1/config/{version}"): {404},
     ("POST", "/v1/config/rollback"): {404},
 }
-SUCCESS = {"POST": {200, 201}, "GET": {200}, "DELETE": {200}}
+SUCCESS = {"POST": {200, 201}, "GET": {200}, "PUT": {200}, "DELETE": {200}}
 PUBLIC_OK = {200, 503}  # health may say "not ready" (no loops run here), never "who are you"
 
 
@@ -385,6 +404,9 @@ OWNED = {
     "POST /v1/jobs/{ref}/steps/{step_id}/wake",
     "GET /v1/jobs/{ref}/priority",
     "GET /v1/jobs/{ref}/usage",
+    "GET /v1/jobs/{ref}/rendezvous/{run_id}/state",
+    "PUT /v1/jobs/{ref}/rendezvous/{run_id}/state",
+    "POST /v1/jobs/{ref}/rendezvous/{run_id}/kv",
 }
 
 

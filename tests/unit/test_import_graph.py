@@ -40,7 +40,7 @@ LAYERS: dict[str, int] = {
     ),
     "job": 0,  # the in-job helper: standard library only
     **dict.fromkeys(("domain", "auth", "api_calls"), 1),
-    **dict.fromkeys(("store", "config", "client", "lean_client", "submitting"), 2),
+    **dict.fromkeys(("store", "config", "client", "lean_client", "submitting", "rendezvous"), 2),
     "controller": 3,
     "agent": 4,
     "slurm": 5,

@@ -72,6 +72,16 @@ RULES: dict[tuple[str, str], Rule] = {
     ("POST", "/v1/jobs/{ref}/steps/{step_id}/wake"): Rule(
         USER, "waking the nodes of a job step (srun)", owner=True
     ),
+    # torchrun --rdzv-backend=phalanx: the job's own processes, as srun (rendezvous_api.py)
+    ("GET", "/v1/jobs/{ref}/rendezvous/{run_id}/state"): Rule(
+        USER, "reading a job's rendezvous (torchrun)", owner=True
+    ),
+    ("PUT", "/v1/jobs/{ref}/rendezvous/{run_id}/state"): Rule(
+        USER, "writing a job's rendezvous (torchrun)", owner=True
+    ),
+    ("POST", "/v1/jobs/{ref}/rendezvous/{run_id}/kv"): Rule(
+        USER, "using a job's rendezvous store (torchrun)", owner=True
+    ),
     ("POST", "/v1/jobs/requeue"): Rule(USER, "requeueing jobs", owner=True),
     ("POST", "/v1/jobs/update"): Rule(USER, "changing jobs", owner=True),
     ("GET", "/v1/jobs/{ref}/priority"): Rule(USER, "reading a job's priority", owner=True),

@@ -39,6 +39,7 @@ def _by_job(table: Table) -> Any:
 # job ids). A new table of per-job rows (job steps: `(s.steps, _by_job(s.steps))`, before
 # `attempts` if it refers to them) is one more line here.
 JOB_ROWS: tuple[tuple[Table, Any], ...] = (
+    (s.rendezvous, _by_job(s.rendezvous)),
     (
         s.step_nodes,
         lambda ids: s.step_nodes.c.attempt_id.in_(

@@ -20,6 +20,7 @@ methods as Protocols grouped by who calls them, and a test holds the two to the 
     accounts     import_accounts, change_accounts, accounts_tree    store/accounts.py
     metrics      metrics_figures, carry_purged                     store/metrics.py
     configs      config_current, config_put, controller_presence   store/configs.py
+    rendezvous   rdzv_get, rdzv_cas, rdzv_set, rdzv_add, ...        store/rendezvous.py
 
 Every method is one transaction; every state change appends `events` in it. Outcomes are kept
 apart: a database that cannot be reached raises `StoreUnavailable`; a lost race (a lease
@@ -38,6 +39,7 @@ from phalanx.store.job_control import JobCommands
 from phalanx.store.leases import LeaseRecords
 from phalanx.store.nodes import NodeRecords
 from phalanx.store.preemption import Preemptions
+from phalanx.store.rendezvous import RendezvousRecords
 from phalanx.store.scheduling import SchedSnapshot, SchedulingReads
 from phalanx.store.sqlbits import Fence
 
@@ -55,5 +57,6 @@ class Store(
     Preemptions,
     AccountRecords,
     ConfigRecords,
+    RendezvousRecords,
 ):
     """The store's one interface (see the module docstring)."""

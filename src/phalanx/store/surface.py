@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from phalanx.domain.states import JobState
     from phalanx.domain.steps import StepRequest
     from phalanx.store.metrics import StoreFigures
+    from phalanx.store.rendezvous import RdzvRead
     from phalanx.store.sqlbits import Fence
     from phalanx.store.steps import StepReport
     from phalanx.store.store import SchedSnapshot, Store, TaskReport
@@ -332,6 +333,33 @@ class StepStore(Protocol):
     ) -> list[int]: ...
 
 
+class RendezvousStore(Protocol):
+    """The torchrun rendezvous the controllers host (store/rendezvous.py)."""
+
+    def rdzv_get(
+        self, job_id: int, run_id: str, keys: Sequence[str], *, departed: bool = False
+    ) -> RdzvRead: ...
+
+    def rdzv_cas(
+        self,
+        job_id: int,
+        run_id: str,
+        key: str,
+        value: bytes,
+        expect: int | None,
+        *,
+        member: tuple[str, str] | None = None,
+    ) -> tuple[bytes, int, bool, list[str]]: ...
+
+    def rdzv_set(self, job_id: int, run_id: str, items: Mapping[str, bytes]) -> None: ...
+
+    def rdzv_add(self, job_id: int, run_id: str, key: str, delta: int) -> int: ...
+
+    def rdzv_delete(self, job_id: int, run_id: str, key: str) -> bool: ...
+
+    def rdzv_count(self, job_id: int, run_id: str, prefix: str) -> int: ...
+
+
 class MaintenanceStore(Protocol):
     """Maintenance windows and the planned stops they cause."""
 
@@ -513,6 +541,7 @@ PARTS: tuple[type, ...] = (
     NodeStore,
     HistoryStore,
     StepStore,
+    RendezvousStore,
     MaintenanceStore,
     ReservationStore,
     FairShareStore,
@@ -540,7 +569,8 @@ def _store_satisfies_every_part(store: Store) -> list[object]:
     accounts: AccountStore = store
     lifecycle: StoreLifecycle = store
     configs: ConfigStore = store
+    rendezvous: RendezvousStore = store
     parts += [lease, submission, control, scheduling, agents, nodes, history]
     parts += [steps, maintenance, reservations, fairshare, accounts, lifecycle]
-    parts += [configs]
+    parts += [configs, rendezvous]
     return parts
