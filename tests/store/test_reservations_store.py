@@ -204,9 +204,8 @@ def test_jobs_still_running_when_their_reservation_ends_are_stopped_and_end_time
     store.apply_reports("n1", [running(a_in)], None)
     store.apply_reports("n3", [running(a_out)], None)
     live = store.attempts_in_reservations(["r1"])
-    assert live == [
-        {"attempt_id": a_in["id"], "job_id": inside, "nodes": ["n1"], "reservation": "r1"}
-    ]
+    mine = {"attempt_id": a_in["id"], "job_id": inside, "nodes": ["n1"], "reservation": "r1"}
+    assert live == [{**mine, "stopping": False}]
     assert store.attempts_in_reservations(["other"]) == []
     assert store.reservation_end("r1") == pytest.approx(now + 3600, abs=5)
     assert store.reservation_end("nope") is None
@@ -215,7 +214,8 @@ def test_jobs_still_running_when_their_reservation_ends_are_stopped_and_end_time
     why = rules.end_stop_reason(rules.Reservation.from_row(r), 0.0, now)
     assert store.stop_at_reservation_end([(a_in["id"], "r1", why)], f) == [inside]
     assert store.stop_at_reservation_end([(a_in["id"], "r1", why)], f) == []  # once
-    assert store.attempts_in_reservations(["r1"]) == []  # stopping: no longer live
+    # still in it until it ended (the reservation closes after that), but being stopped
+    assert store.attempts_in_reservations(["r1"]) == [{**mine, "stopping": True}]
     assert state(store, inside) == "COMPLETING" and state(store, outside) == "RUNNING"
     work = {x["attempt_id"]: x for x in store.node_work("n1")}
     assert work[a_in["id"]]["stop_reason"] == why
@@ -227,6 +227,7 @@ def test_jobs_still_running_when_their_reservation_ends_are_stopped_and_end_time
 
     # SIGTERM at the end of its grace: TIMEOUT with Slurm's reason, no retry, no requeue
     store.apply_reports("n1", [exited(a_in, None, signal=15)], None)
+    assert store.attempts_in_reservations(["r1"]) == []
     job = store.get_job(inside)
     assert (job["state"], job["reason"]) == ("TIMEOUT", why.removeprefix("timeout: "))
     assert job["restart_count"] == 0 and job["retries"] == 0

@@ -8,7 +8,9 @@ Three one-job nodes. `scontrol create reservation` sets node[01-02] aside for th
 - a job with `--reservation=r1` runs on a reserved node; an unknown reservation is refused at
   submission in Slurm's words; deleting a reservation a job uses is refused;
 - `scontrol update ReservationName=r1 EndTime=now+N` shortens it; the waiting job starts on a
-  reserved node only once it has ended, and `show reservation` no longer lists it;
+  reserved node only once it has ended, and `show reservation` no longer lists it; the job
+  running in it is stopped at its end and ends TIMEOUT (Slurm's ResvOverRun=0: see
+  test_reservation_end.py);
 - a MAINT reservation made with NodeCnt= round-trips through create, show and delete.
 """
 
@@ -151,12 +153,28 @@ def test_a_reservation_keeps_others_off_its_nodes_until_it_ends(
     assert (p.returncode, p.stdout, p.stderr) == (0, "", "")
     p = slurm(cluster, tmp_path, "scontrol", "show", "reservation", "m1")
     assert (p.returncode, p.stderr) == (1, "Reservation m1 not found\n"), p.stdout
-    kinds = [e["kind"] for e in c.events(limit=500) if e["kind"].startswith("resv.")]
+    changes = ("resv.create", "resv.update", "resv.delete")
+    kinds = [e["kind"] for e in c.events(limit=500) if e["kind"] in changes]
     assert kinds == ["resv.create", "resv.update", "resv.create", "resv.update", "resv.delete"]
+    # r1's start and end, once each (the cluster duty); m1 was deleted before it started
+    wait_for(
+        lambda: any(e["kind"] == "resv.end" for e in c.events(limit=500)),
+        what="r1's end event",
+    )
+    moves = [
+        (e["kind"], e["data"]["reservation"])
+        for e in c.events(limit=500)
+        if e["kind"] in ("resv.start", "resv.end")
+    ]
+    assert moves == [("resv.start", "r1"), ("resv.end", "r1")], moves
 
     go.touch()
     done = cluster.wait_terminal([first, second, inside])
-    assert {j["state"] for j in done.values()} == {"COMPLETED"}, done
+    assert {i: j["state"] for i, j in done.items()} == {
+        first: "COMPLETED",
+        second: "COMPLETED",
+        inside: "TIMEOUT",  # stopped when r1 ended
+    }, done
 
 
 @pytest.mark.timeout(300)

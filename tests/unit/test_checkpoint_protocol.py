@@ -169,6 +169,10 @@ def test_planned_stop_uses_the_checkpoint_spec() -> None:
     assert (item["checkpoint_signal"], item["checkpoint_grace"]) == (int(signal.SIGUSR1), 12.0)
     w["stop_reason"] = "cancelled"
     assert "checkpoint_signal" not in stop_item(w, checkpoint_grace=30)
+    # the end of its reservation is a planned stop too (it then ends TIMEOUT)
+    w["stop_reason"] = "timeout: Reservation r1, which this job was running under, has ended"
+    item = stop_item(w, checkpoint_grace=30)
+    assert (item["checkpoint_signal"], item["checkpoint_grace"]) == (int(signal.SIGUSR1), 12.0)
 
 
 # ---------------------------------------------------------------------- reports

@@ -330,6 +330,7 @@ def test_due_end_stops_at_the_end_plus_the_overrun_minus_the_grace() -> None:
         r.InReservation(1, 11, "r1", ("n1",), grace=30.0),
         r.InReservation(2, 12, "r1", ("n2",), grace=150.0),  # asked for more warning
         r.InReservation(3, 13, "other", ("n3",), grace=30.0),  # unknown reservation: left
+        r.InReservation(4, 14, "r1", ("n3",), grace=30.0, stopping=True),  # stopped already
     ]
     by = {"r1": x}
     assert [s.job_id for s in r.due_end_stops(by, jobs, NOW, 0.0)] == [12]
@@ -391,3 +392,39 @@ def test_end_event_text_says_what_happens_to_the_jobs_still_in_it() -> None:
         r.end_event_text(x, NOW, [7, 8], None, skipped=False)
     )
     assert "(no controller recorded its start)" in r.end_event_text(x, NOW, [], 0, skipped=True)
+
+
+def test_the_duty_gives_an_end_stop_the_time_left_as_its_grace() -> None:
+    """On whichever controller answers the node: the stop time is the reservation's end plus
+    this controller's overrun, looked up once per attempt; other stops are left as they are."""
+    from phalanx.controller.reservations import ReservationDuty
+
+    class Ends:
+        asked: list[str] = []
+
+        def reservation_end(self, name: str) -> float | None:
+            self.asked.append(name)
+            return {"r1": NOW + 100}.get(name)
+
+    store = Ends()
+    duty = ReservationDuty(
+        store,  # type: ignore[arg-type]
+        overrun=lambda: 20.0,
+        grace=lambda: 30.0,
+        tick=lambda: 1.0,
+        fence=lambda: None,
+        kick=lambda: None,
+        notify=lambda _nodes: None,
+    )
+    why = r.end_stop_reason(resv("r1", start=NOW - 60, end=NOW + 100), 20.0, NOW)
+    stops = [
+        {"attempt_id": 1, "reason": why, "checkpoint_grace": 30.0},
+        {"attempt_id": 2, "reason": "requeue: maintenance 1 on n1", "checkpoint_grace": 30.0},
+        {"attempt_id": 3, "reason": why.replace("r1", "gone"), "checkpoint_grace": 30.0},
+    ]
+    duty.adjust_stops(stops, now=NOW)
+    assert [s["checkpoint_grace"] for s in stops] == [120.0, 30.0, 30.0]
+    duty.adjust_stops(stops, now=NOW + 119)
+    duty.adjust_stops(stops, now=NOW + 500)  # past it: stopped at once
+    assert stops[0]["checkpoint_grace"] == 0.0
+    assert store.asked == ["r1", "gone", "gone", "gone"]  # r1's end read once

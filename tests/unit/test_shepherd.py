@@ -1235,6 +1235,8 @@ def test_request_kind_names_a_preemption() -> None:
     assert request_kind("cancel: preempted by job 3 (tier 2 over tier 1)", True) == "preempted"
     assert request_kind("requeue: node n1 drained by alice: PSU", True) == "requeue"
     assert request_kind("time limit", True) == "time limit"
+    # its reservation ended: it ends TIMEOUT, as at its time limit
+    assert request_kind("timeout: Reservation r1, which this job ...", True) == "time limit"
     assert request_kind("interval", False) == "interval"
     assert request_kind("drain", True) == "stop"
 

@@ -115,6 +115,8 @@ def request_kind(reason: str, stop: bool) -> str:
     if reason == "time limit":
         return reason
     head, _, rest = reason.partition(": ")
+    if head == "timeout":  # the end of the job's reservation: it ends TIMEOUT, as at its limit
+        return "time limit"
     if head in ("requeue", "cancel") and rest.startswith("preempted by job "):
         return "preempted"
     return head if head in ("requeue", "cancel") else "stop"

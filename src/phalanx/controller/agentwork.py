@@ -35,6 +35,7 @@ from phalanx.controller.intervals import CheckpointIntervals
 from phalanx.controller.launch import build_launch, build_step_launch
 from phalanx.controller.maintenance import MaintenanceDuty
 from phalanx.controller.metrics import GPU_EVENTS_RECORDED
+from phalanx.controller.reservations import ReservationDuty
 from phalanx.store.steps import StepReport
 from phalanx.store.store import TaskReport
 from phalanx.store.surface import AgentExchange
@@ -74,6 +75,7 @@ class AgentDuty:
         heartbeats: Heartbeats,
         intervals: CheckpointIntervals,
         maintenance: MaintenanceDuty,
+        reservations: ReservationDuty | None = None,
         kick: Callable[[], None],
         registered: Callable[[], None],
     ) -> None:
@@ -83,6 +85,7 @@ class AgentDuty:
         self.heartbeats = heartbeats
         self.intervals = intervals
         self.maintenance = maintenance  # stops for a maintenance window keep their own grace
+        self.reservations = reservations  # and stops at a reservation's end theirs
         self.kick = kick
         self.registered = registered  # a node (re)registered: submit-time views are stale
         # node -> "host:port" its agent takes direct step launches at (config [steps]): soft
@@ -171,6 +174,8 @@ class AgentDuty:
         reply = decide(work, reports, checkpoint_grace=grace)
         reply.signals = signal_items(work, reports)
         self.maintenance.adjust_stops(reply.stop)  # stopped at the window's start
+        if self.reservations is not None and reply.stop:
+            self.reservations.adjust_stops(reply.stop)  # at the reservation's end (+ overrun)
         reply.checkpoint = checkpoint_items(work, lambda w: self.intervals.in_force(w).seconds)
         if not needs_steps(work):
             return reply, StepReply()

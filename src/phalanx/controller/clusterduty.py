@@ -1,4 +1,5 @@
-"""The `cluster` duty: the failure detector, the reaper, maintenance, retention, fair share usage.
+"""The `cluster` duty: the failure detector, the reaper, maintenance, reservations' starts and
+ends, retention, fair share usage.
 
 Only the holder of the `cluster` lease acts. `ClusterDuty.judge_nodes` marks silent nodes DOWN
 (their tasks failed in the same fenced write), fails tasks left on DOWN nodes and requeues
@@ -18,6 +19,7 @@ from phalanx.controller.fairshare import FairShare
 from phalanx.controller.heartbeats import Heartbeats
 from phalanx.controller.leases import LeaseKeeper
 from phalanx.controller.maintenance import MaintenanceDuty
+from phalanx.controller.reservations import ReservationDuty
 from phalanx.domain.detector import silent_nodes
 from phalanx.errors import StoreUnavailable
 from phalanx.store.store import Fence
@@ -42,6 +44,7 @@ class ClusterDuty:
         *,
         heartbeats: Heartbeats,
         maintenance: MaintenanceDuty,
+        reservations: ReservationDuty | None = None,
         fairshare: FairShare,
         rescale: Callable[[], str],
         kick: Callable[[], None],
@@ -53,6 +56,7 @@ class ClusterDuty:
         self.timing = timing  # the timings in force (controller/timings.py)
         self.heartbeats = heartbeats  # heard but not yet written: alive
         self.maintenance = maintenance
+        self.reservations = reservations
         self.fairshare = fairshare
         self.rescale = rescale  # the heartbeat rule, from the node count read afresh
         self.kick = kick
@@ -77,12 +81,13 @@ class ClusterDuty:
             self.since = self.clock.monotonic()
 
     def tick(self) -> str:
-        """Failure detector, reaper and maintenance windows; only the holder of the `cluster`
-        lease acts."""
+        """Failure detector, reaper, maintenance windows and reservations; only the holder of
+        the `cluster` lease acts."""
         try:
             said = [
                 self.judge_nodes(),
                 self.maintenance.tick(),
+                self.reservations.tick() if self.reservations is not None else "idle",
                 self.purge_tick(),
                 self.charge_tick(),
             ]

@@ -15,7 +15,7 @@ from typing import Any
 
 from phalanx.controller.launch import checkpoint_settings
 from phalanx.domain import job_reports
-from phalanx.domain.policy import is_user_requeue
+from phalanx.domain.policy import is_timeout_stop, is_user_requeue
 from phalanx.domain.preemption import CANCEL_PREFIX
 from phalanx.domain.states import AttemptState, TaskState
 from phalanx.store.steps import StepReport
@@ -104,10 +104,13 @@ def _job_report_is_news(w: dict[str, Any], r: TaskReport) -> bool:
 
 
 def stop_item(w: dict[str, Any], checkpoint_grace: float) -> dict[str, Any]:
-    """A stop request; planned stops (requeue) first give the job its checkpoint signal."""
+    """A stop request; planned stops (requeue, and the end of a reservation: timeout) first
+    give the job its checkpoint signal."""
     reason = w["stop_reason"] or "stop"
     item: dict[str, Any] = {"attempt_id": w["attempt_id"], "token": w["token"], "reason": reason}
-    planned = reason.startswith("requeue") and not is_user_requeue(reason)
+    planned = (reason.startswith("requeue") and not is_user_requeue(reason)) or is_timeout_stop(
+        reason
+    )
     if planned or reason.startswith(CANCEL_PREFIX):
         # a user's own requeue (scontrol requeue) just stops the job, as Slurm's does; other
         # planned stops, and a preemption in mode cancel, first give it its checkpoint signal:

@@ -26,11 +26,14 @@ def explain_job(
     now: float,
     plan_options: Callable[[Any], dict[str, Any]] | None = None,
     redact: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None,
+    overrun: float | None = 0.0,
 ) -> explain.Explanation:
     """Why job ``row`` (a full jobs row) is where it is, as of ``now``; ``plan_options`` gives
     the scheduling pass's keywords for a snapshot (Controller.plan_options: queue policy,
     licences, topology), so the explanation runs the pass the scheduler runs. ``redact``:
-    the nodes' events as the caller may read them (they are not all the job's own)."""
+    the nodes' events as the caller may read them (they are not all the job's own).
+    ``overrun``: timing.reservation_overrun (None: UNLIMITED), for a job running in a
+    reservation: when its end stops it."""
     state = row["state"]
     attempts = store.attempts_of(int(row["id"]))
     if state in (JobState.PENDING.value, JobState.HELD.value):
@@ -53,7 +56,15 @@ def explain_job(
             history = _history(store, row, attempts, now, redact)
             waiting.lines += ["earlier attempts:"] + [f"  {x}" for x in history.lines]
         return waiting
-    return _history(store, row, attempts, now, redact)
+    history = _history(store, row, attempts, now, redact)
+    name = (row.get("spec") or {}).get("reservation")
+    if name and state in explain.LIVE_STATES:
+        line = explain.reservation_end_line(
+            str(name), store.reservation_end(str(name)), overrun, now
+        )
+        if line:
+            history.lines.append(line)
+    return history
 
 
 def _history(

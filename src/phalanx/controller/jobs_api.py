@@ -256,6 +256,7 @@ def router(api: ApiContext) -> APIRouter:
             ctl.plan_options,
             # the nodes' drains around its attempts: others' launch errors left out
             redact=lambda evs: api.events_for(ident, evs),
+            overrun=ctl.timing.overrun_s(),
         ).as_dict()
 
     return r

@@ -8,8 +8,9 @@ asyncio loop and calls the methods here, which hand each request to its duty:
 - duty leases: controller/leases.py (`LeaseKeeper`);
 - submissions: controller/intake.py (`Intake`), group commit in controller/submitq.py;
 - the scheduling pass: controller/scheduler.py (`Scheduler`);
-- the cluster duty (failure detector, reaper, maintenance, retention, usage):
-  controller/clusterduty.py (`ClusterDuty`), controller/maintenance.py;
+- the cluster duty (failure detector, reaper, maintenance, reservations, retention, usage):
+  controller/clusterduty.py (`ClusterDuty`), controller/maintenance.py,
+  controller/reservations.py;
 - agents: controller/agentwork.py (`AgentDuty`: registrations, the heartbeat exchange),
   controller/heartbeats.py (`Heartbeats`: batched heartbeat stamps), controller/wakeups.py
   (`Waiters`, `WorkWakeups`: long-polls woken for new work), controller/intervals.py
@@ -41,6 +42,7 @@ from phalanx.controller.intervals import CheckpointIntervals
 from phalanx.controller.leases import LeaseKeeper
 from phalanx.controller.loops import Loop, LoopRunner
 from phalanx.controller.maintenance import MaintenanceDuty
+from phalanx.controller.reservations import ReservationDuty
 from phalanx.controller.scheduler import Scheduler, sched_lease
 from phalanx.controller.submitq import SubmitQueue
 from phalanx.controller.timings import Timings
@@ -112,6 +114,15 @@ class Controller:
             kick=self.kick,
             notify=self.waiters.notify,
         )
+        self.reservations = ReservationDuty(
+            store,
+            overrun=lambda: self.timing.overrun_s(),
+            grace=lambda: self.timing.checkpoint_grace,
+            tick=lambda: self.cluster_interval(),
+            fence=lambda: self.leases.fence(CLUSTER_LEASE),
+            kick=self.kick,
+            notify=self.waiters.notify,
+        )
         self.fairshare = FairShare(store, config)  # priority, fair share, limits
         self.intake = Intake(store, config, self.fairshare, self.kick)
         self.scheduler = Scheduler(
@@ -129,6 +140,7 @@ class Controller:
             self._timing,
             heartbeats=self.heartbeats,
             maintenance=self.maintenance,
+            reservations=self.reservations,
             fairshare=self.fairshare,
             rescale=self.rescale_timing,
             kick=self.kick,
@@ -142,6 +154,7 @@ class Controller:
             heartbeats=self.heartbeats,
             intervals=self.intervals,
             maintenance=self.maintenance,
+            reservations=self.reservations,
             kick=self.kick,
             registered=self.intake.forget_views,
         )

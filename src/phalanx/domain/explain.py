@@ -533,6 +533,7 @@ _JOB_EVENTS = (
     "job.signal",
     "job.preempted",
     "job.preempting",
+    "resv.stop",  # stopped as its reservation ended (domain/reservations.py)
 )
 _NODE_EVENTS = ("node.drain", "node.down")
 _NODE_EVENT_SLACK_S = 120.0  # a drain this long after an attempt ended still explains it
@@ -639,3 +640,21 @@ def explain_history(
 
 
 _ENDED_STATES = frozenset(s.value for s in JobState if s.terminal)
+LIVE_STATES = frozenset({JobState.STARTING.value, JobState.RUNNING.value})
+
+
+def reservation_end_line(
+    name: str, end: float | None, overrun: float | None, now: float
+) -> str | None:
+    """For a job running in reservation `name`: what its end does to it (None: unknown)."""
+    if end is None:
+        return None
+    ends = "ended" if end <= now else "ends"
+    head = f"reservation {name} {ends} at {maintenance.format_when(end, now)}"
+    if overrun is None:
+        return f"{head}: the job runs on to its time limit (reservation_overrun UNLIMITED)"
+    at = "then" if overrun == 0 else f"{overrun:g}s later (reservation_overrun)"
+    return (
+        f"{head}: the job is stopped {at}, with its checkpoint signal its grace before, and "
+        "ends TIMEOUT"
+    )

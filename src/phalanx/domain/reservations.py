@@ -454,13 +454,15 @@ def due_phases(
 
 @dataclass(frozen=True, slots=True)
 class InReservation:
-    """A live (starting or running) attempt of a job that asked for a reservation."""
+    """A live (starting, running or being stopped) attempt of a job that asked for a
+    reservation."""
 
     attempt_id: int
     job_id: int
     reservation: str
     nodes: tuple[str, ...] = ()
     grace: float = 0.0  # the warning its planned stops give it (its own, else the cluster's)
+    stopping: bool = False  # asked to stop already (this stop or another): left alone
 
 
 @dataclass(frozen=True, slots=True)
@@ -488,14 +490,14 @@ def due_end_stops(
     grace: they get their checkpoint signal now and SIGTERM at that time (an attempt whose
     grace is longer than what is left gets what is left). None when `overrun` is None
     (UNLIMITED). ``early``: the caller's tick interval, so that no job gets up to a tick less
-    warning than its grace. An attempt whose reservation is unknown (never: a reservation a
-    job uses cannot be deleted) is left alone."""
+    warning than its grace. An attempt being stopped already, or whose reservation is unknown
+    (never: a reservation a job uses cannot be deleted), is left alone."""
     if overrun is None:
         return []
     out: list[EndStop] = []
     for r in running:
         resv = reservations.get(r.reservation)
-        if resv is None:
+        if resv is None or r.stopping:
             continue
         at = resv.end + overrun
         if now + early >= at - r.grace:

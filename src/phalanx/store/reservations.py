@@ -443,9 +443,10 @@ class Reservations(StoreBase):
             return [dict(r) for r in conn.execute(q).mappings()]
 
     def attempts_in_reservations(self, names: Sequence[str]) -> list[dict[str, Any]]:
-        """Live (starting or running) attempts, current for their job, of jobs that asked
-        for one of the reservations `names`: attempt_id, job_id, nodes, reservation. Read from
-        the live attempts (few, by index), not from every job's spec."""
+        """Live (starting, running or stopping) attempts, current for their job, of jobs
+        that asked for one of the reservations `names`: attempt_id, job_id, nodes,
+        reservation, stopping. Read from the live attempts (few, by index), not from every
+        job's spec."""
         if not names:
             return []
         wanted = set(names)
@@ -455,12 +456,17 @@ class Reservations(StoreBase):
                     s.attempts.c.id,
                     s.attempts.c.job_id,
                     s.attempts.c.nodes,
+                    s.attempts.c.state,
                     RESERVATION_OF_JOB.label("reservation"),
                 )
                 .join(s.jobs, s.jobs.c.id == s.attempts.c.job_id)  # by its primary key
                 .where(
                     s.attempts.c.state.in_(
-                        [AttemptState.STARTING.value, AttemptState.RUNNING.value]
+                        [
+                            AttemptState.STARTING.value,
+                            AttemptState.RUNNING.value,
+                            AttemptState.STOPPING.value,
+                        ]
                     ),
                     s.jobs.c.attempt_id == s.attempts.c.id,
                     RESERVATION_OF_JOB.is_not(None),
@@ -472,6 +478,7 @@ class Reservations(StoreBase):
                     "job_id": int(r["job_id"]),
                     "nodes": list(r["nodes"] or ()),
                     "reservation": str(r["reservation"]),
+                    "stopping": r["state"] == AttemptState.STOPPING.value,
                 }
                 for r in rows
                 if r["reservation"] in wanted
