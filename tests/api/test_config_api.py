@@ -201,3 +201,23 @@ def test_at_start_the_store_version_wins_over_a_different_file(
     )
     assert "phalanx config apply FILE" in caplog.text
     assert [v["version"] for v in store.config_history()] == [1]
+
+
+def test_a_key_added_by_a_later_release_is_no_difference_at_start(
+    store: Store, config: Config, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A version stored before a key existed (here timing.reservation_overrun) means its
+    default: a file that leaves it at the default does not differ, one that sets it does."""
+    doc = cluster_document(config)
+    del doc["timing"]["reservation_overrun"]  # as a release before it stored version 1
+    store.config_first(doc, actor="old", partitions=partition_rows(config))
+    with caplog.at_level("WARNING", logger="phalanx.controller"):
+        running, version = confversions.startup(store, config, "a")
+    assert version == 1 and running.timing.reservation_overrun == 0.0
+    assert "differs from the store's" not in caplog.text
+    later = config.model_copy(
+        update={"timing": config.timing.model_copy(update={"reservation_overrun": "UNLIMITED"})}
+    )
+    with caplog.at_level("WARNING", logger="phalanx.controller"):
+        confversions.startup(store, later, "b")
+    assert "version 1 in timing.reservation_overrun" in caplog.text

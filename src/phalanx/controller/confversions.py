@@ -89,8 +89,11 @@ def startup(store: Store, file_config: Config, cid: str) -> tuple[Config, int]:
         current = store.config_first(mine, actor=cid, partitions=partition_rows(file_config))
     version = int(current["version"])
     config = with_document(file_config, current["document"], label(version))
-    if not documents_equal(mine, current["document"]):
-        differ = changed_keys(current["document"], mine)
+    # the version as it runs here: a key added by a later release (absent from a version
+    # stored before it) has its default, and so differs from the file only if the file sets it
+    stored = cluster_document(config)
+    if not documents_equal(mine, stored):
+        differ = changed_keys(stored, mine)
         log.warning(
             "this controller's configuration file differs from the store's %s in %s: the "
             "store's version is in force for every controller (the file's cluster-wide "
