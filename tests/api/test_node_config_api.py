@@ -84,3 +84,47 @@ def test_registration_and_heartbeats_carry_the_nodes_settings(
     assert r.status_code == 422, r.text
     assert "nodes.prolog: prolog.timeout: must be a number of seconds" in r.text
     assert versioned.versions.version == 2
+
+
+def test_the_version_each_agent_runs_is_shown_and_a_node_behind_is_marked(
+    client: TestClient, versioned: Controller, config: Config
+) -> None:
+    """The version an agent says it runs is stored by the heartbeat flush (once per change)
+    and shown by GET /v1/nodes, `phalanx nodes` and `scontrol show node`, with the cluster's
+    current version: a node that has not taken a new version yet is behind."""
+    from phalanx.cli import render
+    from phalanx.slurm import scontrol
+
+    register(client, "n1")
+    register(client, "n2")
+    heartbeat(client, "n1", 1)
+    heartbeat(client, "n2", 1)
+    versioned.heartbeats.flush()
+
+    def nodes() -> dict[str, dict[str, Any]]:
+        r = client.get("/v1/nodes")
+        assert r.status_code == 200, r.text
+        return {n["name"]: n for n in r.json()["nodes"]}
+
+    seen = nodes()
+    assert {n: (v["config_version"], v["config_behind"]) for n, v in seen.items()} == {
+        "n1": (1, False),
+        "n2": (1, False),
+    }
+    r = client.post(
+        "/v1/config/apply",
+        json={"text": to_toml(cluster_document(config)) + NODES, "base_version": 1},
+    )
+    assert r.status_code == 200, r.text
+    heartbeat(client, "n2", 2)  # n2 took version 2 from its reply; n1 has not heard yet
+    versioned.heartbeats.flush()
+    seen = nodes()
+    assert seen["n1"]["cluster_config_version"] == 2
+    assert (seen["n1"]["config_version"], seen["n1"]["config_behind"]) == (1, True)
+    assert (seen["n2"]["config_version"], seen["n2"]["config_behind"]) == (2, False)
+    assert render.config_text(seen["n1"]) == "1 (behind 2)"
+    assert render.config_text(seen["n2"]) == "2"
+    assert "ConfigVersion=1 ClusterConfigVersion=2" in scontrol.node_lines(seen["n1"], ["batch"])
+    one = client.get("/v1/nodes/n1").json()
+    assert (one["config_version"], one["config_behind"]) == (1, True)
+    assert "ConfigVersion=1 (behind 2)" in render.node_detail(one)

@@ -149,3 +149,15 @@ def test_live_facts(store: Store) -> None:
     facts = store.config_live_facts()
     assert sorted(facts["nodes"]) == ["n1", "n2"]
     assert facts["active_by_partition"] == {"batch": 2}
+
+
+def test_the_version_each_node_runs_is_recorded(store: Store) -> None:
+    """What a node's agent says it runs (the heartbeat flush writes it): each node its own,
+    a node not named left as it is, the same value again a no-op."""
+    for n in ("n1", "n2", "n3"):
+        add_node(store, n)
+    store.record_config_versions({"n1": 2, "n2": 1})
+    store.record_config_versions({"n2": 2})
+    store.record_config_versions({"n2": 2, "nope": 5})  # an unknown node is no error
+    got = {n["name"]: n["config_version"] for n in store.list_nodes()}
+    assert got == {"n1": 2, "n2": 2, "n3": None}

@@ -226,7 +226,8 @@ def _exit(j: dict[str, Any]) -> str:
 
 def nodes_table(nodes: list[dict[str, Any]]) -> Table:
     t = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("NODE", "STATE", "CPUS(A/T)", "MEM(A/T)", "GPUS(A/T)", "FEATURES", "REASON"):
+    cols = ("NODE", "STATE", "CPUS(A/T)", "MEM(A/T)", "GPUS(A/T)", "FEATURES", "CONFIG", "REASON")
+    for col in cols:
         t.add_column(col)
     for n in nodes:
         reason = n["drain_reason"] or n["down_reason"] or ""
@@ -246,10 +247,22 @@ def nodes_table(nodes: list[dict[str, Any]]) -> Table:
             f"{n['mem_alloc_mb']}/{n['mem_mb']}",
             f"{n['gpus_alloc']}/{len(n['gpus'])}",
             ",".join(n["features"]) or "-",
+            config_text(n),
             reason,
         )
         t.add_row(*(escape(c) for c in cells))
     return t
+
+
+def config_text(n: dict[str, Any]) -> str:
+    """The cluster configuration version a node's agent runs: `3`, `2 (behind 3)`, `-`
+    (not said: no version in the store, an agent that does not report it)."""
+    applied = n.get("config_version")
+    if applied is None:
+        return "-"
+    if n.get("config_behind"):
+        return f"{applied} (behind {n.get('cluster_config_version')})"
+    return str(applied)
 
 
 def node_detail(n: dict[str, Any]) -> str:
@@ -261,7 +274,8 @@ def node_detail(n: dict[str, Any]) -> str:
         f"   Gres=gpu:{len(n['gpus'])}"
         + (f" ({','.join(gpu_types)})" if gpu_types else "")
         + f" GresUsed=gpu:{n['gpus_alloc']} Features={','.join(n['features']) or '(null)'}",
-        f"   LastHeartbeat={_ts(n['last_heartbeat'])} Registered={_ts(n['registered_at'])}",
+        f"   LastHeartbeat={_ts(n['last_heartbeat'])} Registered={_ts(n['registered_at'])}"
+        + (f" ConfigVersion={config_text(n)}" if n.get("config_version") is not None else ""),
         *(
             ["   Topology=" + ",".join(f"{k}={v}" for k, v in n["topology"].items())]
             if n.get("topology")

@@ -34,7 +34,7 @@ async def answer_heartbeat(ctl: Controller, node: str, body: HeartbeatIn) -> Res
             f"{lag:.1f}s ago is stored, and it answers only within {limit:g}s "
             "(heartbeat_flush_interval + db_op_timeout); ask another controller"
         )
-    ctl.seen(node)
+    ctl.seen(node, body.node_config_version)
     if body.steps_at:
         ctl.step_addrs[node] = body.steps_at
     else:

@@ -155,6 +155,7 @@ class ConfigVersions:
         self.local = local  # this process's file: its process-local settings
         self.cid = cid
         self.version = version  # the version running (None: the store has none: tests, sim)
+        self._latest: int | None = None  # the current version the last presence tick read
         self.problem: str | None = None  # why the current version cannot run here
         self.refused: int | None = None  # the version that could not run
         self.adopt = adopt
@@ -162,6 +163,13 @@ class ConfigVersions:
         self._lock = threading.Lock()
         CONFIG_VERSION.set(version or 0)
         CONFIG_OK.set(1)
+
+    @property
+    def latest(self) -> int | None:
+        """The cluster's current version as this controller last saw it (its presence loop,
+        or the version it runs if newer): what a node's agent should run."""
+        seen = [v for v in (self.version, self._latest) if v is not None]
+        return max(seen) if seen else None
 
     def runs(self, version: int | None) -> bool:
         """Whether `version` (the current one, as a snapshot read it) is the one running:
@@ -177,6 +185,8 @@ class ConfigVersions:
             problem=self.problem,
             seen=self.problem is None,
         )
+        if current is not None:
+            self._latest = max(current, self._latest or 0)
         if self.problem is not None:
             self.stop_duties()  # a lease taken by a tick in flight when the problem came
         if current is None or current == self.version or current == self.refused:

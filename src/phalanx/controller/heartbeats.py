@@ -6,18 +6,26 @@ heartbeat stays in the batch until its flush commits, and the failure detector c
 batch as heard (`unflushed`, `pending`), so a node is never judged silent while its heartbeat
 is on its way to the store. Apart from the exchange so that the detector's view of "heard" and
 the flush that empties it share one lock and nothing else.
+
+The cluster configuration version whose node settings an agent says it runs comes with its
+heartbeat and is written by the flush too, in a write of its own, only when it differs from
+what this controller last wrote for the node (once per node and version; `phalanx nodes` and
+`scontrol show node` show it).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
 from prometheus_client import Counter
 
 from phalanx.clock import Clock, SystemClock
-from phalanx.errors import StoreUnavailable
+from phalanx.errors import PhalanxError, StoreUnavailable
 from phalanx.store.surface import AgentExchange
+
+log = logging.getLogger("phalanx.controller")
 
 HEARTBEATS = Counter("phalanx_heartbeats_total", "Agent heartbeats received by this controller")
 
@@ -25,7 +33,7 @@ HEARTBEATS = Counter("phalanx_heartbeats_total", "Agent heartbeats received by t
 class Heartbeats:
     def __init__(
         self,
-        store: AgentExchange,  # only record_heartbeats
+        store: AgentExchange,  # only record_heartbeats and record_config_versions
         cid: str,
         *,
         kick: Callable[[], None],
@@ -39,6 +47,8 @@ class Heartbeats:
         self.unrecorded = unrecorded
         self.clock = clock or SystemClock()  # when a node was heard (monotonic)
         self._beats: dict[str, float] = {}  # node -> monotonic time last seen
+        self._versions: dict[str, int] = {}  # node -> config version its agent last said
+        self._written: dict[str, int] = {}  # node -> the version this controller stored
         # everything heard before this (monotonic) is stored: the batch time of the last flush
         # that committed, or when the controller registered (its mark set to then). None
         # until then: a controller that has not started (in-process tests drive its ticks
@@ -61,10 +71,12 @@ class Heartbeats:
                 return 0.0
             return self.clock.monotonic() - self._stored_through
 
-    def seen(self, node: str) -> None:
+    def seen(self, node: str, config_version: int | None = None) -> None:
         HEARTBEATS.inc()
         with self._lock:
             self._beats[node] = self.clock.monotonic()
+            if config_version is not None:
+                self._versions[node] = config_version
 
     def unflushed(self) -> list[str]:
         """The nodes heard since the last flush that committed."""
@@ -90,6 +102,7 @@ class Heartbeats:
         with self._lock:
             beats = dict(self._beats)
             taken = self.clock.monotonic()  # all heard before this is in `beats` or stored
+            versions = {n: v for n, v in self._versions.items() if self._written.get(n) != v}
         now = self.clock.monotonic()
         try:
             back = self.store.record_heartbeats(
@@ -107,6 +120,14 @@ class Heartbeats:
         except StoreUnavailable:
             self.unrecorded()  # see ClusterDuty.tick
             raise
+        if versions:  # rare (a new version, a controller's first flush): a write of its own
+            try:
+                self.store.record_config_versions(versions)
+            except PhalanxError as e:  # shown, not safety: tried again by the next flush
+                log.warning("could not record the nodes' configuration versions: %s", e.message)
+            else:
+                with self._lock:
+                    self._written.update(versions)
         if back:
             self.kick()
             return f"back in service: {', '.join(back)}"

@@ -23,7 +23,8 @@ def router(api: ApiContext) -> APIRouter:
     def nodes(ident: Identity = Depends(caller)) -> dict[str, Any]:
         windows = ctl.store.list_windows()
         rows = ctl.store.list_nodes()
-        views = [api.node_for(ident, node_view(n)) for n in rows]
+        current = ctl.versions.latest
+        views = [api.node_for(ident, node_view(n, current)) for n in rows]
         for v, n in zip(views, rows, strict=True):
             v["maintenance"] = maintenance_api.node_windows(v["name"], windows)
             v["topology"] = dict(ctl.topology.place(n["name"], n.get("topology")))
@@ -32,7 +33,7 @@ def router(api: ApiContext) -> APIRouter:
     @r.get("/v1/nodes/{name}")
     def node(name: str, ident: Identity = Depends(caller)) -> dict[str, Any]:
         row = ctl.store.get_node(name)
-        view = api.node_for(ident, node_view(row))
+        view = api.node_for(ident, node_view(row, ctl.versions.latest))
         view["maintenance"] = maintenance_api.node_windows(name, ctl.store.list_windows())
         # the place placement uses: the config's [topology] rules, else what the agent reported
         view["topology"] = dict(ctl.topology.place(name, row.get("topology")))
@@ -45,12 +46,12 @@ def router(api: ApiContext) -> APIRouter:
         if requeued:
             ctl.waiters.notify([name])
         ctl.kick()
-        return {**node_view(ctl.store.get_node(name)), "requeued": requeued}
+        return {**node_view(ctl.store.get_node(name), ctl.versions.latest), "requeued": requeued}
 
     @r.post("/v1/nodes/{name}/resume")
     def resume(name: str, ident: Identity = Depends(caller)) -> dict[str, Any]:
         ctl.store.resume(name, ident.actor)
         ctl.kick()
-        return node_view(ctl.store.get_node(name))
+        return node_view(ctl.store.get_node(name), ctl.versions.latest)
 
     return r

@@ -341,9 +341,10 @@ class Controller:
         """Accounting retention (ClusterDuty.purge_tick)."""
         return self.cluster.purge_tick(now=now, force=force)
 
-    def seen(self, node: str) -> None:
-        """A heartbeat of `node` (written by the next flush: Heartbeats)."""
-        self.heartbeats.seen(node)
+    def seen(self, node: str, config_version: int | None = None) -> None:
+        """A heartbeat of `node` (written by the next flush: Heartbeats), and the cluster
+        configuration version whose node settings its agent says it runs."""
+        self.heartbeats.seen(node, config_version)
 
     def register(self, node: str, info: dict[str, Any]) -> dict[str, Any]:
         return self.agents.register(node, info)

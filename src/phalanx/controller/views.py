@@ -143,9 +143,12 @@ def _command(spec: dict[str, Any]) -> str | None:
     return " ".join(argv) or None
 
 
-def node_view(n: dict[str, Any]) -> dict[str, Any]:
+def node_view(n: dict[str, Any], cluster_version: int | None = None) -> dict[str, Any]:
+    """A node as the API shows it; `cluster_version`: the cluster configuration's current
+    version, against which the one its agent runs (`config_version`) is behind or not."""
     used = n["used"]
     busy = bool(used["jobs"])
+    applied = n.get("config_version")
     return {
         "name": n["name"],
         "state": node_display_state(
@@ -176,4 +179,10 @@ def node_view(n: dict[str, Any]) -> dict[str, Any]:
         "spare_for": n.get("spare_for") or [],  # jobs this node is held for as a hot spare
         "health": n.get("health"),
         "launch_failures": n.get("launch_failures", 0),
+        # the cluster configuration version whose node settings its agent runs (heartbeats)
+        "config_version": applied,
+        "cluster_config_version": cluster_version,
+        "config_behind": applied is not None
+        and cluster_version is not None
+        and applied < cluster_version,
     }

@@ -174,6 +174,13 @@ def node_lines(node: dict[str, Any], partitions: list[str]) -> list[str]:
         f"CfgTRES={','.join(cfg)}",
         f"AllocTRES={','.join(alloc) if node.get('cpus_alloc') else ''}",
     ]
+    if node.get("cluster_config_version") is not None:
+        # Phalanx's: the cluster configuration version whose node settings the agent runs,
+        # and the cluster's (a node behind shows a lower ConfigVersion than the cluster's)
+        lines.append(
+            f"ConfigVersion={records.null_text(node.get('config_version'))} "
+            f"ClusterConfigVersion={node['cluster_config_version']}"
+        )
     reason = node.get("drain_reason") if node.get("drain") else node.get("down_reason")
     if reason:
         who = node.get("drain_by") or "root"

@@ -131,6 +131,23 @@ _Exchange = tuple[str, Sequence[TaskReport], float | None]  # (node, reports, ta
 class AgentReports(AttemptProgress):
     """The agents' hot path."""
 
+    def record_config_versions(self, versions: Mapping[str, int]) -> None:
+        """The cluster configuration version whose node settings each node's agent says it
+        runs (`nodes.config_version`, migration 0021); only rows that differ are written."""
+        if not versions:
+            return
+        n = s.nodes.c
+        with self.db.begin() as conn:
+            conn.execute(
+                update(s.nodes)
+                .where(
+                    n.name == bindparam("b_name"),
+                    or_(n.config_version.is_(None), n.config_version != bindparam("b_v")),
+                )
+                .values(config_version=bindparam("b_v")),
+                [{"b_name": k, "b_v": int(v)} for k, v in sorted(versions.items())],
+            )
+
     def record_heartbeats(
         self,
         ages: dict[str, float],

@@ -165,6 +165,8 @@ class AgentExchange(Protocol):
         steps_at: str | None = None,
     ) -> dict[str, Any]: ...
 
+    def record_config_versions(self, versions: Mapping[str, int]) -> None: ...
+
     def record_heartbeats(
         self,
         ages: dict[str, float],
