@@ -44,8 +44,8 @@ test: install lint
 	bash scripts/ensure-tools.sh
 	bash scripts/ensure-mpi.sh
 	$(BIN)/pytest -q --durations=20 -m "not soak and not serial and not paired" \
-		-n $(TEST_WORKERS) --dist loadfile
-	$(BIN)/pytest -q --durations=10 -m "paired and not soak" -n 2 --dist loadfile $(TIMED_DIRS)
+		-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(BIN)/pytest -q --durations=10 -m "paired and not soak" -n 2 --dist loadfile --no-loadscope-reorder $(TIMED_DIRS)
 	$(BIN)/pytest -q --durations=10 -m "serial and not soak" $(TIMED_DIRS)
 
 # The long runs kept out of `make test`: the 1,000-node simulation, the chaos runs (a few

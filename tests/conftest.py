@@ -8,6 +8,8 @@ SQLite; divergence between the two is a bug we want to catch.
 
 from __future__ import annotations
 
+import json
+import statistics
 import sys
 import uuid
 from collections.abc import Iterator
@@ -83,6 +85,42 @@ def pytest_itemcollected(item: pytest.Item) -> None:
             f"{item.nodeid} is marked {marked.name} outside {', '.join(TIMED_DIRS)}: move it "
             "there, or add its directory to TIMED_DIRS and to the Makefile's test target"
         )
+
+
+def _module_seconds() -> dict[str, float]:
+    """Each module's seconds in a recent run (tests/module_seconds.json, written by
+    scripts/test-durations.py); a module missing there gets its directory's median."""
+    path = _TESTS_DIR / "module_seconds.json"
+    try:
+        known: dict[str, float] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return known
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Longest modules first (`make test` runs with `--dist loadfile --no-loadscope-reorder`,
+    so the parallel workers take whole modules in this order): a long module started last
+    would run alone at the end while the other workers idle. xdist's own order (most tests
+    first) put a 45 s one-test module (Snakemake) at the very end. The order of the tests
+    inside a module is kept."""
+    seconds = _module_seconds()
+    if not seconds:
+        return
+    by_dir: dict[str, list[float]] = {}
+    for module, s in seconds.items():
+        by_dir.setdefault(module.split("/")[0], []).append(s)
+    median = {d: statistics.median(v) for d, v in by_dir.items()}
+
+    def weight(item: pytest.Item) -> float:
+        try:
+            rel = item.path.resolve().relative_to(_TESTS_DIR).as_posix()
+        except ValueError:
+            return 0.0
+        return seconds.get(rel, median.get(rel.split("/")[0], 0.0))
+
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (-weight(item), str(item.path), order[id(item)]))
 
 
 from pgserver import PgServer, PostgresNotAvailable  # noqa: E402
