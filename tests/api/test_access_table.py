@@ -200,6 +200,7 @@ BODIES: dict[tuple[str, str], tuple[str, Any]] = {
         "/v1/jobs/{job}/steps/0/wake",
         {"nodes": ["n1"]},
     ),
+    ("POST", "/v1/jobs/{ref}/steps/{step_id}/attach"): ("/v1/jobs/{job}/steps/0/attach", None),
     ("GET", "/v1/jobs/{ref}/rendezvous/{run_id}/state"): (
         "/v1/jobs/{job}/rendezvous/r1/state",
         None,
@@ -288,6 +289,10 @@ OWNER_REFUSALS = {
     (("POST", "/v1/jobs/{ref}/steps/signal"), "bob"),
     (("POST", "/v1/jobs/{ref}/steps/cancel"), "bob"),
     (("POST", "/v1/jobs/{ref}/steps/{step_id}/wake"), "bob"),
+    (("POST", "/v1/jobs/{ref}/steps/{step_id}/attach"), "bob"),
+    # attaching (her step's output, its stdin): her and admins, as slurmstepd lets the owner,
+    # root and SlurmUser attach; operators act on her jobs but do not attach to them
+    (("POST", "/v1/jobs/{ref}/steps/{step_id}/attach"), "operator"),
     (("GET", "/v1/jobs/{ref}/priority"), "bob"),
     (("GET", "/v1/jobs/{ref}/usage"), "bob"),
     (("GET", "/v1/jobs/{ref}/rendezvous/{run_id}/state"), "bob"),
@@ -300,6 +305,7 @@ PAST_AUTH = {
     ("POST", "/v1/jobs/{ref}/steps"): {409},
     ("GET", "/v1/jobs/{ref}/steps/{step_id}"): {404},
     ("POST", "/v1/jobs/{ref}/steps/{step_id}/wake"): {404},
+    ("POST", "/v1/jobs/{ref}/steps/{step_id}/attach"): {404},
     # a rendezvous is a running job's
     ("GET", "/v1/jobs/{ref}/rendezvous/{run_id}/state"): {409},
     ("PUT", "/v1/jobs/{ref}/rendezvous/{run_id}/state"): {409},
@@ -402,6 +408,7 @@ OWNED = {
     "POST /v1/jobs/{ref}/steps/signal",
     "POST /v1/jobs/{ref}/steps/cancel",
     "POST /v1/jobs/{ref}/steps/{step_id}/wake",
+    "POST /v1/jobs/{ref}/steps/{step_id}/attach",
     "GET /v1/jobs/{ref}/priority",
     "GET /v1/jobs/{ref}/usage",
     "GET /v1/jobs/{ref}/rendezvous/{run_id}/state",

@@ -646,3 +646,48 @@ def test_a_direct_step_comes_with_signed_launches_and_wakes_only_what_srun_canno
     # without `direct` (an older srun), the step wakes every node as before
     r = client.post(f"/v1/jobs/{jid}/steps", json=body, headers=USER)
     assert "launch" not in r.json() and sorted(woken[-1]) == ["n1", "n2"]
+
+
+def test_sattach_learns_where_a_steps_io_flows_with_a_token_for_its_owner_and_admins(
+    client: TestClient, ctl: Controller
+) -> None:
+    """`POST .../steps/N/attach`: the step's layout and its srun's address with a token derived
+    from the step's cookie (never the cookie); the tasks read srun's stdin only when srun said
+    it forwards one and their output is streamed. Another user is refused, and so is an
+    operator (Slurm's slurmstepd lets the owner, root and SlurmUser attach); an admin is not."""
+    from api_auth import ADMIN
+
+    from phalanx.auth.attachcred import attach_token
+
+    n1 = Agent(client, "n1")
+    n1.register(cpus=4)
+    jid = submit(client)[0]
+    assert ctl.schedule_tick().startswith("started 1 jobs")
+    starts = n1.heartbeat()["start"]
+    n1.heartbeat([Agent.report(s, "running") for s in starts])
+    cookie = "c" * 32
+    body = {"argv": ["cat"], "host": "10.0.0.7", "port": 4242, "cookie": cookie, "stdin": True}
+    sid = client.post(f"/v1/jobs/{jid}/steps", json=body, headers=USER).json()["step_id"]
+    # srun forwards its stdin: the task's stdin is its stdout connection (agent/shepherd_start)
+    assert ctl.store.step_io(jid, sid)["io"]["stdin"] is True
+    r = client.post(f"/v1/jobs/{jid}/steps/{sid}/attach", headers=as_user("alice"))
+    assert r.status_code == 200, r.text
+    info = r.json()
+    assert cookie not in r.text
+    assert (info["state"], info["nodes"], info["task_ids"]) == ("RUNNING", ["n1"], [[0]])
+    assert info["attach"] == {
+        "host": "10.0.0.7",
+        "port": 4242,
+        "token": attach_token(cookie),
+        "stdout": True,
+        "stderr": True,
+        "stdin": True,
+        "pty": False,
+    }
+    for who, status in ((as_user("bob"), 403), (as_user("olga", "operator"), 403), (ADMIN, 200)):
+        assert client.post(f"/v1/jobs/{jid}/steps/{sid}/attach", headers=who).status_code == status
+    assert client.post(f"/v1/jobs/{jid}/steps/7/attach", headers=USER).status_code == 404
+    # output to files (srun -o): nothing streams, so no stdin either
+    r = client.post(f"/v1/jobs/{jid}/steps", json={**body, "output": "out-%t"}, headers=USER)
+    files = client.post(f"/v1/jobs/{jid}/steps/{r.json()['step_id']}/attach", headers=USER)
+    assert files.json()["attach"]["stdin"] is False and files.json()["attach"]["stdout"] is False

@@ -111,6 +111,11 @@ class _JobStart(_TaskState):
             # a step task whose output streams to its srun (files given with srun -o/-e win)
             self.out_fd = _connect_stream(io, "out")
             self.err_fd = _connect_stream(io, "err") if io.get("stderr") else self.out_fd
+            if io.get("stdin"):
+                # srun forwards stdin (its own, and sattach's) on the task's stdout
+                # connection, and shuts its sending side down at their end: the task reads
+                # it as its stdin (without the flag: /dev/null, as an older srun expects)
+                self.stdin_fd = self.out_fd
             if not io.get("stderr"):
                 return self._open_one_output(spec)
             return
@@ -323,7 +328,8 @@ class _JobStart(_TaskState):
                 os.setresgid(user.gid, user.gid, user.gid)
                 os.setresuid(user.uid, user.uid, user.uid)
             what = "cannot set up the job's standard streams"
-            os.dup2(self.out_fd if self.tty else devnull, 0)
+            stdin = self.out_fd if self.tty else self.stdin_fd
+            os.dup2(stdin if stdin >= 0 else devnull, 0)
             os.dup2(self.out_fd, 1)
             os.dup2(self.err_fd, 2)
             for signum in _RESTORE_DEFAULT:

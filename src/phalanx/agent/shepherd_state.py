@@ -58,6 +58,7 @@ class _TaskState:
         self.cgroup: dict[str, Any] | None = None  # the attempt's cgroup plan, once set up
         self.cpus: list[int] = []  # CPU affinity for the job (empty: inherit)
         self.tty = False  # out_fd is a pty (srun --pty): stdin and controlling terminal too
+        self.stdin_fd = -1  # the task's stdin when its srun forwards one (else /dev/null)
         # the node's hooks (shepherd_hooks.py): why the prolog failed, and whether the
         # epilog is still to run (a prolog ran and succeeded, or there is none)
         self.prolog_failed: str | None = None

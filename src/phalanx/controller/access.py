@@ -72,6 +72,9 @@ RULES: dict[tuple[str, str], Rule] = {
     ("POST", "/v1/jobs/{ref}/steps/{step_id}/wake"): Rule(
         USER, "waking the nodes of a job step (srun)", owner=True
     ),
+    ("POST", "/v1/jobs/{ref}/steps/{step_id}/attach"): Rule(
+        USER, "attaching to a job step's I/O (sattach)", owner=True
+    ),
     # torchrun --rdzv-backend=phalanx: the job's own processes, as srun (rendezvous_api.py)
     ("GET", "/v1/jobs/{ref}/rendezvous/{run_id}/state"): Rule(
         USER, "reading a job's rendezvous (torchrun)", owner=True
@@ -166,6 +169,21 @@ def check_owner(ident: Identity, rows: Iterable[dict[str, Any]], what: str) -> N
                 job=str(ref),
                 owner=row["user"],
             )
+
+
+def check_attach(ident: Identity, row: dict[str, Any]) -> None:
+    """`sattach` (reading a step's output, writing to its stdin): the job's owner or an admin
+    (root on a cluster host). Operators act on others' jobs but do not attach to them: Slurm's
+    slurmstepd lets only the owner, root and SlurmUser attach."""
+    if row["user"] == ident.user or ident.at_least(ADMIN):
+        return
+    ref = row.get("job_id") or row["id"]
+    raise Forbidden(
+        f"job {ref} belongs to {row['user']}; {ident.user} may not attach to its steps "
+        "(sattach): only its owner and admins may",
+        job=str(ref),
+        owner=row["user"],
+    )
 
 
 # fields of `show` that only the owner (or an operator) sees when data is private

@@ -165,6 +165,12 @@ class StepIn(BaseModel):
     pty: bool = Field(
         default=False, description="srun --pty: task 0 on a pseudo-terminal relayed to srun"
     )
+    stdin: bool = Field(
+        default=False,
+        description="srun forwards stdin (its own, and sattach's) on each task's stdout "
+        "connection, which the task reads as its stdin; without it a task's stdin is "
+        "/dev/null (srun's own stdin is /dev/null, or its output goes to files)",
+    )
     direct: bool = Field(
         default=False,
         description="srun hands each node its launch itself (the reply's `launch`: a signed "

@@ -7,8 +7,9 @@ from typing import Any
 
 from fastapi import APIRouter, Depends
 
+from phalanx.auth.attachcred import attach_token
 from phalanx.auth.tokens import Identity
-from phalanx.controller import taskusage
+from phalanx.controller import access, taskusage
 from phalanx.controller.api_context import ApiContext, caller
 from phalanx.controller.api_models import StepCancelIn, StepIn, StepSignalIn, StepWakeIn
 from phalanx.controller.launch import job_layout
@@ -50,6 +51,7 @@ def router(api: ApiContext) -> APIRouter:
                 "stdout": body.output is None,
                 "stderr": body.error is None,
                 **({"pty": True} if body.pty else {}),
+                **({"stdin": True} if body.stdin and body.output is None else {}),
             },
         }
         if body.pmi_port is not None:
@@ -90,6 +92,31 @@ def router(api: ApiContext) -> APIRouter:
         nodes = sorted(set(body.nodes) & set(step["nodes"]))
         ctl.waiters.notify(nodes)
         return {"step_id": step_id, "woken": nodes}
+
+    @r.post("/v1/jobs/{ref}/steps/{step_id}/attach")
+    def attach_step(ref: str, step_id: int, ident: Identity = Depends(caller)) -> dict[str, Any]:
+        """`sattach`: the step's layout and, while it runs, where its I/O flows (its srun's
+        address) with a token that attaches there (auth/attachcred.py). Its owner may
+        attach, and admins (root on a cluster host); not operators, as Slurm's slurmstepd
+        lets only the owner, root and SlurmUser attach."""
+        row = api.own_job(ref, ident, "sattach")
+        access.check_attach(ident, row)
+        if not 0 <= step_id < 2**31:
+            raise InvalidSpec(f"invalid step id {step_id}")
+        step = ctl.store.step_io(int(row["id"]), step_id)
+        io = step.pop("io")
+        out = {**step, "job_id": int(row["id"])}
+        if step["state"] == "RUNNING" and io.get("cookie"):
+            out["attach"] = {
+                "host": io["host"],
+                "port": io["port"],
+                "token": attach_token(str(io["cookie"])),
+                "stdout": bool(io.get("stdout") or io.get("pty")),
+                "stderr": bool(io.get("stderr")) and not io.get("pty"),
+                "stdin": bool(io.get("stdin") or io.get("pty")),
+                "pty": bool(io.get("pty")),
+            }
+        return out
 
     @r.get("/v1/jobs/{ref}/steps/{step_id}")
     def show_step(ref: str, step_id: int, ident: Identity = Depends(caller)) -> dict[str, Any]:

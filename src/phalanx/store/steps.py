@@ -384,6 +384,17 @@ class JobSteps(StoreBase):
 
     def get_step(self, job_id: int, step_id: int) -> dict[str, Any]:
         """The job's current attempt's step `step_id` (NotFound if there is none)."""
+        return step_view(self._current_step(job_id, step_id))
+
+    def step_io(self, job_id: int, step_id: int) -> dict[str, Any]:
+        """`get_step` with where its I/O flows (`sattach`): the spec's `io` (its srun's address
+        and cookie, which streams it carries) and each node's task ids. Not for users as it is:
+        the controller derives an attach token from the cookie (auth/attachcred.py)."""
+        row = self._current_step(job_id, step_id)
+        spec = row["spec"] or {}
+        return {**step_view(row), "io": dict(spec.get("io") or {}), "task_ids": spec["task_ids"]}
+
+    def _current_step(self, job_id: int, step_id: int) -> dict[str, Any]:
         with self.db.begin(write=False) as conn:
             att = conn.execute(select(s.jobs.c.attempt_id).where(s.jobs.c.id == job_id)).scalar()
             row = (
@@ -395,7 +406,7 @@ class JobSteps(StoreBase):
             )
         if row is None:
             raise NotFound(f"job {job_id} has no step {step_id}", job_id=job_id)
-        return step_view(dict(row))
+        return dict(row)
 
     def steps_of(self, job_id: int) -> list[dict[str, Any]]:
         """Every recorded step of the job, its attempts in order (accounting, `phalanx show`)."""

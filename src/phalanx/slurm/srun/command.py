@@ -4,14 +4,18 @@ Inside a job (``SLURM_JOB_ID`` set), srun listens on a TCP port, asks the contro
 step in the job (``POST /v1/jobs/ID/steps``) and gets from every task a connection for its
 stdout, one for its stderr and one for its exit record, each opened by the task's shepherd
 with the step's cookie.  Output is copied through as it comes (``-l`` puts ``TASK: `` before
-every line); srun exits with the worst task exit code once every task has reported, and
+every line), and to any `sattach` attached to the step (srun/attach.py).  srun's stdin goes to
+every task, as Slurm's srun forwards it: each task reads it from its stdout connection, and
+srun's end of input is theirs (a batch script's srun has /dev/null: its tasks get /dev/null,
+as before).  srun exits with the worst task exit code once every task has reported, and
 forwards SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 to the step's tasks.  With ``--kill-on-bad-exit``
 a task that fails stops the step.  Should a node die, the controllers end the step and srun,
 which also watches the step's record, stops waiting for the tasks that were there.
 
 Outside a job, srun submits a job whose batch step is ``srun`` itself with the same options,
 told (``PHX_SRUN_ATTACH``) to send the step's streams back to this srun: the terminal sees the
-tasks' output as Slurm's srun shows it.  ``--pty`` runs task 0 on a pseudo-terminal relayed to
+tasks' output as Slurm's srun shows it (its stdin is not forwarded there: the tasks get
+/dev/null).  ``--pty`` runs task 0 on a pseudo-terminal relayed to
 this srun's terminal (pty_relay.py); ``--jobid`` runs a step in a job from outside it.
 """
 
@@ -36,7 +40,7 @@ from phalanx.errors import ControllerUnavailable, PhalanxError
 from phalanx.lean_client import LeanClient
 from phalanx.netaddr import local_address
 from phalanx.slurm.common import SlurmParser, SlurmUsageError, run_command
-from phalanx.slurm.srun import pty_relay
+from phalanx.slurm.srun import attach, pty_relay
 from phalanx.slurm.srun import push as step_push
 from phalanx.slurm.srun.listener import Listener
 from phalanx.slurm.srun.refused import add_refused
@@ -227,6 +231,7 @@ class Caller:
     err: Sink
     # install a signal forwarder for the step's life; returns what undoes it
     on_signals: Callable[[Callable[[int], None]], Callable[[], None]] = field(repr=False)
+    stdin: int | None = None  # the caller's stdin when srun forwards it to the tasks
 
     @classmethod
     def this_process(cls) -> Caller:
@@ -239,7 +244,8 @@ class Caller:
 
             return undo
 
-        return cls(os.environ, os.getcwd(), sys.stdout.buffer, sys.stderr.buffer, install)
+        stdin = 0 if live_stdin(0) else None
+        return cls(os.environ, os.getcwd(), sys.stdout.buffer, sys.stderr.buffer, install, stdin)
 
     def say(self, text: str) -> None:
         with contextlib.suppress(OSError, ValueError):
@@ -249,7 +255,9 @@ class Caller:
 
 # ----------------------------------------------------------------------------- step I/O
 class StepIO:
-    """The listening end of a step: task streams in, exit records collected."""
+    """The listening end of a step: task streams in, exit records collected; the step's I/O
+    hub for `sattach` clients and, with `stdin` (a descriptor of srun's caller), the tasks'
+    stdin (srun/attach.py)."""
 
     def __init__(
         self,
@@ -259,8 +267,18 @@ class StepIO:
         out: Sink | None = None,
         err: Sink | None = None,
         pty: pty_relay.Terminal | None = None,
+        stdin: int | None = None,
     ) -> None:
         self.pty = pty  # --pty: task 0's terminal connection is served by it
+        self.hub = attach.Hub()  # the streams to attached clients (sattach)
+        if pty is not None:
+            pty.tap = lambda data: self.hub.publish(b"o", 0, data)
+        self.stdin_fd = stdin
+        self.inputs = attach.Inputs() if stdin is not None else None
+        self.tasks: list[int] | None = None  # the step's tasks, once it exists (expect)
+        self.closing = False
+        self._wake: tuple[int, int] | None = None  # the stdin pump's wake-up pipe
+        self._pump: threading.Thread | None = None
         self.out: Sink = out if out is not None else sys.stdout.buffer
         self.err: Sink = err if err is not None else sys.stderr.buffer
         self.cookie = os.urandom(16).hex()  # (not `secrets`: ~10 ms of imports per srun)
@@ -289,8 +307,78 @@ class StepIO:
             )
 
     def close(self) -> None:
-        """Stop listening for good (the resident helper runs step after step)."""
+        """Stop listening for good (the resident helper runs step after step); attached
+        clients get what is queued for them and the step's end, and srun stops reading its
+        stdin (the helper's caller's stdin is not the helper's to read after the step)."""
+        with self.cond:
+            self.closing = True
+            self.cond.notify_all()
+            wake = self._wake
+        if wake is not None:
+            with contextlib.suppress(OSError):
+                os.write(wake[1], b"x")
+            if self._pump is not None:
+                self._pump.join(timeout=2.0)  # before the helper closes its caller's stdin
+            if self._pump is None or not self._pump.is_alive():
+                for end in wake:
+                    with contextlib.suppress(OSError):
+                        os.close(end)
+        self.hub.finish()
         self.listener.close()
+
+    def expect(self, tasks: list[int]) -> None:
+        """The step exists with these tasks: srun's stdin goes to them once each has
+        connected (or ended), read only as they take it."""
+        with self.cond:
+            self.tasks = list(tasks)
+            self.cond.notify_all()
+        if self.inputs is not None and self.stdin_fd is not None:
+            self._wake = os.pipe()
+            self._pump = threading.Thread(target=self._pump_stdin, name="srun-stdin", daemon=True)
+            self._pump.start()
+
+    def _inputs_ready(self) -> bool:
+        """Every task's stdin is connected, or the task has ended (or never will start)."""
+        if self.closing:
+            return True
+        if self.tasks is None or self.inputs is None:
+            return False
+        have = self.inputs.tasks() | set(self.exits)
+        return all(t in have for t in self.tasks)
+
+    def _pump_stdin(self) -> None:
+        """srun's stdin to every task, as Slurm's srun forwards it by default; its end is
+        theirs. A terminal is read only while srun is in its foreground (a background srun
+        would be stopped by SIGTTIN), as Slurm's srun leaves a terminal it is not in front
+        of alone."""
+        assert self.inputs is not None and self.stdin_fd is not None and self._wake is not None
+        import select
+
+        fd, wake = self.stdin_fd, self._wake[0]  # (close() closes the wake-up pipe)
+        with self.cond:
+            self.cond.wait_for(self._inputs_ready)
+        tty = os.isatty(fd)
+        both, alone = select.poll(), select.poll()
+        both.register(fd, select.POLLIN)
+        for poller in (both, alone):
+            poller.register(wake, select.POLLIN)
+        while not self.closing:
+            if tty and not _in_foreground(fd):
+                if alone.poll(200):
+                    return
+                continue
+            if any(ready == wake for ready, _ in both.poll()):
+                return
+            try:
+                data = os.read(fd, 65536)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                self.inputs.end(None)
+                return
+            self.inputs.send(None, data)
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:
@@ -302,6 +390,10 @@ class StepIO:
             parts = head.split()
             import hmac  # here, off srun's start-up path
 
+            if len(parts) == 3 and parts[2] == "attach":
+                if hmac.compare_digest(parts[0], self._attach_token()):
+                    self._attach(conn)
+                return
             if len(parts) != 3 or not hmac.compare_digest(parts[0], self.cookie):
                 return  # not one of ours: say nothing
             task, what = int(parts[1]), parts[2]
@@ -318,29 +410,77 @@ class StepIO:
                 with self.cond:
                     self.exits[task] = record
                     self.cond.notify_all()
+                self.hub.publish(b"x", task, json.dumps(record).encode(), keep=False)
                 return
             sink = self.err if what == "err" else self.out
             with self.cond:
                 self.open_streams += 1
+                if what == "out" and self.inputs is not None:
+                    self.inputs.add(task, conn)  # its stdin too (agent/shepherd_start.py)
+                    self.cond.notify_all()
             try:
                 if what == "pty" and self.pty is not None:
                     self.pty.serve(conn)
                 else:
-                    self._copy(conn, sink, task)
+                    self._copy(conn, sink, task, b"e" if what == "err" else b"o")
             finally:
                 with self.cond:
                     self.open_streams -= 1
                     self.closed_streams += 1
                     self.cond.notify_all()
 
-    def _copy(self, conn: socket.socket, sink: Sink, task: int) -> None:
+    def _attach_token(self) -> str:
+        from phalanx.auth.attachcred import attach_token
+
+        return attach_token(self.cookie)
+
+    def _attach(self, conn: socket.socket) -> None:
+        """A `sattach` client (srun/attach.py): the hello, the output kept, every frame from
+        now on; its stdin to the tasks. Its going away changes nothing for the step."""
+        conn.settimeout(None)
+        with self.cond:
+            exits = {str(t): rec for t, rec in self.exits.items()}
+        hello = {
+            "exits": exits,
+            "stdin": self.inputs is not None or self.pty is not None,
+            "pty": self.pty is not None,
+        }
+        client = attach.Client(conn)
+        self.hub.attach(client, json.dumps(hello).encode())
+        try:
+            while (got := attach.read_frame(conn)) is not None:
+                kind, task, data = got
+                if kind != b"i":
+                    continue
+                if self.pty is not None:  # keys for task 0's terminal; it has no end of input
+                    if data and task in (attach.ALL, 0):
+                        with contextlib.suppress(OSError):
+                            self.pty.send_keys(data)
+                    continue
+                if self.inputs is None:
+                    continue
+                with self.cond:
+                    self.cond.wait_for(self._inputs_ready, timeout=30.0)
+                tasks = None if task == attach.ALL else [task]
+                if data:
+                    self.inputs.send(tasks, data)
+                else:
+                    self.inputs.end(tasks)
+        finally:
+            self.hub.detach(client)
+            client.finish()
+
+    def _copy(self, conn: socket.socket, sink: Sink, task: int, kind: bytes = b"o") -> None:
         prefix = f"{task}: ".encode()
         partial = b""
+        publish = self.hub.publish
         while True:
             try:
                 chunk = conn.recv(65536)
             except OSError:
                 chunk = b""
+            if chunk:
+                publish(kind, task, chunk)
             if not chunk:
                 if partial:
                     self._write(sink, (prefix + partial + b"\n") if self.label else partial)
@@ -360,6 +500,26 @@ class StepIO:
                 sink.flush()
             except (OSError, ValueError):
                 pass  # the reader went away (srun | head): the tasks run on
+
+
+def _in_foreground(fd: int) -> bool:
+    """Whether this process is in the foreground of the terminal `fd`."""
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return True  # not its controlling terminal: reading it stops nobody
+
+
+def live_stdin(fd: int) -> bool:
+    """Whether srun forwards the stdin it has on `fd`: not closed, not /dev/null (a batch
+    script's: its end would be the tasks' at once, as their own /dev/null is)."""
+    import stat
+
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return False
+    return not (stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3))
 
 
 def _read_line(conn: socket.socket, limit: int = 512) -> str:
@@ -390,7 +550,13 @@ def advertised_host(urls: list[str], env: Mapping[str, str] | None = None) -> st
 
 
 def _body(
-    opts: Any, host: str, cookie: str, port: int, caller: Caller | None = None
+    opts: Any,
+    host: str,
+    cookie: str,
+    port: int,
+    caller: Caller | None = None,
+    *,
+    stdin: bool = False,
 ) -> dict[str, Any]:
     caller = caller or Caller.this_process()
     env = dict(caller.env)
@@ -432,6 +598,8 @@ def _body(
     }
     if opts.pty:
         body["pty"] = True
+    if stdin:
+        body["stdin"] = True  # the tasks read their stdin from their stdout connections
     return body
 
 
@@ -447,12 +615,14 @@ def _step(
     attach = caller.env.get(ATTACH_ENV)
     if attach:
         return _inner(client, job, opts, attach)
-    io = StepIO(label=bool(opts.label), out=caller.out, err=caller.err, pty=term)
+    forward = caller.stdin if opts.output is None and not opts.pty else None
+    io = StepIO(label=bool(opts.label), out=caller.out, err=caller.err, pty=term, stdin=forward)
     pmi = _pmi_server(opts, client, job, caller)
     try:
         host = host or advertised_host(client.urls, caller.env)
-        body = _body(opts, host, io.cookie, io.port, caller)
+        body = _body(opts, host, io.cookie, io.port, caller, stdin=forward is not None)
         step = _start_with_pmi(client, job, body, pmi)
+        io.expect([t for ids in step["task_ids"] for t in ids])
         return _abort_code(pmi, _supervise(client, job, step, io, opts, caller))
     finally:
         io.close()

@@ -6,7 +6,8 @@ leaves behind); it also exits after ``IDLE_S`` without a request, or once anothe
 taken its socket's name.  It runs steps exactly as srun.py does (the same code: options,
 request body, step I/O, supervision, exit status) on behalf of the thin srun (srun/thin.py),
 with the caller's environment and directory, writing the tasks' output to the caller's own
-stdout and stderr (passed over the socket), and forwarding the signals the caller relays.
+stdout and stderr (passed over the socket, with its stdin, which goes to the step's tasks),
+and forwarding the signals the caller relays.
 
 The socket lives in the job's own ``$TMPDIR``, is created mode 0600, and a connection whose
 peer (``SO_PEERCRED``) is another user than the job's or root is answered ``refused ...`` and
@@ -151,13 +152,18 @@ class Helper:
         except (SlurmUsageError, SystemExit):
             conn.sendall(b"fallback\n")  # the full srun says what is wrong, as it always has
             return fds
-        if opts.pty or opts.jobid:
-            conn.sendall(b"fallback\n")  # a terminal is srun's own (the helper has none)
+        stdin = fds[0] if len(fds) == 3 else None  # a thin srun that passes none: /dev/null
+        if opts.pty or opts.jobid or (stdin is not None and os.isatty(stdin)):
+            # a terminal is srun's own: the helper is in none's foreground (for a stdin
+            # that is one, only srun can tell whether it may read it)
+            conn.sendall(b"fallback\n")
             return fds
         conn.sendall(b"ok\n")
         conn.settimeout(None)
         relay = SignalRelay(conn)
-        caller = srun.Caller(env, cwd, FdSink(fds[0]), FdSink(fds[1]), relay.install)
+        forward = stdin if stdin is not None and srun.live_stdin(stdin) else None
+        out, err = FdSink(fds[-2]), FdSink(fds[-1])
+        caller = srun.Caller(env, cwd, out, err, relay.install, forward)
         code = self._run(opts, caller)
         for fd in fds:  # the caller's pipe readers see their end with srun's exit
             with contextlib.suppress(OSError):
@@ -167,7 +173,9 @@ class Helper:
 
     def _parse(self, data: bytes, fds: list[int]) -> tuple[list[str], str, dict[str, str]] | None:
         fields = data.split(b"\0")
-        if len(fds) != 2 or len(fields) < 3 or fields[0] != PROTOCOL or not fields[2].isdigit():
+        if len(fds) not in (2, 3) or len(fields) < 3 or fields[0] != PROTOCOL:
+            return None
+        if not fields[2].isdigit():
             return None
         argc = int(fields[2])
         argv = [os.fsdecode(a) for a in fields[3 : 3 + argc]]

@@ -23,7 +23,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -56,6 +56,7 @@ class Terminal:
         self.stdout = stdout
         self.saved: list[Any] | None = None  # termios attributes to restore
         self.conn: Any = None  # the pty connection being served
+        self.tap: Callable[[bytes], None] | None = None  # the output to sattach too (StepIO)
         self.send_lock = threading.Lock()
         self._old_handlers: dict[int, Any] = {}
         self._old_stderr: Any = None
@@ -127,12 +128,19 @@ class Terminal:
                 chunk = b""
             if not chunk:
                 return
+            if self.tap is not None:
+                self.tap(chunk)
             view = memoryview(chunk)
             try:
                 while view:
                     view = view[os.write(self.stdout, view) :]
             except OSError:
                 return  # our stdout is gone; the task keeps its terminal until it ends
+
+    def send_keys(self, data: bytes) -> None:
+        """Keys typed elsewhere (`sattach`) for the remote terminal, once it is connected."""
+        if self.conn is not None:
+            self._send(b"d", data)
 
     def _send(self, kind: bytes, payload: bytes) -> None:
         with self.send_lock:

@@ -4,7 +4,8 @@
  *
  * Inside a job it hands the step to the job's resident helper (srun/helper.py) on
  * $TMPDIR/.phx-srun-$SLURM_JOB_ID.sock exactly as srun/thin.py does: one message
- * "srun1 LEN\n" carrying srun's stdout and stderr (SCM_RIGHTS), then LEN bytes of
+ * "srun1 LEN\n" carrying srun's stdin (when it has one open), stdout and stderr (SCM_RIGHTS:
+ * the helper forwards that stdin to the step's tasks, as srun does), then LEN bytes of
  * "srun1\0CWD\0ARGC\0ARG...\0KEY=VALUE\0...", then it reads lines: "ok" (the helper took the
  * step), "fallback" (run the full srun), "exit N" (the step's exit status).  SIGINT, SIGTERM,
  * SIGUSR1 and SIGUSR2 are relayed as "sig N\n" lines.  Before sending anything it asks the
@@ -20,6 +21,7 @@
 #define _GNU_SOURCE
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -158,7 +160,9 @@ int main(int argc, char **argv, char **envp) {
     }
     char head[64];
     int hlen = snprintf(head, sizeof(head), "srun1 %zu\n", size);
-    int fds[2] = {1, 2};
+    int fds[3] = {0, 1, 2};
+    size_t nfds = fcntl(0, F_GETFD) == -1 ? 2 : 3; /* a closed stdin is not sent */
+    const int *sent_fds = nfds == 3 ? fds : fds + 1;
     char control[CMSG_SPACE(sizeof(fds))];
     memset(control, 0, sizeof(control));
     struct iovec iov = {.iov_base = head, .iov_len = (size_t)hlen};
@@ -166,12 +170,12 @@ int main(int argc, char **argv, char **envp) {
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
+    msg.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
     struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
     cm->cmsg_level = SOL_SOCKET;
     cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(fds));
-    memcpy(CMSG_DATA(cm), fds, sizeof(fds));
+    cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+    memcpy(CMSG_DATA(cm), sent_fds, nfds * sizeof(int));
     ssize_t sent;
     do {
         sent = sendmsg(fd, &msg, MSG_NOSIGNAL);

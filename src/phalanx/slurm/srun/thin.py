@@ -5,8 +5,8 @@ HTTP client, ``json``, ``argparse``, ``ssl`` through ``http.client``: ~100 ms of
 a 2-core node, more than the step itself).  So inside a job, srun first tries the job's helper,
 a long-lived process on this node (started by the job's first full srun) listening on
 ``$TMPDIR/.phx-srun-JOBID.sock``: this module sends it srun's arguments, environment and
-directory, and passes it srun's own stdout and stderr (``SCM_RIGHTS``), so the helper writes
-the tasks' output straight where srun's would go.  Before sending anything it asks the kernel
+directory, and passes it srun's own stdin, stdout and stderr (``SCM_RIGHTS``), so the helper
+writes the tasks' output straight where srun's would go (and forwards that stdin to them).  Before sending anything it asks the kernel
 who listens there (``SO_PEERCRED``): a helper of another uid than the caller's or root's (a
 socket planted in a TMPDIR shared with others) gets nothing, and the full srun runs.  It then waits for one line, ``exit N``,
 forwarding SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 to the helper as they come.
@@ -113,7 +113,11 @@ def _talk(sock: object, argv: list[str]) -> int | None:
     fields += [os.fsencode(a) for a in argv]
     fields += [k + b"=" + v for k, v in os.environb.items()]
     payload = b"\0".join(fields)
-    fds = (1, 2)
+    try:
+        os.fstat(0)
+        fds: tuple[int, ...] = (0, 1, 2)
+    except OSError:  # no stdin: the helper takes that as /dev/null
+        fds = (1, 2)
     rights = b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds)
     head = PROTOCOL + b" " + str(len(payload)).encode() + b"\n"
     try:
