@@ -33,7 +33,7 @@ SKIP = {
     *("up", "down", "agent", "controller", "authd", "command-server", "sim", "keys", "wait"),
     *("token", "slurm-commands"),  # writes files: tokens, the compiled commands' links
 }
-SLURM = ("sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct", "sshare", "sprio")
+SLURM = ("sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct", "sshare", "sprio", "sattach")
 
 HOSTILE = st.sampled_from(
     [
@@ -118,6 +118,7 @@ SLURM_OPTIONS: dict[str, list[str]] = {
     "sacct": ["-j", "-u", "-S", "-E", "-o", "--format", "-s", "-X", "-n", "-P", "--name"],
     "sshare": ["-A", "-u", "-l", "-a", "-o", "-P"],
     "sprio": ["-j", "-u", "-l", "-o", "-w"],
+    "sattach": ["-l", "--layout", "--input-filter", "--output-filter", "-Q", "-v", "1.0"],
 }
 
 

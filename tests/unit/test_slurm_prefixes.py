@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from phalanx.slurm import sacct, scancel, sinfo, sprio, squeue, sshare
+from phalanx.slurm import sacct, sattach, scancel, sinfo, sprio, squeue, sshare
 from phalanx.slurm.common import AmbiguousOption, SlurmParser, SlurmUsageError
 
 PARSERS: dict[str, Callable[[], SlurmParser]] = {
@@ -19,6 +19,7 @@ PARSERS: dict[str, Callable[[], SlurmParser]] = {
     "scancel": scancel.parser,
     "sprio": sprio.parser,
     "sshare": sshare.parser,
+    "sattach": sattach.parser,
 }
 
 
@@ -27,11 +28,14 @@ def long_options(p: SlurmParser) -> dict[str, argparse.Action]:
 
 
 def outcome(p: SlurmParser, argv: list[str]) -> object:
-    """What parsing gives: the namespace, or the error's text."""
+    """What parsing gives: the namespace, the error's text, or the exit of an option that
+    prints and exits (sattach's --usage, --version)."""
     try:
         return vars(p.parse_args(argv))
     except SlurmUsageError as e:
         return f"error: {e}"
+    except SystemExit as e:
+        return f"exit {e.code}"
 
 
 def argv_for(option: str, action: argparse.Action) -> list[str]:

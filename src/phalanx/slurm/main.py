@@ -25,6 +25,7 @@ COMMANDS = (
     "sstat",
     "sreport",
     "sacctmgr",
+    "sattach",
 )
 
 
