@@ -160,12 +160,18 @@ def test_with_an_unlimited_overrun_a_job_runs_on_past_its_reservation(
         what="the reservation's end event",
     )
     assert ended[0]["ts"] >= end - 0.5, ended
-    assert f"job {job} still in it runs on" not in ended[0]["message"]
-    assert "run on to their time limit (reservation_overrun UNLIMITED)" in (ended[0]["message"]), (
-        ended
-    )
+    said = ended[0]["message"]
+    assert f"job {job} still in it runs on to its time limit (reservation_overrun UNLIMITED)" in (
+        said
+    ), ended
     assert c.job(job)[0]["state"] == "RUNNING"
     assert not marker.exists()  # no checkpoint signal: it is not stopped
+    # both listed where the cluster's events are
+    listed = run_cli(["events"], url=cluster.url, root=cluster.root)
+    assert listed.returncode == 0, listed.stderr
+    lines = [x for x in listed.stdout.splitlines() if " resv." in x]
+    assert [x.split()[1] for x in lines] == ["resv.create", "resv.start", "resv.end"], lines
+    assert "cluster" in lines[1] and "reservation r2 on node01 started" in lines[1], lines
     # the name stays taken while the job runs in the ended reservation
     p = slurm(
         cluster, tmp_path, "scontrol", "create", "reservation", "ReservationName=r2",

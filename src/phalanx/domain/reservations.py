@@ -541,8 +541,8 @@ def end_event_text(resv: Reservation, now: float, jobs: Sequence[int], overrun: 
     at = stop_time(resv, overrun)
     if at is None:
         return (
-            f"{head}; job{plural} {listed} still in it run on to their time limit "
-            "(reservation_overrun UNLIMITED)"
+            f"{head}; job{plural} {listed} still in it {'run' if plural else 'runs'} on to "
+            f"{'their' if plural else 'its'} time limit (reservation_overrun UNLIMITED)"
         )
     when = "at its end" if overrun == 0 else f"at {format_when(at, now)}"
     return (
