@@ -388,8 +388,11 @@ def test_end_event_text_says_what_happens_to_the_jobs_still_in_it() -> None:
     assert "job 7 still in it is stopped at 14:10 (reservation_overrun 600s)" in (
         r.end_event_text(x, NOW, [7], 600.0, skipped=False)
     )
-    assert "run on to their time limit (reservation_overrun UNLIMITED)" in (
+    assert "jobs 7, 8 still in it run on to their time limit (reservation_overrun UNLIMITED)" in (
         r.end_event_text(x, NOW, [7, 8], None, skipped=False)
+    )
+    assert "job 7 still in it runs on to its time limit" in (
+        r.end_event_text(x, NOW, [7], None, skipped=False)
     )
     assert "(no controller recorded its start)" in r.end_event_text(x, NOW, [], 0, skipped=True)
 
