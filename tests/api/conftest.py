@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from api_auth import KEYS, AuthedClient
+from fairshare_app import FAIRSHARE
 from fastapi.testclient import TestClient
 from schema_copy import fresh_db, migrate_new
 
@@ -58,3 +59,22 @@ def ctl(store: Store, config: Config) -> Controller:
 def client(ctl: Controller) -> Iterator[TestClient]:
     with AuthedClient(create_app(ctl, KEYS)) as c:
         yield c
+
+
+@pytest.fixture
+def fs_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, schema_db: Path
+) -> Iterator[tuple[TestClient, Controller]]:
+    """The app and its controller over tests/api/fairshare_app.py's `[fairshare]` (accounts,
+    users and QOS imported into the store at the first pass), default partitions."""
+    monkeypatch.delenv("PHALANX_CONFIG", raising=False)
+    config: Config = load_config(overrides={"fairshare": FAIRSHARE})
+    store = Store(fresh_db(schema_db, tmp_path / "fs.db"), actor="t")
+    store.sync_partitions(partition_rows(config))
+    ctl = Controller(store, config, cid="t")
+    ctl.leases.tick()
+    try:
+        with AuthedClient(create_app(ctl, KEYS)) as c:
+            yield c, ctl
+    finally:
+        store.close()

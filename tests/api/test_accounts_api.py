@@ -4,43 +4,22 @@ event with its actor, and the first import of [fairshare] happened once."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
-from api_auth import ADMIN, KEYS, AuthedClient, as_user
+from api_auth import ADMIN, as_user
+from fairshare_app import JOB
 from fastapi.testclient import TestClient
-from schema_copy import fresh_db
-from test_fairshare_api import FAIRSHARE, JOB
 
-from phalanx.config import Config, load_config
-from phalanx.controller.api import create_app
-from phalanx.controller.runtime import Controller, partition_rows
+from phalanx.controller.runtime import Controller
 from phalanx.store.store import Store
-
-
-@pytest.fixture
-def fs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, schema_db: Path) -> Iterator[Any]:
-    monkeypatch.delenv("PHALANX_CONFIG", raising=False)
-    config: Config = load_config(overrides={"fairshare": FAIRSHARE})
-    store = Store(fresh_db(schema_db, tmp_path / "acct.db"), actor="t")
-    store.sync_partitions(partition_rows(config))
-    ctl = Controller(store, config, cid="t")
-    ctl.leases.tick()
-    try:
-        with AuthedClient(create_app(ctl, KEYS)) as c:
-            yield c, ctl
-    finally:
-        store.close()
 
 
 def submit(c: TestClient, user: str, **kw: Any) -> Any:
     return c.post("/v1/jobs", json={**JOB, **kw}, headers=as_user(user))
 
 
-def test_a_user_added_at_run_time_submits_at_once(fs: Any) -> None:
-    c, ctl = fs
+def test_a_user_added_at_run_time_submits_at_once(fs_client: Any) -> None:
+    c, ctl = fs_client
     r = submit(c, "carol")
     assert r.status_code == 403 and "sacctmgr add user carol account=ACCOUNT" in r.text
     body = {"kind": "user", "names": ["carol"], "accounts": ["bio"]}
@@ -70,8 +49,8 @@ def test_a_user_added_at_run_time_submits_at_once(fs: Any) -> None:
     assert kinds == [("acct.import", "t"), ("acct.add", "admin"), ("acct.modify", "admin")]
 
 
-def test_accounts_added_at_run_time_are_ranked(fs: Any) -> None:
-    c, _ = fs
+def test_accounts_added_at_run_time_are_ranked(fs_client: Any) -> None:
+    c, _ = fs_client
     r = c.post("/v1/accounts/add", json={"kind": "account", "names": ["chem"],
                "settings": {"parent": "phys", "shares": 5}}, headers=ADMIN)  # fmt: skip
     assert r.status_code == 200, r.text
@@ -86,8 +65,8 @@ def test_accounts_added_at_run_time_are_ranked(fs: Any) -> None:
     assert listed["default_account"] == "default" and listed["open"] is False
 
 
-def test_a_qos_added_at_run_time_is_usable_and_refusals_say_what_to_do(fs: Any) -> None:
-    c, _ = fs
+def test_a_qos_added_at_run_time_is_usable_and_refusals_say_what_to_do(fs_client: Any) -> None:
+    c, _ = fs_client
     assert submit(c, "alice", qos="gold").status_code == 422
     r = c.post("/v1/accounts/add", json={"kind": "qos", "names": ["gold"],
                "settings": {"priority": 50}}, headers=ADMIN)  # fmt: skip
@@ -109,8 +88,8 @@ def test_a_qos_added_at_run_time_is_usable_and_refusals_say_what_to_do(fs: Any) 
     assert r.status_code == 409 and "still has users alice, bob" in r.text
 
 
-def test_another_controller_sees_a_change_at_its_next_pass(fs: Any) -> None:
-    c, ctl = fs
+def test_another_controller_sees_a_change_at_its_next_pass(fs_client: Any) -> None:
+    c, ctl = fs_client
     other = Controller(Store(ctl.store.db.url, actor="t2"), ctl.config, cid="t2")
     try:
         snap = other.store.sched_snapshot(eligible_by=0)

@@ -2,52 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from api_auth import KEYS, AuthedClient, as_user
+from api_auth import as_user
+from fairshare_app import JOB
 from fastapi.testclient import TestClient
-from schema_copy import fresh_db
-
-from phalanx.config import Config, load_config
-from phalanx.controller.api import create_app
-from phalanx.controller.runtime import Controller, partition_rows
-from phalanx.store.store import Store
-
-FAIRSHARE = {
-    "open": False,
-    "accounts": [
-        {"name": "phys", "shares": 2},
-        {"name": "hep", "parent": "phys", "shares": 1, "max_submit_jobs": 3},
-        {"name": "bio", "shares": 1},
-    ],
-    "users": [
-        {"name": "alice", "account": "hep"},
-        {"name": "alice", "account": "bio", "default": True},
-        {"name": "bob", "account": "bio", "max_submit_jobs": 1},
-    ],
-    "qos": [{"name": "normal"}, {"name": "urgent", "priority": 100}],
-}
-JOB = {"argv": ["/bin/true"]}
-
-
-@pytest.fixture
-def fs_client(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, schema_db: Path
-) -> Iterator[tuple[TestClient, Any]]:
-    monkeypatch.delenv("PHALANX_CONFIG", raising=False)
-    config: Config = load_config(overrides={"fairshare": FAIRSHARE})
-    store = Store(fresh_db(schema_db, tmp_path / "fs.db"), actor="t")
-    store.sync_partitions(partition_rows(config))
-    ctl = Controller(store, config, cid="t")
-    ctl.leases.tick()
-    try:
-        with AuthedClient(create_app(ctl, KEYS)) as c:
-            yield c, ctl
-    finally:
-        store.close()
 
 
 def _submit(c: TestClient, user: str, **kw: Any) -> Any:
