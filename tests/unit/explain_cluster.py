@@ -1,4 +1,6 @@
-"""Hand-built scheduling snapshots for the explain tests (store.SchedSnapshot, plain data)."""
+"""Hand-built scheduling snapshots (store.SchedSnapshot, plain data) for the tests of what a
+scheduling pass decides and says: explain, queue depth, preemption, maintenance windows and
+reservations (`small_cluster`, `small_job`: nodes of 4 CPUs and jobs that fill one)."""
 
 from __future__ import annotations
 
@@ -106,6 +108,7 @@ def snapshot(
     dep_states: dict[int, JobState] | None = None,
     maintenance: list[dict[str, Any]] | None = None,
     reservations: list[dict[str, Any]] | None = None,
+    resv: list[dict[str, Any]] | None = None,
 ) -> SchedSnapshot:
     return SchedSnapshot(
         nodes=nodes,
@@ -118,4 +121,30 @@ def snapshot(
         array_active={},
         reservations=reservations or [],
         maintenance=maintenance or [],
+        resv=resv or [],
+    )
+
+
+def small_cluster(
+    names: list[str],
+    pending: list[dict[str, Any]],
+    *,
+    maintenance: list[dict[str, Any]] | None = None,
+    resv: list[dict[str, Any]] | None = None,
+) -> SchedSnapshot:
+    """Nodes of 4 CPUs and 4096 MB, all in partition `batch`, nothing running; `pending` jobs
+    (`small_job`), maintenance windows' and reservations' rows."""
+    return snapshot(
+        [node(n, cpus=4, mem_mb=4096) for n in names],
+        [{"name": "batch", "nodes": "*"}],
+        pending=pending,
+        maintenance=maintenance,
+        resv=resv,
+    )
+
+
+def small_job(jid: int, time_limit_s: int | None, nodes: int = 1, **kw: Any) -> dict[str, Any]:
+    """A pending job that needs whole nodes of `small_cluster` (4 CPUs, 1024 MB each)."""
+    return job(
+        jid, nodes=nodes, cpus_per_node=4, mem_per_node_mb=1024, time_limit_s=time_limit_s, **kw
     )

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from explain_cluster import small_cluster, small_job
 
 from phalanx.domain import maintenance as m
 from phalanx.domain import scheduling
@@ -148,29 +149,7 @@ def test_pending_reason_says_which_nodes_and_when() -> None:
 
 
 def _snap(nodes: list[str], windows: list[Window], pending: list[dict[str, Any]]) -> SchedSnapshot:
-    snap = SchedSnapshot(
-        nodes=[
-            {
-                "name": n,
-                "cpus": 4,
-                "mem_mb": 4096,
-                "gpus": [],
-                "features": [],
-                "registered": True,
-                "down": False,
-                "drain": False,
-            }
-            for n in nodes
-        ],
-        partitions={"batch": {"name": "batch", "nodes": "*"}},
-        allocations=[],
-        pending=pending,
-        dep_states={},
-        dep_started={},
-        active_names=set(),
-        array_active={},
-    )
-    snap.maintenance = [
+    rows = [
         {
             "id": w.id,
             "nodes": list(w.nodes),
@@ -181,31 +160,10 @@ def _snap(nodes: list[str], windows: list[Window], pending: list[dict[str, Any]]
         }
         for w in windows
     ]
-    return snap
+    return small_cluster(nodes, pending, maintenance=rows)
 
 
-def _job(jid: int, time_limit_s: int | None, nodes: int = 1) -> dict[str, Any]:
-    return {
-        "id": jid,
-        "name": f"j{jid}",
-        "user": "u",
-        "partitions": "batch",
-        "nodes": nodes,
-        "cpus_per_node": 4,
-        "mem_per_node_mb": 1024,
-        "gpus_per_node": 0,
-        "gpu_type": None,
-        "exclusive": False,
-        "constraint_expr": None,
-        "nodelist": [],
-        "exclude": [],
-        "time_limit_s": time_limit_s,
-        "dependency": [],
-        "array_job_id": None,
-        "array_limit": None,
-        "eligible_time": None,
-        "reason": None,
-    }
+_job = small_job
 
 
 def test_plan_keeps_crossing_jobs_off_window_nodes_and_says_why() -> None:

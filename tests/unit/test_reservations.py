@@ -8,13 +8,13 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from explain_cluster import small_cluster, small_job
 
 from phalanx.domain import reservations as r
 from phalanx.domain import scheduling
 from phalanx.domain.reservations import Reservation
 from phalanx.slurm import scontrol_resv
 from phalanx.slurm.common import SlurmUsageError, timestamp
-from phalanx.store.store import SchedSnapshot
 
 NOW = datetime(2026, 12, 2, 14, 0, 0).timestamp()
 
@@ -104,55 +104,11 @@ def test_submit_refusal_in_slurms_words() -> None:
 
 # ---------------------------------------------------------------------- the scheduling pass
 def _snap(nodes: list[str], rows: list[Reservation], pending: list[dict[str, Any]]) -> Any:
-    snap = SchedSnapshot(
-        nodes=[
-            {
-                "name": n,
-                "cpus": 4,
-                "mem_mb": 4096,
-                "gpus": [],
-                "features": [],
-                "registered": True,
-                "down": False,
-                "drain": False,
-            }
-            for n in nodes
-        ],
-        partitions={"batch": {"name": "batch", "nodes": "*"}},
-        allocations=[],
-        pending=pending,
-        dep_states={},
-        dep_started={},
-        active_names=set(),
-        array_active={},
-    )
-    snap.resv = [row(x) for x in rows]
-    return snap
+    return small_cluster(nodes, pending, resv=[row(x) for x in rows])
 
 
 def _job(jid: int, limit: int | None, nodes: int = 1, resv: str | None = None) -> dict[str, Any]:
-    return {
-        "id": jid,
-        "name": f"j{jid}",
-        "user": "alice",
-        "partitions": "batch",
-        "nodes": nodes,
-        "cpus_per_node": 4,
-        "mem_per_node_mb": 1024,
-        "gpus_per_node": 0,
-        "gpu_type": None,
-        "exclusive": False,
-        "constraint_expr": None,
-        "nodelist": [],
-        "exclude": [],
-        "time_limit_s": limit,
-        "dependency": [],
-        "array_job_id": None,
-        "array_limit": None,
-        "eligible_time": None,
-        "reason": None,
-        "reservation": resv,
-    }
+    return small_job(jid, limit, nodes, reservation=resv)
 
 
 def test_an_active_reservation_keeps_other_jobs_off_and_its_jobs_on_its_nodes() -> None:
