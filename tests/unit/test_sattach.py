@@ -348,3 +348,74 @@ def test_a_client_that_does_not_read_is_dropped_and_the_step_goes_on(
     with step.hub.lock:
         assert step.hub.clients == [] or all(c.dropped for c in step.hub.clients)
     stuck.close()
+
+
+def test_a_pty_steps_terminal_output_is_task_0s_and_sattach_types_into_it(
+    hub: Callable[..., StepIO],
+) -> None:
+    """srun --pty: task 0's terminal connection carries frames to it (the window size, keys)
+    and raw output from it (agent/ptys.py); sattach sees that output as task 0's and its
+    input goes to the terminal as keys."""
+    from phalanx.slurm.srun import pty_relay
+
+    keys_r, keys_w = os.pipe()  # srun's own stdin: nothing typed there
+    screen_r, screen_w = os.pipe()  # srun's own stdout
+    term = pty_relay.Terminal(stdin=keys_r, stdout=screen_w)
+    step = hub(pty=term)
+    task = Task(step, 0, "pty")
+    step.expect([0])
+    size = attach.read_exactly(task.sock, pty_relay.HEADER.size)
+    assert size is not None and pty_relay.HEADER.unpack(size)[0] == b"w"
+    _kind, length = pty_relay.HEADER.unpack(size)
+    assert attach.read_exactly(task.sock, length)
+    task.print(b"$ ")
+    a = Attached(step, [], [0])
+    a.out.wait_for(b"$ ")
+    a.type(b"ls\n")
+    head = attach.read_exactly(task.sock, pty_relay.HEADER.size)
+    assert head is not None and pty_relay.HEADER.unpack(head) == (b"d", 3)
+    assert attach.read_exactly(task.sock, 3) == b"ls\n"
+    task.print(b"file\n")
+    a.out.wait_for(b"$ file\n")
+    assert os.read(screen_r, 100).startswith(b"$ ")  # srun's terminal has it too
+    exit_record(step, 0, exit_code=0)
+    task.sock.close()
+    step.close()
+    assert a.wait() == 0
+    for fd in (keys_w, screen_r, screen_w):  # keys_r: srun's key pump reads it to its end
+        os.close(fd)
+
+
+def test_sattach_pty_holds_its_terminal_raw_while_attached_and_puts_it_back(
+    hub: Callable[..., StepIO],
+) -> None:
+    import termios
+
+    step = hub()
+    task = Task(step, 0)
+    step.expect([0])
+    task.print(b"x\n")
+    step.out.wait_for(b"x\n")  # type: ignore[attr-defined]
+    master, slave = os.openpty()
+    before = termios.tcgetattr(slave)
+    info = {
+        "nodes": ["node01"],
+        "task_ids": [[0]],
+        "attach": {"host": "127.0.0.1", "port": step.port, "token": attach_token(step.cookie)},
+    }
+    out = Watched()
+    session = sattach.Session(
+        sattach.options(["--pty", "9.0"]), info, out=out, err=Watched(), stdin=slave
+    )
+    done: list[int] = []
+    thread = threading.Thread(target=lambda: done.append(session.run()), daemon=True)
+    thread.start()
+    out.wait_for(b"x\n")  # attached: the terminal is raw meanwhile
+    assert not termios.tcgetattr(slave)[3] & (termios.ICANON | termios.ECHO | termios.ISIG)
+    exit_record(step, 0, exit_code=0)
+    step.close()
+    thread.join(DEADLINE)
+    assert done == [0]
+    assert termios.tcgetattr(slave) == before
+    os.close(master)
+    os.close(slave)

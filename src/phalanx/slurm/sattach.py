@@ -340,7 +340,9 @@ class Session:
         import tty
 
         saved = termios.tcgetattr(self.stdin)
-        old = {s: signal.signal(s, _end) for s in (signal.SIGTERM, signal.SIGHUP)}
+        old = {}
+        if threading.current_thread() is threading.main_thread():  # (a test runs it in one)
+            old = {s: signal.signal(s, _end) for s in (signal.SIGTERM, signal.SIGHUP)}
         tty.setraw(self.stdin, termios.TCSANOW)
         try:
             yield
