@@ -35,6 +35,7 @@ from phalanx import __version__
 from phalanx.agent import (
     cgroups,
     gpu_usage,
+    membership,
     shepherd_control,
     shepherd_files,
     shepherd_launch,
@@ -554,6 +555,7 @@ class Agent(AgentLaunch, AgentStops, AgentStatus, AgentNodeConfig):
                 rep["exit"] = {"error": "the shepherd was never started", "ended_at": time.time()}
             rep.update(read_job_reports(d))
             rep["signals_done"] = signals_done(d)
+            rep["members_gen"] = membership.members_done(d)
             out.append(rep)
         return out
 
@@ -561,7 +563,9 @@ class Agent(AgentLaunch, AgentStops, AgentStatus, AgentNodeConfig):
         """Act on a heartbeat reply. Sets `repeats_only` when the reply asked for nothing
         but stops already requested (a planned stop's grace: the controller repeats them
         in every reply, level-triggered), so the poller need not ask again at once."""
-        news = bool(reply.get("start") or reply.get("signal") or reply.get("forget"))
+        news = bool(
+            reply.get("start") or reply.get("signal") or reply.get("forget") or reply.get("members")
+        )
         if "checkpoint" in reply:  # level-triggered: the whole list of intervals in force
             self._intervals = {
                 int(item["attempt_id"]): item for item in reply.get("checkpoint") or []
@@ -569,6 +573,7 @@ class Agent(AgentLaunch, AgentStops, AgentStatus, AgentNodeConfig):
         for launch in reply.get("start", []):
             self._launch(launch)
         self._deliver_signals(reply.get("signal") or [])
+        membership.write_membership(self.tasks_dir, reply.get("members") or [])
         news = self._request_stops(reply.get("stop", [])) or news
         if reply.get("steps"):
             news = self.steps.apply(reply["steps"]) or news

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         CHECKPOINT_MARKER_FILE,
         CHECKPOINT_REQUEST_FILE,
         CONTROL_DIR,
+        MEMBERSHIP_FILE,
         PROGRESS_FILE,
         REQUEST_LOCK_FILE,
         _read_json,
@@ -34,6 +35,7 @@ elif __package__:
         CHECKPOINT_MARKER_FILE,
         CHECKPOINT_REQUEST_FILE,
         CONTROL_DIR,
+        MEMBERSHIP_FILE,
         PROGRESS_FILE,
         REQUEST_LOCK_FILE,
         _read_json,
@@ -45,6 +47,7 @@ else:  # the shepherd process: top-level siblings (see shepherd.py)
         CHECKPOINT_MARKER_FILE,
         CHECKPOINT_REQUEST_FILE,
         CONTROL_DIR,
+        MEMBERSHIP_FILE,
         PROGRESS_FILE,
         REQUEST_LOCK_FILE,
         _read_json,
@@ -53,13 +56,15 @@ else:  # the shepherd process: top-level siblings (see shepherd.py)
 
 
 def control_environment(task_dir: str | os.PathLike[str]) -> dict[str, str]:
-    """The job's PHX_CONTROL_DIR, PHX_CHECKPOINT_REQUEST/_MARKER and PHX_PROGRESS_FILE."""
+    """The job's PHX_CONTROL_DIR, PHX_CHECKPOINT_REQUEST/_MARKER, PHX_PROGRESS_FILE and
+    PHX_MEMBERSHIP_FILE (a --no-kill job's node changes: agent/membership.py)."""
     control = os.path.join(os.path.abspath(os.fspath(task_dir)), CONTROL_DIR)
     return {
         "PHX_CONTROL_DIR": control,
         "PHX_CHECKPOINT_REQUEST": os.path.join(control, CHECKPOINT_REQUEST_FILE),
         "PHX_CHECKPOINT_MARKER": os.path.join(control, CHECKPOINT_MARKER_FILE),
         "PHX_PROGRESS_FILE": os.path.join(control, PROGRESS_FILE),
+        "PHX_MEMBERSHIP_FILE": os.path.join(control, MEMBERSHIP_FILE),
     }
 
 

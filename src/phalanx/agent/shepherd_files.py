@@ -103,6 +103,7 @@ CONTROL_DIR = "control"
 CHECKPOINT_REQUEST_FILE = "checkpoint-request.json"  # node side -> job
 CHECKPOINT_MARKER_FILE = "checkpoint.json"  # job -> node side: latest finished checkpoint
 PROGRESS_FILE = "progress.json"  # job -> node side: latest progress (its mtime counts)
+MEMBERSHIP_FILE = "membership.json"  # node side -> job: a --no-kill job's node changes
 STEPS_SIGNALLED = "steps-signalled"  # a step task of the attempt here got its --signal
 # serialises the agent and the shepherd writing requests; in the task dir, which only root
 # may write (in control/ the job's user could flock it for ever and wedge both)

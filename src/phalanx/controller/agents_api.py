@@ -68,6 +68,7 @@ async def answer_heartbeat(ctl: Controller, node: str, body: HeartbeatIn) -> Res
             },
             **({"checkpoint": reply.checkpoint} if reply.checkpoint is not None else {}),
             **({"signal": reply.signals} if reply.signals else {}),
+            **({"members": reply.members} if reply.members else {}),
             "controller": ctl.cid,
             "terms": ctl.leases.terms(),
             # the heartbeat rule's timings, as they grow with the cluster (rescale_timing)

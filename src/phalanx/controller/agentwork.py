@@ -25,6 +25,7 @@ from phalanx.controller.exchange import (
     checkpoint_items,
     decide,
     decide_steps,
+    membership_items,
     needs_write,
     signal_items,
     state_changes,
@@ -173,6 +174,7 @@ class AgentDuty:
         grace = self.timing().checkpoint_grace
         reply = decide(work, reports, checkpoint_grace=grace)
         reply.signals = signal_items(work, reports)
+        reply.members = membership_items(work, reports)
         self.maintenance.adjust_stops(reply.stop)  # stopped at the window's start
         if self.reservations is not None and reply.stop:
             self.reservations.adjust_stops(reply.stop)  # at the reservation's end (+ overrun)

@@ -133,6 +133,7 @@ class ReportIn(BaseModel):
     checkpoint: dict[str, Any] | None = None  # the job's checkpoint marker (docs/checkpoints.md)
     progress: dict[str, Any] | None = None  # the job's progress file
     signals_done: int | None = Field(default=None, ge=0, le=MAX_ID)  # highest seq delivered
+    members_gen: int | None = Field(default=None, ge=0, le=MAX_ID)  # membership file written
 
 
 class StepIn(BaseModel):

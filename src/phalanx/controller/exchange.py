@@ -35,10 +35,13 @@ class Reply:
     # Signals (scancel --signal) this node has not delivered yet: {"attempt_id", "seq",
     # "signum", "target"}. Listed until the agent reports their seq done, so they are work.
     signals: list[dict[str, Any]] = field(default_factory=list)
+    # A --no-kill job's node changes the node has not written to the job's control file yet
+    # ({"attempt_id", "gen", "nodes", "node_rank", "changes"}): work, like signals.
+    members: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
-        return not (self.start or self.stop or self.signals)
+        return not (self.start or self.stop or self.signals or self.members)
 
 
 def needs_write(
@@ -190,6 +193,36 @@ def signal_items(work: list[dict[str, Any]], reports: list[TaskReport]) -> list[
                     "target": str(sig["target"]),
                 }
             )
+    return items
+
+
+def membership_items(work: list[dict[str, Any]], reports: list[TaskReport]) -> list[dict[str, Any]]:
+    """The node changes of each running --no-kill attempt on the node that its agent has not
+    written to the job's control file yet (level-triggered, as signals: the agent reports per
+    task the generation it wrote, ``members_gen``; None from agents that cannot write it)."""
+    reported = {r.attempt_id: r for r in reports}
+    items: list[dict[str, Any]] = []
+    for w in work:
+        members = w.get("attempt_membership")
+        r = reported.get(w["attempt_id"])
+        if not members or r is None or r.members_gen is None:
+            continue
+        if r.token != w["token"] or r.state not in _ALIVE:
+            continue
+        if w["attempt_state"] not in (AttemptState.STARTING.value, AttemptState.RUNNING.value):
+            continue
+        gen = int(members.get("gen") or 0)
+        if gen <= r.members_gen:
+            continue
+        items.append(
+            {
+                "attempt_id": w["attempt_id"],
+                "gen": gen,
+                "nodes": list(members.get("nodes") or w["attempt_nodes"]),
+                "node_rank": int(w["rank"]),
+                "changes": list(members.get("changes") or []),
+            }
+        )
     return items
 
 

@@ -67,6 +67,9 @@ class TaskReport:
     # the highest signal seq (scancel --signal) the agent delivered to this attempt; None from
     # agents that do not know signals
     signals_done: int | None = None
+    # the membership generation (a --no-kill job's node changes, docs/elastic.md) the agent
+    # wrote to the job's control file; None from agents that do not write it
+    members_gen: int | None = None
 
 
 # What `apply_reports` compares a heartbeat's reports with: only the columns it reads. Every
@@ -97,6 +100,7 @@ _NODE_WORK_COLUMNS = (
     s.jobs.c.checkpoint.label("job_checkpoint"),
     s.attempts.c.progress.label("attempt_progress"),
     s.attempts.c.signals.label("attempt_signals"),
+    s.attempts.c.membership.label("attempt_membership"),
 )
 _NODE_WORK = Prebuilt(
     _active_tasks(*_NODE_WORK_COLUMNS)
