@@ -221,3 +221,39 @@ def test_a_key_added_by_a_later_release_is_no_difference_at_start(
     with caplog.at_level("WARNING", logger="phalanx.controller"):
         confversions.startup(store, later, "b")
     assert "version 1 in timing.reservation_overrun" in caplog.text
+
+
+def test_a_version_another_live_controller_cannot_run_is_refused(
+    client: TestClient, versioned: Controller, config: Config
+) -> None:
+    """Controller b publishes its own watchdog settings when it registers; a version whose
+    renew_interval its store_timeout does not allow is refused, naming b and the rule, though
+    the serving controller could run it; a controller of an older release (no settings) is
+    named as not checked."""
+    from phalanx.config.versioned import local_part, to_toml
+
+    b = config.model_copy(
+        update={"watchdog": config.watchdog.model_copy(update={"store_timeout": 2.9})}
+    )
+    versioned.store.register_controller("b", None, local_part(b))
+    text = to_toml(cluster_document(config)).replace(
+        "renew_interval = 0.75", "renew_interval = 0.95"
+    )  # 0.95 + 2.0 < lease_ttl 3 for everyone; store_timeout 2.9 > 0.95 + 2.0 is not
+    r = client.post("/v1/config/check", json={"text": text})
+    assert r.status_code == 200, r.text
+    (problem,) = r.json()["problems"]
+    assert "controller b could not run it with its own settings" in problem, problem
+    assert "watchdog.store_timeout > timing.renew_interval + timing.db_op_timeout" in problem
+    assert r.json()["unchecked_controllers"] == []
+    r = client.post("/v1/config/apply", json={"text": text, "base_version": 1})
+    assert r.status_code == 422 and "controller b could not run it" in r.text, r.text
+    assert versions(client) == [1]
+
+    # b's settings allow 0.85; a controller that did not say its own is not checked
+    versioned.store.register_controller("old", None)
+    text = text.replace("renew_interval = 0.95", "renew_interval = 0.85")
+    r = client.post("/v1/config/check", json={"text": text})
+    assert r.json()["problems"] == [] and r.json()["unchecked_controllers"] == ["old"], r.text
+    r = client.post("/v1/config/apply", json={"text": text, "base_version": 1})
+    assert r.status_code == 200, r.text
+    assert versions(client) == [2, 1]

@@ -161,3 +161,15 @@ def test_the_version_each_node_runs_is_recorded(store: Store) -> None:
     store.record_config_versions({"n2": 2, "nope": 5})  # an unknown node is no error
     got = {n["name"]: n["config_version"] for n in store.list_nodes()}
     assert got == {"n1": 2, "n2": 2, "n3": None}
+
+
+def test_controllers_publish_their_own_settings_when_they_register(store: Store) -> None:
+    """What `config apply` checks a version against for each live controller: its own
+    settings as it registered them (none for an older release); the listing leaves them out."""
+    part = {"timing": {"db_op_timeout": 1.5}, "watchdog": {"store_timeout": 0.0}}
+    store.register_controller("ctl-1", "http://a", part)
+    store.register_controller("ctl-2", "http://b")
+    seen = {c["id"]: c["local_settings"] for c in store.controllers_seen(60.0)}
+    assert seen == {"ctl-1": part, "ctl-2": None}
+    assert "local_settings" not in store.list_controllers()[0]
+    assert store.controllers_seen(-3600.0) == []  # none seen in the future

@@ -18,9 +18,11 @@ from phalanx.config.versioned import (
     cross_check,
     document_from_toml,
     documents_equal,
+    local_part,
     to_toml,
     unified_diff,
     with_document,
+    with_local_part,
 )
 
 RICH = """
@@ -139,6 +141,25 @@ def test_a_version_that_breaks_a_rule_with_this_process_settings_is_refused() ->
     )
     with pytest.raises(ConfigError, match="renew_interval \\+ db_op_timeout < lease_ttl"):
         with_document(local, doc, "cluster configuration version 2")
+
+
+def test_another_process_is_checked_by_the_values_its_rules_read() -> None:
+    """What a controller publishes of its own file (the values rules across sections read),
+    and a version held to them: accepted as with_document would, refused naming the rule."""
+    mine = Config.model_validate(
+        {"timing": {"db_op_timeout": 1.5}, "watchdog": {"store_timeout": 2.5}, "http": {}}
+    )
+    part = local_part(mine)
+    assert part["timing"] == {"db_op_timeout": 1.5}
+    assert part["watchdog"]["store_timeout"] == 2.5 and "loop_timeout" in part["watchdog"]
+    doc = cluster_document(Config())
+    assert with_local_part(part, doc).timing.db_op_timeout == 1.5
+    slower = {**doc, "timing": {**doc["timing"], "renew_interval": 1.0}}  # 1 + 1.5 = 2.5
+    with pytest.raises(ConfigError, match=r"watchdog.store_timeout > timing.renew_interval"):
+        with_local_part(part, slower, "version 2")
+    # the same version with this process's settings: with_document agrees
+    with pytest.raises(ConfigError, match=r"watchdog.store_timeout > timing.renew_interval"):
+        with_document(mine, slower)
 
 
 def test_the_diff_and_the_changed_keys() -> None:

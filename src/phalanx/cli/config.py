@@ -66,6 +66,13 @@ def _check(c: Any, text: str) -> dict[str, Any]:
     res: dict[str, Any] = output.run(lambda: c.post("/v1/config/check", {"text": text}))
     for key in res.get("ignored") or []:
         output.say("note:", "yellow", f"[{key}] is process-local: left to each process's file")
+    for cid in res.get("unchecked_controllers") or []:
+        output.say(
+            "note:",
+            "yellow",
+            f"controller {cid} did not say its own settings (an older release): not checked "
+            "against them; if it cannot run the version it takes no duties (phalanx cluster)",
+        )
     return res
 
 

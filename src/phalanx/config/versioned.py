@@ -40,9 +40,11 @@ __all__ = [
     "cross_check",
     "document_from_toml",
     "documents_equal",
+    "local_part",
     "to_toml",
     "unified_diff",
     "with_document",
+    "with_local_part",
 ]
 
 # the sections of the versioned document, in the order they are shown
@@ -111,6 +113,33 @@ def with_document(local: Config, doc: Mapping[str, Any], label: str = "the docum
         **data["timing"],
         **{k: getattr(local.timing, k) for k in LOCAL_TIMING},
     }
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(f"invalid configuration in {label}: {explain_validation(e)}") from None
+
+
+def local_part(config: Config) -> dict[str, Any]:
+    """What a process's own file sets of the values that the configuration's rules read
+    across sections: `timing.db_op_timeout` (the lease rules) and `[watchdog]` (its rules
+    with the timings). Each controller publishes it (`controllers.local_settings`), so that a
+    new version is held to every controller's rules, not only the one that serves the apply."""
+    return {
+        "timing": {k: getattr(config.timing, k) for k in sorted(LOCAL_TIMING)},
+        "watchdog": config.watchdog.model_dump(mode="json"),
+    }
+
+
+def with_local_part(
+    part: Mapping[str, Any], doc: Mapping[str, Any], label: str = "the document"
+) -> Config:
+    """`doc` in force with another process's `local_part` (the defaults for the rest of its
+    file, which no rule across sections reads), validated whole: ConfigError names the rule
+    that process could not run it by."""
+    data: dict[str, Any] = {sec: dict(doc[sec]) for sec in CLUSTER_SECTIONS if sec in doc}
+    data["timing"] = {**dict(doc.get("timing") or {}), **dict(part.get("timing") or {})}
+    if part.get("watchdog") is not None:
+        data["watchdog"] = dict(part["watchdog"])
     try:
         return Config.model_validate(data)
     except ValidationError as e:

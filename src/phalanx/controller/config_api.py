@@ -7,6 +7,10 @@
     POST /v1/config/check           {text}: the document a TOML text describes, checked as
                                     apply would, and its diff against the current version;
                                     nothing is written (`phalanx config diff`)
+
+A version is checked by every rule of loading with the serving controller's own file, and by
+the rules that read a controller's own values (`timing.db_op_timeout`, `[watchdog]`) with each
+other live controller's, which they publish when they register (confversions.validate).
     POST /v1/config/apply           {text, base_version, comment}: checked whole, then written
                                     as the next version with its partitions, or refused (422,
                                     naming every rule broken; 409 when base_version is no
@@ -89,8 +93,14 @@ def router(api: ApiContext) -> APIRouter:
         except ConfigError as e:
             raise InvalidSpec(f"refused, nothing changed: {e.message}", field="text") from None
 
-    def checked(doc: dict[str, Any], cur: dict[str, Any] | None, what: str) -> None:
-        confversions.validate(ctl.store, ctl.versions.local, doc, cur, what)
+    def peers() -> list[dict[str, Any]]:
+        """The other live controllers, with their own settings (the rules that read them)."""
+        return [c for c in ctl.store.controllers_seen(ctl.timing.lease_ttl) if c["id"] != ctl.cid]
+
+    def checked(
+        doc: dict[str, Any], cur: dict[str, Any] | None, what: str, others: list[dict[str, Any]]
+    ) -> None:
+        confversions.validate(ctl.store, ctl.versions.local, doc, cur, what, others)
 
     def diff_of(cur: dict[str, Any] | None, doc: dict[str, Any], new_label: str) -> str:
         old_label = f"version {cur['version']}" if cur else "(none)"
@@ -123,8 +133,9 @@ def router(api: ApiContext) -> APIRouter:
         doc, ignored = parse(body.text)
         cur = current()
         problems: list[str] = []
+        others = peers()
         try:
-            checked(doc, cur, "the given configuration")
+            checked(doc, cur, "the given configuration", others)
         except InvalidSpec as e:
             problems.append(e.message)
         return {
@@ -135,6 +146,9 @@ def router(api: ApiContext) -> APIRouter:
             "changed": changed_keys(cur["document"] if cur else None, doc),
             "ignored": ignored,
             "problems": problems,
+            # checked against every live controller's own settings but these (an older
+            # release publishes none)
+            "unchecked_controllers": confversions.unchecked_peers(others),
         }
 
     def write(
@@ -149,7 +163,7 @@ def router(api: ApiContext) -> APIRouter:
     ) -> dict[str, Any]:
         nxt = (cur["version"] + 1) if cur else 1
         new = confversions.validate(
-            ctl.store, ctl.versions.local, doc, cur, f"cluster configuration version {nxt}"
+            ctl.store, ctl.versions.local, doc, cur, f"cluster configuration version {nxt}", peers()
         )
         changed = changed_keys(cur["document"] if cur else None, doc)
         what = f"rolled back to version {source}'s document" if source else "applied"

@@ -18,14 +18,18 @@ log, its `controllers` row (`config_problem`, shown by `phalanx cluster`), an ev
 `/healthz/ready`; it runs the next version it can.
 
 `validate` is what `phalanx config apply` runs on the serving controller before anything is
-written: every rule of loading, then the checks against the live cluster (`cross_check`).
+written: every rule of loading with its own file's settings, the rules that read another
+controller's own settings with each live controller's (published when it registered:
+`controllers.local_settings`, config/versioned.py `local_part`), then the checks against the
+live cluster (`cross_check`). A controller of an older release publishes none: it is named as
+not checked, and if it cannot run the version it stops taking duties, as before.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from prometheus_client import Gauge
@@ -37,6 +41,7 @@ from phalanx.config.versioned import (
     cross_check,
     documents_equal,
     with_document,
+    with_local_part,
 )
 from phalanx.domain import values
 from phalanx.errors import ConfigError, InvalidSpec, PhalanxError
@@ -107,15 +112,52 @@ def startup(store: Store, file_config: Config, cid: str) -> tuple[Config, int]:
     return config, version
 
 
+def peer_problems(peers: Sequence[dict[str, Any]], doc: dict[str, Any], what: str) -> list[str]:
+    """What keeps each other live controller (`controllers_seen` rows) from running `doc`,
+    by the rules that read its own file's values (config/versioned.py, local_part): one
+    sentence each. A controller that did not publish them (an older release) is not checked
+    (`unchecked_peers`)."""
+    out = []
+    for peer in peers:
+        part = peer.get("local_settings")
+        if part is None:
+            continue
+        try:
+            with_local_part(part, doc, what)
+        except ConfigError as e:
+            out.append(
+                f"controller {peer['id']} could not run it with its own settings "
+                f"({e.message.removeprefix(f'invalid configuration in {what}: ')}): change "
+                "its file, or the version (rule: every live controller can run the version)"
+            )
+    return out
+
+
+def unchecked_peers(peers: Sequence[dict[str, Any]]) -> list[str]:
+    """Live controllers whose own settings are unknown (an older release): a version is
+    not checked against them, and one that cannot run it takes no duties once it is applied."""
+    return [str(p["id"]) for p in peers if p.get("local_settings") is None]
+
+
 def validate(
-    store: Store, local: Config, doc: dict[str, Any], current: dict[str, Any] | None, what: str
+    store: Store,
+    local: Config,
+    doc: dict[str, Any],
+    current: dict[str, Any] | None,
+    what: str,
+    peers: Sequence[dict[str, Any]] = (),
 ) -> Config:
     """A new document held to every rule of loading (with this controller's own settings),
-    then checked against the live cluster; InvalidSpec (422) names every rule broken."""
+    and to the rules that read each other live controller's own settings (`peers`,
+    `controllers_seen` rows without this one), then checked against the live cluster;
+    InvalidSpec (422) names every rule broken."""
     try:
         new = with_document(local, doc, what)
     except ConfigError as e:
         raise InvalidSpec(f"{what} refused: {e.message}", field="config") from None
+    others = peer_problems(peers, doc, what)
+    if others:
+        raise InvalidSpec(f"{what} refused, nothing changed: " + "; ".join(others), field="config")
     old = None
     if current is not None:
         try:

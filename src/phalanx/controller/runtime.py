@@ -31,6 +31,7 @@ from typing import Any
 from phalanx.auth.keys import Key
 from phalanx.clock import Clock
 from phalanx.config import Config, Timing
+from phalanx.config.versioned import local_part
 from phalanx.controller.agentwork import AgentDuty
 from phalanx.controller.clusterduty import CLUSTER_LEASE, ClusterDuty
 from phalanx.controller.confversions import ConfigVersions, partition_rows
@@ -177,7 +178,9 @@ class Controller:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        self.store.register_controller(self.cid, self.url)
+        # with what its file sets of the values the configuration's rules read across
+        # sections: `config apply` holds a new version to every live controller's rules
+        self.store.register_controller(self.cid, self.url, local_part(self.versions.local))
         self.heartbeats.marked()
         self.rescale_timing()  # before the first agent is answered: a restart knows the size
         self.start_listener()

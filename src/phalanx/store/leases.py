@@ -7,6 +7,7 @@ what `phalanx status` and the clients' URL lists read.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from sqlalchemy import (
@@ -100,22 +101,28 @@ class LeaseRecords(StoreBase):
             rows = conn.execute(select(s.leases).order_by(s.leases.c.name)).mappings().all()
             return [{**dict(r), "valid": r["expires_at"] > db_now} for r in rows]
 
-    def register_controller(self, cid: str, url: str | None) -> None:
+    def register_controller(
+        self, cid: str, url: str | None, local_settings: dict[str, Any] | None = None
+    ) -> None:
+        """`local_settings`: what its own file sets of the values the configuration's rules
+        read across sections (config/versioned.py, local_part), for `config apply`'s checks."""
         now = _now()
+        local = None if local_settings is None else json.dumps(local_settings, sort_keys=True)
+        values = {
+            "url": url,
+            "started_at": now,
+            "last_seen": now,
+            "flushed_through": now,
+            "local_settings": local,
+        }
         with self.db.begin() as conn:
             res = conn.execute(
-                update(s.controllers)
-                .where(s.controllers.c.id == cid)
-                .values(url=url, started_at=now, last_seen=now, flushed_through=now)
+                update(s.controllers).where(s.controllers.c.id == cid).values(**values)
             )
             if res.rowcount == 0:
                 # nothing heard yet, so nothing held back: its heartbeats are "stored" through
                 # now (the failure detector's horizon, domain/detector.py)
-                conn.execute(
-                    insert(s.controllers).values(
-                        id=cid, url=url, started_at=now, last_seen=now, flushed_through=now
-                    )
-                )
+                conn.execute(insert(s.controllers).values(id=cid, **values))
             self._event(conn, "controller.start", f"controller {cid} started at {url}")
 
     def touch_controller(self, cid: str) -> None:
@@ -137,9 +144,45 @@ class LeaseRecords(StoreBase):
                 )
             ]
 
+    def controllers_seen(self, within: float) -> list[dict[str, Any]]:
+        """The controllers seen within `within` seconds (database clock; one that takes no
+        duties is not stamped, so not among them): id, config_version and local_settings
+        (decoded; None when it did not publish them)."""
+        with self.db.begin(write=False) as conn:
+            now = float(conn.execute(select(self.db.db_now_sql())).scalar_one())
+            rows = conn.execute(
+                select(
+                    s.controllers.c.id,
+                    s.controllers.c.config_version,
+                    s.controllers.c.local_settings,
+                )
+                .where(s.controllers.c.last_seen >= now - within)
+                .order_by(s.controllers.c.id)
+            ).mappings()
+            return [
+                {
+                    "id": r["id"],
+                    "config_version": r["config_version"],
+                    "local_settings": _decoded(r["local_settings"]),
+                }
+                for r in rows
+            ]
+
     def list_controllers(self) -> list[dict[str, Any]]:
+        """Every controller's row but its local settings (`controllers_seen` has them)."""
+        cols = [c for c in s.controllers.c if c.name != "local_settings"]
         with self.db.begin(write=False) as conn:
             return [
-                dict(r)
-                for r in conn.execute(select(s.controllers).order_by(s.controllers.c.id)).mappings()
+                dict(r) for r in conn.execute(select(*cols).order_by(s.controllers.c.id)).mappings()
             ]
+
+
+def _decoded(text: str | None) -> dict[str, Any] | None:
+    """A controller's published local settings; None when absent or unreadable."""
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None

@@ -262,6 +262,9 @@ controllers = Table(
     # (it then takes no duties; migration 0020, store/configs.py)
     Column("config_version", Integer, nullable=True),
     Column("config_problem", Text, nullable=True),
+    # what its own file sets of the values the configuration's rules read across sections
+    # (JSON; config/versioned.py local_part), written when it registers (migration 0023)
+    Column("local_settings", Text, nullable=True),
 )
 
 # The cluster-wide configuration, one row per version (config/versioned.py): the document as
