@@ -39,6 +39,25 @@ after detection (restart overhead: stopping the survivors, placing, launching).
 
     .venv/bin/python bench/recovery.py --runs 3
     .venv/bin/python bench/recovery.py --mode spare --runs 1 --json out.json
+
+With `--torchrun`, the job is real training instead (issue 28's bar): `-N 2 --spares=1`, its
+batch script runs `srun torchrun --nnodes=1:2 --max-restarts=3 --rdzv-backend=phalanx` (PyTorch
+CPU from .venv-tools, or $TOOLS_VENV; the backend installed there as `pip install --no-deps`
+would, pointing at this checkout), a DDP model on gloo that checkpoints every 10 steps and
+resumes from its latest checkpoint. Rank 1's node is killed whole (agent, shepherds, every
+process of the job there: the holder, srun's task, torchrun, its worker) once it has trained
+and saved a checkpoint, and the time to the first training step of a new group is measured:
+
+  nokill   `--no-kill`: the job regroups in its attempt (the spare takes rank 1, its srun task
+           starts torchrun there, the survivor's torchrun re-forms the group: no requeue)
+  restart  without it (today's path): the whole job restarts on its reserved nodes (the spare
+           in rank 1's place), batch script, srun, torchrun and workers anew
+
+    .venv/bin/python bench/recovery.py --torchrun --runs 3
+
+Measured from the kill: `down` (node.down), `regroup` (job.node_left or job.restart),
+`launcher` (torchrun's first worker start seen after the kill, i.e. the new group formed
+and its workers running the script), `training` (the new group's first step done: the bar).
 """
 
 from __future__ import annotations
@@ -255,6 +274,254 @@ def _run(api: common.Api, state: Path, mode: str, k: int, busy: float) -> dict[s
     return res
 
 
+# --- torchrun: real elastic training (--torchrun) -----------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+TOOLS = Path(os.environ.get("TOOLS_VENV") or REPO / ".venv-tools")
+TORCH_MODES: dict[str, dict[str, Any]] = {
+    "nokill": {"nodes": 2, "spares": 1, "requeue": True, "no_kill": True},
+    "restart": {"nodes": 2, "spares": 1, "requeue": True},
+}
+TORCH_STEPS = 400
+TORCH_PACE = 0.03
+TORCH_TRAIN = """\
+import json, os, sys, time
+import torch
+import torch.distributed as dist
+
+out, total = sys.argv[1], int(sys.argv[2])
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+node = os.environ.get("PHX_NODENAME", "?")
+
+
+def note(**kv):
+    kv.update(t=time.time(), node=node, rank=rank, world=world, pid=os.getpid())
+    with open(os.path.join(out, "events.jsonl"), "a") as f:
+        f.write(json.dumps(kv) + "\\n")
+
+
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+latest = os.path.join(out, "latest")
+step = 0
+if os.path.exists(latest):
+    state = torch.load(open(latest).read().strip())
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    step = state["step"]
+note(ev="start", step=step)
+first = True
+while step < total:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(32, 8, generator=g)
+    loss = ((ddp(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    step += 1
+    if first:
+        note(ev="trained", step=step)
+        first = False
+    if step % 10 == 0 and rank == 0:
+        path = os.path.join(out, f"ckpt-{step}.pt")
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step},
+                   path + ".tmp")
+        os.replace(path + ".tmp", path)
+        with open(latest + ".tmp", "w") as f:
+            f.write(path)
+        os.replace(latest + ".tmp", latest)
+        note(ev="saved", step=step)
+    time.sleep(float(os.environ.get("PACE", "0")))
+note(ev="done", step=step)
+dist.barrier()
+dist.destroy_process_group()
+"""
+TORCH_BATCH = """#!/bin/bash
+srun --ntasks-per-node=1 torchrun --nnodes=1:2 --nproc-per-node=1 --max-restarts=3 \\
+    --rdzv-backend=phalanx --rdzv-id=$SLURM_JOB_ID {train} {out} {steps}
+"""
+
+
+def backend_site(where: Path) -> str:
+    """The backend's distribution metadata as `pip install --no-deps phalanx` leaves it (its
+    torchrun.handlers entry point), and a PYTHONPATH with it and this checkout's source."""
+    import tomllib
+
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())
+    version = meta["project"]["version"]
+    info = where / f"phalanx-{version}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: phalanx\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(
+        "".join(
+            f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in items.items()) + "\n"
+            for group, items in meta["project"]["entry-points"].items()
+        )
+    )
+    return f"{where}:{REPO / 'src'}"
+
+
+def kill_node_whole(state: Path, node: str) -> float:
+    """`kill_node`, plus the node's step tasks (srun's): their shepherds and every process
+    whose PHX_TASK_DIR is under the node's state dir (srun's task, torchrun, its workers)."""
+    t_kill, _argv, _env = kill_node(state, node)
+    root = state / "nodes" / node
+    for task in sorted((root / "steps").glob("*.*.*")):
+        shep = read_json(task / "shepherd.pid")
+        if isinstance(shep, dict) and isinstance(shep.get("pid"), int):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(shep["pid"], signal.SIGKILL)
+    marker = f"PHX_TASK_DIR={root}/".encode()
+    for _ in range(3):
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                env = Path(f"/proc/{entry}/environ").read_bytes()
+            except OSError:
+                continue
+            if marker in env:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(entry), signal.SIGKILL)
+    return t_kill
+
+
+def _train_events(out: Path) -> list[dict[str, Any]]:
+    try:
+        lines = (out / "events.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    out_: list[dict[str, Any]] = []
+    for ln in lines:
+        with contextlib.suppress(ValueError):
+            out_.append(json.loads(ln))
+    return out_
+
+
+def torch_run(mode: str, k: int, keep: bool = False) -> dict[str, Any]:
+    """One cluster (3 nodes), one torchrun job in `mode`, rank 1's node killed."""
+    with cluster(keep, 3) as (url, state):
+        api = common.Api(url, timeout=30.0)
+        try:
+            return _torch_run(api, state, mode, k)
+        except Exception:
+            log(f"{mode} run {k} failed; controller log:\n{common.controller_log_tail(state, 25)}")
+            raise
+        finally:
+            api.http.close()
+
+
+def _torch_run(api: common.Api, state: Path, mode: str, k: int) -> dict[str, Any]:
+    tm = api.get("/v1/cluster")["this_controller"]["timing"]
+    common.check_timing(tm, TIMING)
+    work = state / "bench-torchrun"
+    out = work / "out"
+    out.mkdir(parents=True)
+    train = work / "train.py"
+    train.write_text(TORCH_TRAIN)
+    bin_dir = str(Path(sys.executable).parent)
+    spec = {
+        "script": TORCH_BATCH.format(train=train, out=out, steps=TORCH_STEPS),
+        "output": str(work / "job.out"),
+        "workdir": str(work),
+        "name": f"torchrun-{mode}",
+        "cpus_per_task": 8,  # a whole node per rank
+        "env": {
+            "PATH": f"{bin_dir}:{TOOLS / 'bin'}:/usr/local/bin:/usr/bin:/bin",
+            "PYTHONPATH": backend_site(work / "site"),
+            "PACE": str(TORCH_PACE),
+        },
+        **TORCH_MODES[mode],
+    }
+    jid = int(api.post("/v1/jobs", spec)["job_id"])
+    deadline = time.monotonic() + 240
+    while not any(e["ev"] == "saved" and e["step"] >= 20 for e in _train_events(out)):
+        job = api.job(jid)
+        if job["state"] not in ("PENDING", "STARTING", "RUNNING"):
+            raise RuntimeError(f"job {jid} ended {job['state']} ({job['reason']}) before training")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"job {jid} not training after 240s")
+        time.sleep(0.2)
+    before = api.job(jid)["attempts"][-1]["nodes"]
+    victim = before[1]
+    t_kill = kill_node_whole(state, victim)
+    res: dict[str, Any] = {"mode": mode, "job_id": jid, "victim": victim, "before": before}
+    limit = time.monotonic() + 180
+    while True:
+        again = [e for e in _train_events(out) if e["ev"] == "trained" and e["t"] > t_kill]
+        if again:
+            res["training_s"] = min(e["t"] for e in again) - t_kill
+            break
+        job = api.job(jid)
+        if job["state"] not in ("PENDING", "STARTING", "RUNNING", "COMPLETING"):
+            raise RuntimeError(f"job {jid} ended {job['state']} ({job['reason']})")
+        if time.monotonic() > limit:
+            raise RuntimeError(f"job {jid}: no training 180s after the kill")
+        time.sleep(POLL_S)
+    starts = [e["t"] for e in _train_events(out) if e["ev"] == "start" and e["t"] > t_kill]
+    if starts:
+        res["workers_s"] = min(starts) - t_kill
+    events = [e for e in api.events() if e.get("job_id") in (jid, None)]
+    firsts = {}
+    for e in events:
+        if e["ts"] >= t_kill:
+            firsts.setdefault(e["kind"], float(e["ts"]) - t_kill)
+    downs = [e for e in api.events() if e["kind"] == "node.down" and e["node"] == victim]
+    if downs:
+        res["down_s"] = float(downs[0]["ts"]) - t_kill
+    kinds = [e["kind"] for e in api.events() if e.get("job_id") == jid]
+    want = "job.node_left" if mode == "nokill" else "job.restart"
+    if want not in kinds:
+        raise RuntimeError(f"{mode}: job {jid} recovered without a {want} event: {kinds}")
+    if mode == "nokill" and ("job.requeue" in kinds or "job.restart" in kinds):
+        raise RuntimeError(f"nokill: job {jid} was requeued: {kinds}")
+    res["regroup_s"] = firsts.get(want)
+    job = api.job(jid)
+    res["after"] = job["attempts"][-1]["nodes"]
+    res["attempts"] = len(job["attempts"])
+    log(
+        f"torchrun {mode} run {k}: killed {victim}; DOWN {res.get('down_s', float('nan')):.2f}s, "
+        f"workers {res.get('workers_s', float('nan')):.2f}s, training again "
+        f"{res['training_s']:.2f}s after the kill on {','.join(res['after'])}"
+    )
+    api.post("/v1/jobs/cancel", {"jobs": [str(jid)]})
+    return res
+
+
+def torch_table(results: dict[str, list[dict[str, Any]]], timing: dict[str, Any]) -> str:
+    head = (
+        f"{'mode':8} {'runs':>4} {'training median':>16} {'max':>7} {'down':>6} "
+        f"{'regroup':>8} {'workers':>8}  attempts  nodes after"
+    )
+    lines = [
+        "Phalanx recovery of a torchrun job (DDP, CPU, gloo): seconds from SIGKILL of rank 1's "
+        "node to the new group's first training step (medians)",
+        f"timing: {common.timing_text(timing, SHOWN_TIMING)}",
+        head,
+        "-" * len(head),
+    ]
+
+    def med(runs: list[dict[str, Any]], key: str) -> float:
+        vals = [r[key] for r in runs if r.get(key) is not None]
+        return statistics.median(vals) if vals else float("nan")
+
+    for mode, runs in results.items():
+        rec = _stats([r["training_s"] for r in runs])
+        lines.append(
+            f"{mode:8} {len(runs):>4} {rec['median']:>16.2f} {rec['max']:>7.2f} "
+            f"{med(runs, 'down_s'):>6.2f} {med(runs, 'regroup_s'):>8.2f} "
+            f"{med(runs, 'workers_s'):>8.2f}  {runs[-1]['attempts']:>8}  {','.join(runs[-1]['after'])}"
+        )
+    lines.append(
+        "nokill: --no-kill, the job regroups in its attempt (spare in rank 1's place, survivor's "
+        "torchrun re-forms the group); restart: the whole job restarts on its reserved nodes"
+    )
+    return "\n".join(lines)
+
+
 def measure(mode: str, runs: int, busy: float = 0.0) -> list[float]:
     """Seconds from a node failure to the job running again, one value per run.
 
@@ -311,7 +578,15 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=3, help="runs per mode (default 3)")
     p.add_argument(
-        "--mode", choices=sorted(MODES), action="append", help="only this mode (repeatable)"
+        "--mode",
+        choices=sorted({*MODES, *TORCH_MODES}),
+        action="append",
+        help="only this mode (repeatable)",
+    )
+    p.add_argument(
+        "--torchrun",
+        action="store_true",
+        help="a real torchrun job (modes nokill, restart): time to training again",
     )
     p.add_argument("--json", metavar="FILE", default=None, help="also write the results as JSON")
     p.add_argument("--keep", action="store_true", help="keep each run's state dir (logs, DB)")
@@ -327,8 +602,12 @@ def main() -> int:
         p.error("--runs must be at least 1")
     if args.busy < 0:
         p.error("--busy must not be negative")
-    modes = args.mode or list(MODES)
     timing = common.checked_timings(["fast"], {"fast": TIMING}, SHOWN_TIMING)["fast"]
+    if args.torchrun:
+        return torch_main(args, timing)
+    modes = args.mode or list(MODES)
+    if any(m not in MODES for m in modes):
+        p.error(f"modes {', '.join(TORCH_MODES)} need --torchrun")
     load_before = busy_before()
     results = {
         m: [one_run(m, k, args.keep, args.busy) for k in range(1, args.runs + 1)] for m in modes
@@ -349,6 +628,36 @@ def main() -> int:
                 "busy": args.busy,
                 "modes": {m: MODES[m] for m in modes},
             },
+            "host": host_info(load_before, load_after),
+        }
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+    return 0
+
+
+def torch_main(args: argparse.Namespace, timing: dict[str, Any]) -> int:
+    modes = args.mode or list(TORCH_MODES)
+    unknown = [m for m in modes if m not in TORCH_MODES]
+    if unknown:
+        raise SystemExit(f"--torchrun takes the modes {', '.join(TORCH_MODES)}, not {unknown}")
+    py = TOOLS / "bin" / "python"
+    if not py.exists() or subprocess.run([py, "-c", "import torch"]).returncode:
+        raise SystemExit(f"no PyTorch in {py}: `bash scripts/ensure-tools.sh` installs it")
+    load_before = busy_before()
+    results: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    for k in range(1, args.runs + 1):  # interleaved: both modes see the same host load
+        for m in modes:
+            results[m].append(torch_run(m, k, args.keep))
+    load_after = os.getloadavg()[0]
+    print(torch_table(results, timing))
+    print(host_line(load_before, load_after))
+    if args.json:
+        doc = {
+            "results": {
+                m: {"summary": _stats([r["training_s"] for r in runs]), "runs": runs}
+                for m, runs in results.items()
+            },
+            "timing": timing,
+            "params": {"runs": args.runs, "steps": TORCH_STEPS, "modes": TORCH_MODES},
             "host": host_info(load_before, load_after),
         }
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
