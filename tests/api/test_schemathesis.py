@@ -181,7 +181,15 @@ def test_what_schemathesis_found(
 # Content-Length far over the body limit (refused before a byte is read), and each string
 # field of the body given a megabyte. None may be a server error.
 DOC = openapi_document()
-PARAMS = {"ref": "1", "node": "n1", "name": "n1", "wid": "1", "step_id": "0", "asset": "x"}
+PARAMS = {
+    "ref": "1",
+    "node": "n1",
+    "name": "n1",
+    "wid": "1",
+    "step_id": "0",
+    "asset": "x",
+    "run_id": "r1",
+}
 
 
 def _resolve(node: Any) -> Any:
