@@ -50,6 +50,11 @@ JOB_ENV = ("SLURM_JOB_ID", "PHX_JOB_ID")
 NODE_ENV = ("PHX_NODENAME", "SLURMD_NODENAME")
 POLL_FIRST_S = 0.01  # a blocking get's first wait; doubles up to POLL_MAX_S
 POLL_MAX_S = 0.1
+# How often a node waiting in a round reads the state: torch's once a second made every wait
+# (a peer's join, the round's completion) last half a second on average. Small jobs poll
+# faster; from SYNC_NODES nodes on, torch's second again (every waiting node is a request).
+SYNC_MIN_S = 0.2
+SYNC_NODES = 500
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -153,6 +158,11 @@ def drop_departed(state_bits: bytes, departed: Sequence[str]) -> bytes:
     return pickle.dumps(state)
 
 
+def sync_interval(max_nodes: int) -> float:
+    """Seconds between two reads of the state by a node waiting in a round."""
+    return min(1.0, max(SYNC_MIN_S, max_nodes / SYNC_NODES))
+
+
 def _node_name() -> str | None:
     for name in NODE_ENV:
         value = (os.environ.get(name) or "").strip()
@@ -172,6 +182,9 @@ def _torch_classes() -> tuple[Any, Any, Any]:
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
         DynamicRendezvousHandler,
         RendezvousBackend,
+        RendezvousSettings,
+        RendezvousTimeout,
+        _BackendRendezvousStateHolder,
     )
 
     class PhalanxRendezvousBackend(RendezvousBackend):
@@ -264,7 +277,33 @@ def _torch_classes() -> tuple[Any, Any, Any]:
             return int(self.rdzv.kv("count")["count"])
 
     class PhalanxRendezvousHandler(DynamicRendezvousHandler):
-        """torch's handler, publishing each round's master address afresh."""
+        """torch's handler, publishing each round's master address afresh and reading the
+        state anew on every look (no cache: it is polled at `sync_interval` instead)."""
+
+        @classmethod
+        def from_backend(  # torch's, with an uncached state holder
+            cls,
+            run_id: str,
+            store: Any,
+            backend: Any,
+            min_nodes: int,
+            max_nodes: int,
+            local_addr: str | None = None,
+            timeout: Any = None,
+            keep_alive_interval: int = 5,
+            keep_alive_max_attempt: int = 3,
+        ) -> Any:
+            node = cls._node_desc_generator.generate(local_addr)
+            settings = RendezvousSettings(
+                run_id,
+                min_nodes,
+                max_nodes,
+                timeout or RendezvousTimeout(),
+                keep_alive_interval=timedelta(seconds=keep_alive_interval),
+                keep_alive_max_attempt=keep_alive_max_attempt,
+            )
+            holder = _BackendRendezvousStateHolder(backend, settings, cache_duration=0)
+            return cls(node, settings, backend.name, store, holder)
 
         def next_rendezvous(self) -> Any:
             # torch keeps a non-zero rank's first bootstrap address for good; once the node
@@ -307,7 +346,23 @@ def create_handler(params: Any) -> Any:
         keep_alive_max_attempt=params.get_as_int("keep_alive_max_attempt", 3),
     )
     backend.desc = repr(handler._this_node)
+    _poll_every(sync_interval(int(params.max_nodes)))
     return handler
+
+
+def _poll_every(every: float) -> None:
+    """Make torch's wait between two looks at a round's state (its `_delay(seconds=1)` on
+    SYNC) `every` seconds long, in this process: torchrun's, whose one rendezvous is this one.
+    torch offers no setting for it; the random start-up jitter (a range) is left alone."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    original = getattr(dr._delay, "phalanx_original", dr._delay)
+
+    def delay(seconds: Any) -> None:  # called as torch calls it: _delay(seconds=...)
+        original(seconds=every if seconds == 1 else seconds)
+
+    delay.phalanx_original = original  # type: ignore[attr-defined]
+    dr._delay = delay
 
 
 def handler() -> Callable[[Any], Any]:

@@ -184,3 +184,20 @@ def test_a_fixed_size_job_without_a_spare_goes_on_smaller(store: Store) -> None:
     assert store.mark_down("n2", "no heartbeat", None)
     (att,) = store.attempts_of(jid)
     assert att["nodes"] == ["n1"] and state(store, jid) == "RUNNING"
+
+
+def test_a_task_stopped_by_self_fencing_leaves_the_job_too(store: Store) -> None:
+    """The node's agent lost the controllers and its shepherd stopped the job there; it
+    reports that when it is back (before anyone declared the node DOWN): the node left."""
+    cluster(store, 3)
+    jid = submit1(store, nodes=2, spares=1, requeue=True, no_kill=True)
+    att = started(store, jid)
+    store.apply_reports("n2", [exited(att, None, signal=9, fenced=True)], None)
+    (att1,) = store.attempts_of(jid)
+    assert att1["nodes"] == ["n1", "n3"] and state(store, jid) == "RUNNING"
+    tasks = tasks_by_node(store, jid)
+    assert tasks["n2"]["state"] == "EXITED" and tasks["n2"]["detail"]["left"] is True
+    assert tasks["n3"]["state"] == "STARTING"
+    # the rendezvous names its members on n2 as departed
+    store.rdzv_cas(jid, "r", "state", b"s", None, member=("h_2_0", "n2"))
+    assert store.rdzv_get(jid, "r", [], departed=True).departed == ["h_2_0"]

@@ -125,3 +125,10 @@ def test_torchrun_finds_the_backend_by_its_entry_point() -> None:
     assert rendezvous.handler() is rendezvous.create_handler
     # importing it costs nothing of torch (torchrun imports every registered plugin)
     assert "torch" not in sys.modules
+
+
+def test_small_jobs_look_at_the_state_more_often_than_torch_large_ones_as_often() -> None:
+    assert rendezvous.sync_interval(2) == 0.2
+    assert rendezvous.sync_interval(100) == 0.2
+    assert rendezvous.sync_interval(250) == 0.5
+    assert rendezvous.sync_interval(500) == 1.0 == rendezvous.sync_interval(10_000)

@@ -211,8 +211,8 @@ class RendezvousRecords(StoreBase):
         return bool(res.rowcount == 1)
 
     def _departed(self, conn: Connection, aid: int, base: tuple[Any, ...]) -> list[str]:
-        """The members (node descs) whose node left the attempt: its tasks there are LOST and
-        marked left (store/regroup.py), or the node is no longer one of the attempt's."""
+        """The members (node descs) whose node left the attempt: its task there is marked
+        left (store/regroup.py: lost with the node, or stopped there by self-fencing)."""
         r = s.rendezvous.c
         members = {
             str(row.key)[len(MEMBER_PREFIX) :]: bytes(row.value).decode(errors="replace")
@@ -226,7 +226,9 @@ class RendezvousRecords(StoreBase):
             str(t.node)
             for t in conn.execute(
                 select(s.tasks.c.node, s.tasks.c.detail).where(
-                    s.tasks.c.attempt_id == aid, s.tasks.c.state == TaskState.LOST.value
+                    s.tasks.c.attempt_id == aid,
+                    s.tasks.c.state.in_([TaskState.LOST.value, TaskState.EXITED.value]),
+                    s.tasks.c.held.is_(False),
                 )
             )
             if (t.detail or {}).get("left")
