@@ -43,6 +43,19 @@ which starts real clusters). Skipped, with a message, when that module is missin
     .venv/bin/python bench/goodput.py --seeds 51 --json /tmp/goodput.json
     .venv/bin/python bench/goodput.py --work 86400 --fixed 300,900 --history-days 30
     .venv/bin/python bench/goodput.py --quick --recovery --recovery-runs 3
+
+(c) With `--real`, instead of the simulation: a real PyTorch DDP job (CPU, gloo) on a local
+cluster, `sbatch -N 2 --requeue --signal=B:USR1@30` with `srun python train.py`, periodic
+checkpoints and one on the signal, faults injected at a scaled rate (node deaths, agent kills,
+`drain --now`, preemptions); its effective training time ratio (time on training steps kept in
+the final result / wall time from submit to end) and recovery times (a fault to the first
+training step after it), beside the model's prediction for the same rates with the run's own
+measured checkpoint cost and recovery time. Medians over `--runs` runs, each on a fresh cluster
+(bench/goodput_real.py runs them, bench/ettr.py keeps the books and holds the model). Needs
+PyTorch in .venv-tools (scripts/ensure-tools.sh).
+
+    .venv/bin/python bench/goodput.py --real --runs 3
+    .venv/bin/python bench/goodput.py --real --runs 1 --faults node,agent,drain,preempt --mtbf 75
 """
 
 from __future__ import annotations
@@ -450,6 +463,44 @@ def _positive(text: str) -> float:
     return v
 
 
+# --- (c) the real benchmark ------------------------------------------------------------------
+
+
+def _real_module() -> Any:
+    here = Path(__file__).resolve().parent
+    if str(here) not in sys.path:
+        sys.path.insert(0, str(here))
+    return importlib.import_module("goodput_real")
+
+
+def run_real(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
+    real = _real_module()
+    kinds = tuple(k.strip() for k in a.faults.split(",") if k.strip())
+    bad = [k for k in kinds if k not in real.KINDS]
+    if not kinds or bad:
+        ap.error(f"--faults: use a comma list of {', '.join(real.KINDS)}")
+    if a.runs < 1 or a.payload_mb < 0:
+        ap.error("need --runs >= 1 and --payload-mb >= 0")
+    s = real.Settings(
+        train_s=a.train,
+        pace_s=a.pace,
+        interval_s=a.interval,
+        mtbf_s=a.mtbf,
+        payload_mb=a.payload_mb,
+        faults=kinds,
+        seed=a.seed,
+    )
+    why = real.check_tools()
+    if why:
+        print(f"real mode: {why}")
+        return 1
+    doc = real.measure(a.runs, s, keep=a.keep)
+    real.print_report(doc["runs"], doc["summary"], s)
+    if a.json:
+        a.json.write_text(real.to_json({"real": doc}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     d = Params()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -471,6 +522,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--recovery", action="store_true", help="also measure recovery times")
     ap.add_argument("--recovery-runs", type=int, default=5)
+    real = ap.add_argument_group("real mode (--real): a PyTorch DDP job on a local cluster")
+    r0 = _real_module().Settings()
+    real.add_argument("--real", action="store_true", help="run the real benchmark instead")
+    real.add_argument("--runs", type=int, default=3, help="runs, each on a fresh cluster")
+    real.add_argument("--train", type=_positive, default=r0.train_s, help="seconds of steps")
+    real.add_argument("--pace", type=_positive, default=r0.pace_s, help="seconds a step")
+    real.add_argument(
+        "--interval", type=_positive, default=r0.interval_s, help="checkpoint every T s"
+    )
+    real.add_argument(
+        "--mtbf", type=_positive, default=r0.mtbf_s, help="mean training s between faults"
+    )
+    real.add_argument("--payload-mb", type=int, default=r0.payload_mb, help="checkpoint size")
+    real.add_argument(
+        "--faults",
+        default=",".join(r0.faults),
+        help="kinds that take turns: node, agent, drain, preempt",
+    )
+    real.add_argument("--seed", type=int, default=r0.seed)
+    real.add_argument("--keep", action="store_true", help="keep each run's state dir")
     a = ap.parse_args(argv)
     if a.nodes < 1 or a.seeds < 1 or a.restart < 0 or a.cost < 0 or not 0 <= a.cost_jitter < 1:
         ap.error("need --nodes >= 1, --seeds >= 1, --restart >= 0, --cost >= 0, 0 <= jitter < 1")
@@ -484,6 +555,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ValueError as e:
         ap.error(f"the scheduler would refuse this configuration: {e}")
+    if a.real:
+        return run_real(a, ap)
     p = Params(
         nodes=a.nodes,
         node_mtbf_s=a.node_mtbf,
