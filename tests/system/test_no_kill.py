@@ -5,7 +5,9 @@ batch script runs `srun torchrun --nnodes=1:2 --max-restarts=3 --rdzv-backend=ph
 (one torchrun a node, torch's own elastic agent, the rendezvous hosted by the controllers),
 and the training script (CPU, gloo, fixed seeds) checkpoints every 10 steps and resumes from
 its latest checkpoint whenever torchrun starts it. While it trains, the node of rank 1 dies
-whole: its agent, its shepherds and every process of the job there are SIGKILLed.
+whole: its agent, its shepherds and every process of the job there are SIGKILLed. The same
+with the script on every node (`--all-nodes`, torchrun started by each node's script), where
+the first node dies: the rendezvous lives in the controllers, not on any node of the job.
 
 What must hold: the job is not requeued (one attempt, restart count 0, no requeue or restart
 event); the survivor's torchrun is the same process throughout (torch restarts its workers,
@@ -13,7 +15,7 @@ the scheduler stops nothing); the spare joins in the lost node's place (its even
 in the attempt); no worker of the old group is left running; the new group trains again
 from the latest checkpoint and finishes, and its final weights equal, bit for bit, those of
 an uninterrupted two-rank run resumed from the same checkpoint. The time from the kill to the
-new group's first training step is printed (bench/recovery.py --mode nokill measures it).
+new group's first training step is printed (bench/recovery.py --torchrun measures it).
 
 PyTorch (CPU) is in `.venv-tools` (scripts/ensure-tools.sh); without it the test is skipped,
 except in CI (CI=true), where it fails. The backend is installed in that environment the way
@@ -121,10 +123,22 @@ dist.barrier()
 dist.destroy_process_group()
 """
 
-BATCH = """#!/bin/bash
-srun --ntasks-per-node=1 torchrun --nnodes=1:2 --nproc-per-node=1 --max-restarts=3 \\
-    --rdzv-backend=phalanx --rdzv-id=$SLURM_JOB_ID {train} {out} {steps}
-"""
+TORCHRUN = (
+    "torchrun --nnodes=1:2 --nproc-per-node=1 --max-restarts=3 --rdzv-backend=phalanx "
+    "--rdzv-id=$SLURM_JOB_ID {train} {out} {steps}"
+)
+# the two launch patterns: srun's steps (one torchrun a node, the batch script on the first
+# node), and the script on every node (--all-nodes: torchrun started by each node's script)
+BATCH = {
+    "srun": "#!/bin/bash\nsrun --ntasks-per-node=1 " + TORCHRUN + "\n",
+    "all-nodes": "#!/bin/bash\n" + TORCHRUN + "\n",
+}
+# which node dies, who survives, the attempt's nodes after (rank order)
+CASES = {
+    "srun": ("node02", "node01", ["node01", "node03"]),
+    # the first node: with the script on every node it is a node like the others
+    "all-nodes": ("node01", "node02", ["node03", "node02"]),
+}
 
 
 def tools_or_skip() -> None:
@@ -232,9 +246,11 @@ def reference_run(train: Path, out: Path, ckpt: str) -> Path:
 
 
 @pytest.mark.timeout(420)
+@pytest.mark.parametrize("launch", ["srun", "all-nodes"])
 def test_a_dead_node_of_a_no_kill_torchrun_job_is_replaced_by_its_spare_without_a_requeue(
-    cluster: Cluster, tmp_path: Path
+    cluster: Cluster, tmp_path: Path, launch: str
 ) -> None:
+    victim, survivor, after = CASES[launch]
     tools_or_skip()
     pythonpath = backend_site(tmp_path / "site")
     train = tmp_path / "train.py"
@@ -246,7 +262,7 @@ def test_a_dead_node_of_a_no_kill_torchrun_job_is_replaced_by_its_spare_without_
     jid = cluster.submit_script(
         tmp_path,
         "elastic",
-        BATCH.format(train=train, out=out, steps=STEPS),
+        BATCH[launch].format(train=train, out=out, steps=STEPS),
         env={
             "PATH": PATH,
             "PYTHONPATH": pythonpath,
@@ -258,6 +274,7 @@ def test_a_dead_node_of_a_no_kill_torchrun_job_is_replaced_by_its_spare_without_
         no_kill=True,
         requeue=True,
         cpus_per_task=2,
+        all_nodes=launch == "all-nodes",
     )
     wait_for(
         lambda: any(e["ev"] == "saved" and e["step"] >= 20 for e in events(out)),
@@ -269,9 +286,9 @@ def test_a_dead_node_of_a_no_kill_torchrun_job_is_replaced_by_its_spare_without_
     assert job["spare_nodes"] == ["node03"], job
     old = [e for e in events(out) if e["ev"] == "start"]
     assert {(e["node"], e["gen"]) for e in old} == {("node01", "0"), ("node02", "0")}, old
-    survivor_agent = next(e["ppid"] for e in old if e["node"] == "node01")
+    survivor_agent = next(e["ppid"] for e in old if e["node"] == survivor)
 
-    killed_at = kill_node(cluster, "node02")
+    killed_at = kill_node(cluster, victim)
 
     def training_again() -> dict[str, Any] | None:
         return next((e for e in events(out) if e["ev"] == "trained" and e["t"] > killed_at), None)
@@ -286,7 +303,8 @@ def test_a_dead_node_of_a_no_kill_torchrun_job_is_replaced_by_its_spare_without_
     # the job is told, on the survivor and on the spare: its control file (read while the
     # job runs: an ended attempt's task directories go)
     aid = str(job["attempts"][-1]["id"])
-    for node, rank in (("node01", 0), ("node03", 1)):
+    for node in after:
+        rank = after.index(node)
         told = wait_for(
             lambda node=node: read_json(
                 cluster.agent_dir(node) / "tasks" / aid / "control" / "membership.json"
@@ -294,8 +312,8 @@ def test_a_dead_node_of_a_no_kill_torchrun_job_is_replaced_by_its_spare_without_
             what=f"the membership file on {node}",
             timeout=30,
         )
-        assert told["gen"] == 1 and told["nodes"] == ["node01", "node03"], told
-        assert told["node_rank"] == rank and told["changes"][-1]["left"] == ["node02"], told
+        assert told["gen"] == 1 and told["nodes"] == after, told
+        assert told["node_rank"] == rank and told["changes"][-1]["left"] == [victim], told
     done = wait_for(
         lambda: [e for e in events(out) if e["ev"] == "done"] or None,
         what="training to finish",
@@ -314,13 +332,13 @@ def test_a_dead_node_of_a_no_kill_torchrun_job_is_replaced_by_its_spare_without_
     assert final["restart_count"] == 0 and len(final["attempts"]) == 1, final
     assert "job.requeue" not in kinds and "job.restart" not in kinds, kinds
     assert "job.node_left" in kinds and "job.node_joined" in kinds, kinds
-    assert final["attempts"][0]["nodes"] == ["node01", "node03"], final["attempts"]
+    assert final["attempts"][0]["nodes"] == after, final["attempts"]
     # the survivor's torchrun ran throughout; the new group is the survivor and the spare
     starts = [e for e in events(out) if e["ev"] == "start"]
     new = [e for e in starts if e["t"] > killed_at]
-    assert {e["node"] for e in new} == {"node01", "node03"}, starts
+    assert {e["node"] for e in new} == set(after), starts
     assert {e["world"] for e in new} == {2}, new
-    assert next(e["ppid"] for e in new if e["node"] == "node01") == survivor_agent, starts
+    assert next(e["ppid"] for e in new if e["node"] == survivor) == survivor_agent, starts
     # no worker of the old group is left running
     assert not [e["pid"] for e in old if train_alive(int(e["pid"]))], old
     # the new group resumed from the latest checkpoint the old one saved, and finished
