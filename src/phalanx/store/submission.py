@@ -9,14 +9,16 @@ checked against them, and the controller syncs them from its configuration.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     Connection,
     Dialect,
+    String,
     Table,
-    bindparam,
     insert,
     select,
     text,
@@ -49,38 +51,74 @@ _NEXT_JOB_IDS = text(
 MAX_ID = 2**63 - 1  # the largest id an INTEGER column holds (SQLite and PostgreSQL)
 
 
-_Prebuilt = tuple[str, dict[str, Any]]  # SQL, and the parameters' bind processors (if any)
-# PostgreSQL: the most jobs one jobs-and-events statement carries (about 50 parameters each)
+# PostgreSQL: the most jobs one jobs-and-events statement carries. The statement is the same
+# whatever the count (one array parameter per column); the bound keeps one round trip short
+# against the per-round-trip deadline (db_op_timeout) on a loaded server.
 _GROUP_ROWS = 200
 
 
-@functools.lru_cache(maxsize=2 * _GROUP_ROWS)
+@functools.lru_cache(maxsize=64)
 def _jobs_and_events(
-    n: int, job_keys: tuple[str, ...], event_keys: tuple[str, ...], dialect: Dialect
-) -> _Prebuilt:
-    """PostgreSQL: `WITH jobs AS (INSERT INTO jobs ... VALUES n rows) INSERT INTO events ...
-    VALUES n rows`, compiled once per group size and set of columns (SQLAlchemy compiles a
-    many-row VALUES anew each time, which costs more than the database's work), its values
-    bound as `j<i>_<column>` and `e<i>_<column>`, with the bind processors SQLAlchemy itself
-    would apply (JSON) as RowInsert takes them."""
-    params: dict[str, Any] = {}
+    job_keys: tuple[str, ...], event_keys: tuple[str, ...], dialect: Dialect
+) -> str:
+    """PostgreSQL: `WITH jobs AS (INSERT INTO jobs ... SELECT ... FROM unnest(arrays))
+    INSERT INTO events ... SELECT ... FROM unnest(arrays)`, one text array parameter per
+    column (`j_<column>`, `e_<column>`; `_column_arrays` builds them).
 
-    def rows(table: Table, prefix: str, keys: tuple[str, ...]) -> list[dict[str, Any]]:
-        out = []
-        for i in range(n):
-            row = {}
-            for k in keys:
-                typ = table.columns[k].type
-                row[k] = bindparam(name := f"{prefix}{i}_{k}", type_=typ)
-                proc = typ.dialect_impl(dialect).bind_processor(dialect)
-                if proc is not None:
-                    params[name] = proc
-            out.append(row)
-        return out
+    Why arrays rather than a VALUES list of n rows: the statement's text and its parameter
+    count no longer grow with the group, so psycopg converts it once (it re-parsed a query
+    of over 50 parameters on every call: 12% of a controller's time under
+    `bench/sim.py placements` on PostgreSQL) and prepares it on the server after a few
+    uses, where a 200-row VALUES statement of ~7,000 parameters was parsed and planned anew
+    each time. Each column is cast from text to its own type, except strings: their
+    assignment to a VARCHAR(n) column checks the length as a VALUES insert did (an explicit
+    cast would cut it silently). The rows keep their order (ORDER BY the arrays' ordinality):
+    the events' ids follow the jobs' order as before."""
+    quote = dialect.identifier_preparer.quote
 
-    jobs = insert(s.jobs).values(rows(s.jobs, "j", job_keys)).cte("jobs")
-    stmt = insert(s.events).values(rows(s.events, "e", event_keys)).add_cte(jobs)
-    return str(stmt.compile(dialect=dialect)), params
+    def insert_select(table: Table, prefix: str, keys: tuple[str, ...]) -> str:
+        casts = []
+        for i, k in enumerate(keys):
+            typ = table.columns[k].type
+            casts.append(f"c{i}" if isinstance(typ, String) else f"c{i}::{typ.compile(dialect)}")
+        arrays = ", ".join(f"%({prefix}_{k})s::text[]" for k in keys)
+        names = ", ".join(f"c{i}" for i in range(len(keys)))
+        return (
+            f"INSERT INTO {quote(table.name)} ({', '.join(quote(k) for k in keys)}) "
+            f"SELECT {', '.join(casts)} FROM unnest({arrays}) WITH ORDINALITY "
+            f"AS t({names}, ord) ORDER BY ord"
+        )
+
+    return (
+        f"WITH new_jobs AS ({insert_select(s.jobs, 'j', job_keys)}) "
+        f"{insert_select(s.events, 'e', event_keys)}"
+    )
+
+
+def _as_text(value: Any) -> str | None:
+    """A non-JSON column's value as the text PostgreSQL reads back as the same value
+    (`_jobs_and_events` casts it); floats by `repr`, which round-trips exactly."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
+
+
+def _column_arrays(
+    table: Table, prefix: str, rows: list[dict[str, Any]], keys: tuple[str, ...]
+) -> dict[str, Any]:
+    """The `_jobs_and_events` parameters of `rows`: one list of texts per column. A JSON
+    column's value is written by `json.dumps`, as psycopg's JSON adapter writes it through
+    SQLAlchemy, None included: JSON `null`, not SQL NULL, as the columns' `none_as_null`
+    (false) asks and every other insert stores it."""
+    out: dict[str, Any] = {}
+    for k in keys:
+        if isinstance(table.columns[k].type, JSON):
+            out[f"{prefix}_{k}"] = [json.dumps(row[k]) for row in rows]
+        else:
+            out[f"{prefix}_{k}"] = [_as_text(row[k]) for row in rows]
+    return out
 
 
 def _submit_event(job_id: int, row: dict[str, Any], user: str, now: float) -> dict[str, Any]:
@@ -237,7 +275,7 @@ class Submission(StoreBase):
             for row, jid in zip(rows, ids, strict=True)
         ]
         # one statement in autocommit for a group that fits in one; a bigger batch is
-        # several in one transaction (PostgreSQL takes at most 65,535 parameters a statement).
+        # several in one transaction (_GROUP_ROWS says why).
         # Every statement is built before the transaction opens: the server ends a session
         # idle inside a transaction for 2 x db_op_timeout (pgengine.idle_in_transaction_ms),
         # and building a group's parameters on a loaded host must not count as idle.
@@ -257,12 +295,11 @@ class Submission(StoreBase):
     ) -> tuple[str, dict[str, Any]]:
         """The one statement (and its parameters) that inserts `jobs` and their `events`."""
         job_keys, event_keys = tuple(jobs[0]), tuple(events[0])  # every row has them all
-        sql, procs = _jobs_and_events(len(jobs), job_keys, event_keys, self.db.write.dialect)
-        params = {f"j{i}_{k}": row[k] for i, row in enumerate(jobs) for k in job_keys}
-        params.update({f"e{i}_{k}": row[k] for i, row in enumerate(events) for k in event_keys})
-        for name, proc in procs.items():
-            params[name] = proc(params[name])
-        return sql, params
+        sql = _jobs_and_events(job_keys, event_keys, self.db.write.dialect)
+        return sql, (
+            _column_arrays(s.jobs, "j", jobs, job_keys)
+            | _column_arrays(s.events, "e", events, event_keys)
+        )
 
     def _job_row(
         self, conn: Connection, resolved: ResolvedJob, spec: dict[str, Any], user: str, now: float
