@@ -199,5 +199,6 @@ def test_a_task_stopped_by_self_fencing_leaves_the_job_too(store: Store) -> None
     assert tasks["n2"]["state"] == "EXITED" and tasks["n2"]["detail"]["left"] is True
     assert tasks["n3"]["state"] == "STARTING"
     # the rendezvous names its members on n2 as departed
+    assert tasks["n2"]["held"] is False, tasks["n2"]
     store.rdzv_cas(jid, "r", "state", b"s", None, member=("h_2_0", "n2"))
     assert store.rdzv_get(jid, "r", [], departed=True).departed == ["h_2_0"]

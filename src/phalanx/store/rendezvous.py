@@ -207,8 +207,15 @@ class RendezvousRecords(StoreBase):
         """Insert the row unless its key exists (either database); whether it was inserted."""
         values = {**values, "updated_at": _now()}
         ins = pg_insert if self.dialect == "postgresql" else sqlite_insert
-        res = conn.execute(ins(s.rendezvous).values(**values).on_conflict_do_nothing())
-        return bool(res.rowcount == 1)
+        # RETURNING tells whether the row went in (psycopg's rowcount for an INSERT that
+        # may do nothing is not one to trust through SQLAlchemy)
+        res = conn.execute(
+            ins(s.rendezvous)
+            .values(**values)
+            .on_conflict_do_nothing()
+            .returning(s.rendezvous.c.version)
+        )
+        return res.first() is not None
 
     def _departed(self, conn: Connection, aid: int, base: tuple[Any, ...]) -> list[str]:
         """The members (node descs) whose node left the attempt: its task there is marked
