@@ -343,7 +343,11 @@ def predictions(
                 measured start (submit to the first step) and end (the last step to the job's
                 end: the final write, the ranks leaving, the job completing)
     young_daly  the issue's first-order T/(T+C) * (1 - (q T/2 + R)/M) at the realized rate,
-                M = up time / faults + R"""
+                M = up time / faults + R
+    noise_sd    how far the run's ETTR may stray from `realized` by chance alone: each
+                unplanned fault loses the part of its cycle it fell in, uniform over (0, T+C)
+                (standard deviation (T+C)/sqrt(12)) of which the share T/(T+C) was training,
+                so T sqrt(unplanned) / (sqrt(12) wall)"""
     n = books["faults"]
     cost = books["cost_s"] or 0.0
     rec = books["recovery_s"] or 0.0
@@ -366,4 +370,6 @@ def predictions(
     inside = (wall - books["start_s"] - books["end_s"]) / wall if wall > 0 else 0.0
     out["with_edges"] = out["realized"] * inside
     out["young_daly"] = young_daly_ettr(interval_s, cost, rec, realized_m + rec, q)
+    unplanned = books["unplanned"]
+    out["noise_sd"] = interval_s * math.sqrt(unplanned) / (math.sqrt(12) * wall) if wall else 0.0
     return out

@@ -197,6 +197,8 @@ def test_the_predictions_use_the_runs_measured_cost_recovery_and_rate() -> None:
     # the nominal mix: every fault unplanned here, so R is the unplanned one's
     assert m["nominal"] == pytest.approx(p(15.0, 0.5, 10.0, 60.0, 1.0))
     assert m["young_daly"] == pytest.approx(15 / 15.5 * (1 - (0.5 * 7.5 + 8) / 68))
+    # two unplanned faults, each losing U(0, T+C) of which T/(T+C) training, over 320 s
+    assert m["noise_sd"] == pytest.approx(15 * math.sqrt(2) / math.sqrt(12) / 320)
 
 
 def _up_time_process(t: float, cost: float, r: float, m: float, q: float, seed: int) -> float:
