@@ -373,3 +373,15 @@ def predictions(
     unplanned = books["unplanned"]
     out["noise_sd"] = interval_s * math.sqrt(unplanned) / (math.sqrt(12) * wall) if wall else 0.0
     return out
+
+
+def pooled(runs: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, float]:
+    """Several runs' (books, predictions) as one: all their kept time over all their wall time,
+    and each model weighted by its run's wall time (what the model predicts for the lot)."""
+    wall = sum(b["wall_s"] for b, _ in runs)
+    if wall <= 0:
+        raise ValueError("no wall time")
+    out = {"ettr": sum(b["kept_s"] for b, _ in runs) / wall}
+    for k in ("realized", "with_edges", "nominal"):
+        out[k] = sum(m[k] * b["wall_s"] for b, m in runs) / wall
+    return out

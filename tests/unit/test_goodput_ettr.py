@@ -201,6 +201,18 @@ def test_the_predictions_use_the_runs_measured_cost_recovery_and_rate() -> None:
     assert m["noise_sd"] == pytest.approx(15 * math.sqrt(2) / math.sqrt(12) / 320)
 
 
+def test_pooled_runs_weigh_each_by_its_wall_time() -> None:
+    a = ({"wall_s": 100.0, "kept_s": 90.0}, {"realized": 0.9, "with_edges": 0.85, "nominal": 0.8})
+    b = ({"wall_s": 300.0, "kept_s": 210.0}, {"realized": 0.7, "with_edges": 0.65, "nominal": 0.8})
+    p = ettr.pooled([a, b])
+    assert p["ettr"] == pytest.approx(300 / 400)
+    assert p["realized"] == pytest.approx((90 + 210) / 400)
+    assert p["with_edges"] == pytest.approx((85 + 195) / 400)
+    assert p["nominal"] == pytest.approx(0.8)
+    with pytest.raises(ValueError):
+        ettr.pooled([])
+
+
 def _up_time_process(t: float, cost: float, r: float, m: float, q: float, seed: int) -> float:
     """The real benchmark's faults, simulated: exponential up time, then a recovery."""
     import random
