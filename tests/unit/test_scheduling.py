@@ -302,3 +302,30 @@ def test_node_views_and_job_request() -> None:
         NOW,
     )
     assert p.starts[0].nodes == ("n2",)
+
+
+# --------------------------------------------------------------------------------------------
+# the avoid list (nodes a job's failures happened on) is soft
+# --------------------------------------------------------------------------------------------
+
+
+def test_avoided_nodes_are_kept_off_while_other_nodes_could_hold_the_job() -> None:
+    nodes = [node("n1"), node("n2"), node("n3"), node("n4")]
+    j = job(5, nodes=2, avoid_nodes=["n1", "n2"])
+    p = plan(snap(nodes, [j]), NOW)
+    assert [list(s.nodes) for s in p.starts] == [["n3", "n4"]]
+
+
+def test_a_job_whose_avoided_nodes_leave_too_few_schedulable_ones_runs_on_them() -> None:
+    """Failures on n1 and n2 put them on the avoid list when n3 and n4 were fine; then n4
+    was drained. Waiting for ever ("Resources") with n1 and n2 idle is what the soft list
+    rules out (docs/retries.md); the user's own --exclude stays hard."""
+    nodes = [node("n1"), node("n2"), node("n3"), node("n4", drain=True)]
+    p = plan(snap(nodes, [job(5, nodes=2, avoid_nodes=["n1", "n2"])]), NOW)
+    assert len(p.starts) == 1 and "n4" not in p.starts[0].nodes
+    one = plan(snap(nodes, [job(6, avoid_nodes=["n1", "n2"])]), NOW)
+    assert [list(s.nodes) for s in one.starts] == [["n3"]]  # n3 alone still holds a 1-node job
+    hard = plan(snap(nodes, [job(7, nodes=2, exclude=["n1"], avoid_nodes=["n2"])]), NOW)
+    assert [sorted(s.nodes) for s in hard.starts] == [["n2", "n3"]]
+    never = plan(snap(nodes, [job(8, nodes=3, exclude=["n1"], avoid_nodes=["n2"])]), NOW)
+    assert never.starts == []

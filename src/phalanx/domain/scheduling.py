@@ -19,6 +19,8 @@ from typing import Any
 from phalanx.domain import licenses, maintenance, reservations, topology, values
 from phalanx.domain.deps import DepVerdict, evaluate
 from phalanx.domain.placement import place
+from phalanx.domain.placement_fit import usable_in_cluster
+from phalanx.domain.placement_state import Cluster
 from phalanx.domain.placement_types import Allocation, JobRequest, NodeView, Placement
 from phalanx.domain.priority import Queue, QueuePolicy
 
@@ -197,6 +199,18 @@ def job_request(job: dict[str, Any]) -> JobRequest:
     )
 
 
+def soft_avoid(job: dict[str, Any], req: JobRequest, cluster: Cluster) -> JobRequest:
+    """The job's avoid list (the nodes its failures happened on) is soft (docs/retries.md):
+    while the schedulable nodes it leaves could never hold the job (nodes, spares), the job
+    is placed as if it had none, rather than wait for ever. The list is checked when it
+    grows (store/attempts.py `_avoidable`), but a node drained or DOWN since then can leave
+    too few: after failures on two of four nodes and a drain of a third, the job waited
+    "Resources" with the fourth node free until an operator resumed the drained one."""
+    if len(usable_in_cluster(req, cluster)) >= req.nodes + req.spares:
+        return req
+    return replace(req, exclude=tuple(sorted(set(job["exclude"] or ()))))
+
+
 # Slurm's max_switch_wait default: how long --switches=N without @TIME holds out for N switches
 DEFAULT_SWITCH_WAIT_S = 300
 
@@ -285,6 +299,7 @@ def plan(
     gate = reservations.Gate(getattr(snap, "resv", None) or [], now, [v.name for v in views])
     eligible: list[JobRequest] = []
     examined: dict[int, dict[str, Any]] = {}
+    cluster: Cluster | None = None  # the schedulable nodes, built for the first avoid list
     while True:
         if len(eligible) >= depth:  # beyond the lookahead: not examined this pass
             out.beyond = queue.rest_ids()
@@ -318,7 +333,11 @@ def plan(
             if over:
                 out.reasons[jid] = over
                 continue
-        req, waits = gate.admit(keep_off.restrict(job_request(job)), job.get("reservation"))
+        req = job_request(job)
+        if job.get("avoid_nodes"):
+            cluster = cluster or Cluster(views)
+            req = soft_avoid(job, req, cluster)
+        req, waits = gate.admit(keep_off.restrict(req), job.get("reservation"))
         if waits:
             out.reasons[jid] = waits
             continue
