@@ -139,9 +139,7 @@ def test_down_unregistered_excluded_and_avoided_nodes() -> None:
         node("n3"),
         node("n4"),
     ]
-    # two nodes: with one only, n4 alone could hold it and the soft avoid list would let
-    # it start there (scheduling.soft_avoid)
-    j = job(11, nodes=2, exclude=["n3"], avoid_nodes=["n4"])
+    j = job(11, exclude=["n3"], avoid_nodes=["n4"])
     snap = snapshot(nodes, [partition("batch", "n*")], pending=[j])
     e = explain_pending(j, snap, NOW)
     assert "1 is down: n1 'not responding'" in e.lines[0]

@@ -329,3 +329,14 @@ def test_a_job_whose_avoided_nodes_leave_too_few_schedulable_ones_runs_on_them()
     assert [sorted(s.nodes) for s in hard.starts] == [["n2", "n3"]]
     never = plan(snap(nodes, [job(8, nodes=3, exclude=["n1"], avoid_nodes=["n2"])]), NOW)
     assert never.starts == []
+
+
+def test_a_down_node_is_waited_for_rather_than_a_failed_one_used() -> None:
+    """A DOWN (not drained) node comes back with its agent: the job waits for it rather
+    than go back to the node it just failed on."""
+    nodes = [node("n1"), node("n2", down=True)]
+    assert plan(snap(nodes, [job(5, avoid_nodes=["n1"])]), NOW).starts == []
+    drained = [node("n1"), node("n2", down=True, drain=True)]
+    assert [
+        list(s.nodes) for s in plan(snap(drained, [job(5, avoid_nodes=["n1"])]), NOW).starts
+    ] == [["n1"]]

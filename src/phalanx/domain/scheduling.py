@@ -199,13 +199,25 @@ def job_request(job: dict[str, Any]) -> JobRequest:
     )
 
 
+def avoid_cluster(views: list[NodeView], nodes: list[dict[str, Any]]) -> Cluster:
+    """The nodes `soft_avoid` counts: the schedulable ones, and those DOWN but not drained,
+    which come back when their agent does (a drained node is an operator's decision, which
+    may last)."""
+    returning = {
+        n["name"] for n in nodes if n.get("registered") and n.get("down") and not n.get("drain")
+    }
+    return Cluster([replace(v, schedulable=True) if v.name in returning else v for v in views])
+
+
 def soft_avoid(job: dict[str, Any], req: JobRequest, cluster: Cluster) -> JobRequest:
     """The job's avoid list (the nodes its failures happened on) is soft (docs/retries.md):
-    while the schedulable nodes it leaves could never hold the job (nodes, spares), the job
-    is placed as if it had none, rather than wait for ever. The list is checked when it
-    grows (store/attempts.py `_avoidable`), but a node drained or DOWN since then can leave
-    too few: after failures on two of four nodes and a drain of a third, the job waited
-    "Resources" with the fourth node free until an operator resumed the drained one."""
+    while the nodes it leaves in `cluster` (`avoid_cluster`) could never hold the job (nodes,
+    spares), the job is placed as if it had none, rather than wait for ever. The list is
+    checked when it grows (store/attempts.py `_avoidable`), but a node drained since can
+    leave too few: after failures on two of four nodes and a drain of a third, the job
+    waited "Resources" with the fourth node free until an operator resumed the drained one.
+    A node merely DOWN counts as one the job may wait for: it comes back with its agent, and
+    the failed node it would replace may fail the job again."""
     if len(usable_in_cluster(req, cluster)) >= req.nodes + req.spares:
         return req
     return replace(req, exclude=tuple(sorted(set(job["exclude"] or ()))))
@@ -299,7 +311,7 @@ def plan(
     gate = reservations.Gate(getattr(snap, "resv", None) or [], now, [v.name for v in views])
     eligible: list[JobRequest] = []
     examined: dict[int, dict[str, Any]] = {}
-    cluster: Cluster | None = None  # the schedulable nodes, built for the first avoid list
+    cluster: Cluster | None = None  # for soft_avoid, built for the first avoid list
     while True:
         if len(eligible) >= depth:  # beyond the lookahead: not examined this pass
             out.beyond = queue.rest_ids()
@@ -335,7 +347,7 @@ def plan(
                 continue
         req = job_request(job)
         if job.get("avoid_nodes"):
-            cluster = cluster or Cluster(views)
+            cluster = cluster or avoid_cluster(views, snap.nodes)
             req = soft_avoid(job, req, cluster)
         req, waits = gate.admit(keep_off.restrict(req), job.get("reservation"))
         if waits:
