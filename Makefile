@@ -51,7 +51,8 @@ test: install lint
 # The long runs kept out of `make test`: the 1,000-node simulation, the chaos runs (a few
 # rounds each; `make soak-chaos` is the hour-long one), Patroni's failover, PostgreSQL under a
 # row lock and CPU hogs (tests/system/test_pg_load.py), the PyTorch DDP job's maintenance and
-# preemption stops (tests/system/test_ddp.py), and the API fuzzing at four times make test's
+# preemption stops (tests/system/test_ddp.py), the --all-nodes case of the --no-kill torchrun
+# recovery (tests/system/test_no_kill.py), and the API fuzzing at four times make test's
 # depth. CI runs both.
 soak: install
 	bash scripts/ensure-postgres.sh

@@ -246,7 +246,12 @@ def reference_run(train: Path, out: Path, ckpt: str) -> Path:
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("launch", ["srun", "all-nodes"])
+@pytest.mark.parametrize(
+    "launch",
+    # the same recovery with the script on every node and the first node lost, ~40 s: with
+    # the long runs (make soak), to keep make test near its 15 minutes
+    ["srun", pytest.param("all-nodes", marks=pytest.mark.soak)],
+)
 def test_a_dead_node_of_a_no_kill_torchrun_job_is_replaced_by_its_spare_without_a_requeue(
     cluster: Cluster, tmp_path: Path, launch: str
 ) -> None:
