@@ -45,7 +45,7 @@ from phalanx.store import schema as s
 from phalanx.store.prebuilt import Prebuilt, only, select_where, update_where
 from phalanx.store.regroup import InPlaceRecovery, left_job, lost_node
 from phalanx.store.sqlbits import JOB_SUMMARY as _JOB_SUMMARY
-from phalanx.store.sqlbits import Fence
+from phalanx.store.sqlbits import Fence, unusable_nodes
 from phalanx.store.sqlbits import now as _now
 
 _DRAIN_REASON_MAX = 1000  # a hook's sentence is bounded already (shepherd_hooks.py); a cap here
@@ -355,18 +355,7 @@ class AttemptProgress(InPlaceRecovery):
         ranks = [t["node"] for t in sorted(tasks, key=lambda t: t["rank"])]
         spare_nodes = [t["node"] for t in spare_tasks]
         candidates = sorted(set(ranks + spare_nodes) - failed)
-        if candidates:
-            failed |= {
-                r.name
-                for r in conn.execute(
-                    select(s.nodes.c.name).where(
-                        s.nodes.c.name.in_(candidates),
-                        (s.nodes.c.down.is_(True))
-                        | (s.nodes.c.drain.is_(True))
-                        | (s.nodes.c.registered.is_(False)),
-                    )
-                )
-            }
+        failed |= unusable_nodes(conn, candidates)
         layout = restart_layout(
             ranks,
             spare_nodes,

@@ -26,6 +26,7 @@ from sqlalchemy import Connection, select, update
 from phalanx.domain.elastic import Regroup, keep_running, move_steps
 from phalanx.domain.states import AttemptState, JobState, TaskState
 from phalanx.store import schema as s
+from phalanx.store.sqlbits import unusable_nodes
 from phalanx.store.steps import JobSteps
 
 MEMBERSHIP_CHANGES_KEPT = 16  # the latest changes an attempt's membership lists
@@ -82,18 +83,7 @@ class InPlaceRecovery(JobSteps):
             return False
         unusable = {t["node"] for t in spare_tasks if t["state"] == TaskState.LOST.value}
         live_spares = [t["node"] for t in spare_tasks if t["node"] not in unusable]
-        if live_spares:
-            unusable |= {
-                r.name
-                for r in conn.execute(
-                    select(s.nodes.c.name).where(
-                        s.nodes.c.name.in_(live_spares),
-                        (s.nodes.c.down.is_(True))
-                        | (s.nodes.c.drain.is_(True))
-                        | (s.nodes.c.registered.is_(False)),
-                    )
-                )
-            }
+        unusable |= unusable_nodes(conn, live_spares)
         elastic = row.nodes_max is not None
         plan = keep_running(
             [(int(t["rank"]), t["node"]) for t in sorted(tasks, key=lambda t: t["rank"])],

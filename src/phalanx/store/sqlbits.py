@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, Text, cast, literal_column, select, type_coerce
+from sqlalchemy import Connection, Select, Text, cast, literal_column, select, type_coerce
 
 from phalanx.domain.states import AttemptState
 from phalanx.store import schema as s
@@ -93,3 +93,22 @@ def chunks(items: list[int], n: int) -> Iterable[list[int]]:
     """`items` in lists of at most `n`: keeps IN (...) lists under the backends' limits."""
     for i in range(0, len(items), n):
         yield items[i : i + n]
+
+
+def unusable_nodes(conn: Connection, names: Iterable[str]) -> set[str]:
+    """Those of `names` no task can run on now: DOWN, drained or without a registered agent
+    (a restart's candidates, store/attempts.py; an in-place recovery's spares, regroup.py)."""
+    names = sorted(set(names))
+    if not names:
+        return set()
+    return {
+        r.name
+        for r in conn.execute(
+            select(s.nodes.c.name).where(
+                s.nodes.c.name.in_(names),
+                (s.nodes.c.down.is_(True))
+                | (s.nodes.c.drain.is_(True))
+                | (s.nodes.c.registered.is_(False)),
+            )
+        )
+    }
