@@ -9,6 +9,7 @@ SQLite; divergence between the two is a bug we want to catch.
 from __future__ import annotations
 
 import json
+import signal
 import statistics
 import sys
 import uuid
@@ -27,7 +28,7 @@ for _path in (str(_TESTS_DIR), str(_SRC_DIR)):
 
 # `make test` runs the suite in three parts (Makefile): everything but `paired` and `serial` on
 # parallel workers (pytest-xdist, `--dist loadfile`: a module's tests stay on one worker, so
-# its module-scoped clusters and users are set up once), then the `paired` modules two at a
+# its module-scoped clusters and users are set up once), then the `paired` modules three at a
 # time, then the `serial` ones one at a time with nothing beside them. Modules that run at once
 # share nothing that one of them changes for the machine (the Unix users they make have names
 # of their own; system/unixusers.py opens /root for search once for all of them).
@@ -36,7 +37,7 @@ for _path in (str(_TESTS_DIR), str(_SRC_DIR)):
 # declared DOWN across a failover or an outage, no lease flapping): beside the CPU-bound
 # modules of the parallel part, a 2-core machine could starve it into a false failure, and a
 # flaky test is a failing test. Its bounds are a fault's timeouts (seconds), which hold beside
-# one other such module: they mostly wait. A module is `serial` when its bound is tight
+# two other such modules: they mostly wait. A module is `serial` when its bound is tight
 # enough that even that could break it (a cut round trip ends within 4 s, a wakeup within its
 # interval). A single test can say so itself with `@pytest.mark.serial`.
 RUN_ALONE = frozenset(
@@ -123,8 +124,42 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: (-weight(item), str(item.path), order[id(item)]))
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """Fail a test that leaves the test process blocking or ignoring a signal (and undo it):
+    every process the later tests start would inherit that, and a ^C or a SIGINT those tests
+    send would be lost (the way `test_salloc` and `test_command_server` failed, twice in
+    three suite runs, and never alone)."""
+    result = yield
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    changed = {
+        s.name: signal.getsignal(s)
+        for s, default in _SIGNAL_DEFAULTS.items()
+        if signal.getsignal(s) is not default
+    }
+    if blocked or changed:
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        for s, default in _SIGNAL_DEFAULTS.items():
+            signal.signal(s, default)
+        raise AssertionError(
+            f"the test left the test process's signals changed: blocked {sorted(blocked)}, "
+            f"handlers {changed}"
+        )
+    return result
+
+
+#: the handlers the test process starts with (pytest-timeout's SIGALRM is its own business)
+_SIGNAL_DEFAULTS = {
+    signal.SIGINT: signal.default_int_handler,
+    signal.SIGTERM: signal.SIG_DFL,
+    signal.SIGHUP: signal.SIG_DFL,
+    signal.SIGQUIT: signal.SIG_DFL,
+}
+
+
 from pgserver import PgServer, PostgresNotAvailable  # noqa: E402
 from pgserver import in_ci as _in_ci  # noqa: E402
+from schema_copy import fresh_db, migrate_new, migrate_url  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -161,6 +196,45 @@ def pg_url(pg_server: PgServer) -> Iterator[str]:
         if pg_server.is_paused:  # a test that paused the server and failed before resuming
             pg_server.resume()
         pg_server.drop_database(name)
+
+
+@pytest.fixture(scope="session")
+def schema_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty SQLite database at the latest schema, migrated once a session (schema_copy.py)."""
+    return migrate_new(tmp_path_factory.mktemp("schema") / "migrated.db")
+
+
+@pytest.fixture(scope="session")
+def pg_schema(pg_server: PgServer) -> str:
+    """The name of a PostgreSQL database at the latest schema, migrated once a session: the
+    template `migrated_db_url` copies (schema_copy.py)."""
+    name = f"schema_{uuid.uuid4().hex}"
+    migrate_url(pg_server.create_database(name))
+    return name
+
+
+@pytest.fixture
+def migrated_pg_url(pg_server: PgServer, pg_schema: str) -> Iterator[str]:
+    """Like `pg_url`, a new PostgreSQL database for the test alone, but already at the latest
+    schema (a copy of `pg_schema`)."""
+    name = f"t_{uuid.uuid4().hex}"
+    url = pg_server.create_database(name, template=pg_schema)
+    try:
+        yield url
+    finally:
+        if pg_server.is_paused:
+            pg_server.resume()
+        pg_server.drop_database(name)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def migrated_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Like `db_url`, a new database of each backend for the test alone, but already at the
+    latest schema: a copy of one migrated once a session (the store tests' databases)."""
+    if request.param == "sqlite":
+        return fresh_db(request.getfixturevalue("schema_db"), tmp_path / "phalanx.db")
+    url: str = request.getfixturevalue("migrated_pg_url")
+    return url
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -374,10 +374,14 @@ class PgServer:
             f"connect_timeout={connect_timeout}"
         )
 
-    def create_database(self, name: str) -> str:
-        """Create an empty database and return its SQLAlchemy URL."""
+    def create_database(self, name: str, *, template: str | None = None) -> str:
+        """Create a database, empty or a copy of `template` (which no session may be
+        connected to), and return its SQLAlchemy URL."""
+        query = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if template is not None:
+            query += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
         with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            conn.execute(query)
         return self.url_for(name)
 
     def drop_database(self, name: str) -> None:

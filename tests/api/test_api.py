@@ -98,9 +98,6 @@ def job(client: TestClient, ref: int | str) -> dict[str, Any]:
 
 def run_to_start(ctl: Controller, agent: Agent) -> dict[str, Any]:
     """Schedule, then heartbeat once: the reply must carry exactly one start."""
-    # no loops run here: renew the scheduling lease by hand, or a test slowed past its TTL by
-    # a busy machine would find it lapsed and the tick would do nothing
-    ctl.leases.tick()
     assert ctl.schedule_tick().startswith("started 1 jobs")
     reply = agent.heartbeat()
     (start,) = reply["start"]
@@ -610,9 +607,6 @@ def test_a_direct_step_comes_with_signed_launches_and_wakes_only_what_srun_canno
     for a in (n1, n2):
         a.register(cpus=4)
     jid = submit(client, nodes=2)[0]
-    # no loop renews the lease the fixture took (TTL 3 s): on a loaded machine the requests
-    # above can outlast it, and the pass finds no lease ('idle'; seen once in make test)
-    ctl.leases.tick()
     assert ctl.schedule_tick().startswith("started 1 jobs")
     for a in (n1, n2):
         starts = a.heartbeat()["start"]

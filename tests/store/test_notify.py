@@ -78,9 +78,8 @@ class Heard:
 
 
 @pytest.fixture
-def pg_store(pg_url: str) -> Iterator[Store]:
-    st = Store(pg_url, connect_timeout=2, op_timeout=0.5)
-    st.migrate()
+def pg_store(migrated_pg_url: str) -> Iterator[Store]:
+    st = Store(migrated_pg_url, connect_timeout=2, op_timeout=0.5)
     st.sync_partitions(partition_rows(Config()))
     yield st
     st.close()

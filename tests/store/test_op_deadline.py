@@ -155,9 +155,8 @@ def test_sqlite_has_no_round_trip_deadline(tmp_path: Any) -> None:
 
 
 @pytest.fixture
-def pg_store(pg_url: str) -> Iterator[Store]:
-    st = Store(pg_url, connect_timeout=2, op_timeout=OP_TIMEOUT)
-    st.migrate()
+def pg_store(migrated_pg_url: str) -> Iterator[Store]:
+    st = Store(migrated_pg_url, connect_timeout=2, op_timeout=OP_TIMEOUT)
     yield st
     st.close()
 

@@ -144,10 +144,9 @@ def state(store: Store, job_id: int) -> str:
 
 
 @pytest.fixture
-def store(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
+def store(migrated_db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
     monkeypatch.delenv("PHALANX_CONFIG", raising=False)
-    st = Store(db_url, actor="test")
-    st.migrate()
+    st = Store(migrated_db_url, actor="test")
     st.sync_partitions(partition_rows(load_config()))
     try:
         yield st

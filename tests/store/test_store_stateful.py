@@ -11,10 +11,12 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import shutil
 import tempfile
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, settings
@@ -37,6 +39,7 @@ from phalanx.domain.states import ACTIVE, JobState
 from phalanx.errors import Fenced
 from phalanx.store import schema as s
 from phalanx.store.store import Fence, Store, TaskReport
+from schema_copy import fresh_db, migrate_new
 
 NODES: dict[str, dict[str, Any]] = {
     "n1": {"cpus": 4, "mem_mb": 4096, "gpus": [[0, "a100"], [1, "a100"]]},
@@ -46,14 +49,19 @@ NODES: dict[str, dict[str, Any]] = {
 LEASE = "sched"
 
 
+@functools.cache
+def _schema() -> Path:
+    """A database at the latest schema, migrated once a module (each example copies it)."""
+    return migrate_new(Path(tempfile.mkdtemp(prefix="phx-stateful-schema-")) / "migrated.db")
+
+
 class StoreMachine(RuleBasedStateMachine):
     jobs = Bundle("jobs")
 
     def __init__(self) -> None:
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="phx-stateful-")
-        self.store = Store(f"sqlite:///{self.dir}/phalanx.db", actor="model")
-        self.store.migrate()
+        self.store = Store(fresh_db(_schema(), Path(self.dir) / "phalanx.db"), actor="model")
         self.store.sync_partitions(partition_rows(load_config(overrides={"timing": {}})))
         self.submitted: list[int] = []
         self.terminal: dict[int, tuple[str, float | None]] = {}

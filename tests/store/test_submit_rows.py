@@ -38,9 +38,8 @@ def wait_for(cond: Callable[[], Any], timeout: float = 20.0) -> Any:
 
 
 @pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    st = Store(db_url, actor="ctl-t")
-    st.migrate()
+def store(migrated_db_url: str) -> Iterator[Store]:
+    st = Store(migrated_db_url, actor="ctl-t")
     cfg = load_config(overrides={"cluster": {"partitions": [{"name": "batch", "default": True}]}})
     st.sync_partitions(partition_rows(cfg))
     try:

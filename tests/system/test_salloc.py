@@ -119,6 +119,47 @@ def test_the_command_is_stopped_when_the_allocation_ends_under_it(
     assert proc.returncode == 9, (out, err)
 
 
+def _session(sid: int) -> list[tuple[int, str, int, int]]:
+    """(pid, command, process group, the terminal's foreground group) of the processes of
+    session `sid`, from /proc/PID/stat."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # gone meanwhile
+            continue
+        comm = text[text.index("(") + 1 : text.rindex(")")]
+        fields = text[text.rindex(")") + 2 :].split()
+        # after the command: state, ppid, pgrp, session, tty_nr, tpgid
+        if int(fields[3]) == sid:
+            out.append((int(stat.parent.name), comm, int(fields[2]), int(fields[5])))
+    return out
+
+
+def _masks(sid: int) -> dict[int, tuple[str, str, str]]:
+    """The session's processes: command, blocked and ignored signals (/proc/PID/status)."""
+    out = {}
+    for pid, comm, _, _ in _session(sid):
+        try:
+            status = dict(
+                line.split(":\t", 1)
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+            )
+        except (OSError, ValueError):
+            continue
+        out[pid] = (comm, status.get("SigBlk", "?"), status.get("SigIgn", "?"))
+    return out
+
+
+def _foreground_sleep(sid: int) -> bool:
+    """True once a `sleep` of session `sid` is its terminal's foreground group; else the
+    session's processes, raised for wait_for's failure message."""
+    procs = _session(sid)
+    if any(comm == "sleep" and pgrp == tpgid for _, comm, pgrp, tpgid in procs):
+        return True
+    raise LookupError(f"(pid, command, pgrp, foreground pgrp): {procs}")
+
+
 @pytest.mark.timeout(300)
 def test_salloc_without_a_command_is_an_interactive_shell(cluster: Cluster, tmp_path: Path) -> None:
     cluster.start(nodes=1, cpus=2)
@@ -130,10 +171,17 @@ def test_salloc_without_a_command_is_an_interactive_shell(cluster: Cluster, tmp_
         screen.must(rb"[#$>] ")  # the shell's prompt (Debian's bash.bashrc sets its own)
         # the shell owns the terminal: it reads what is typed, and ^C goes to it, not salloc
         started = tmp_path / "sleeping"
-        screen.send(f"touch {started}; sleep 100\n")
+        screen.send(f"sh -c 'touch {started}; exec sleep 100'\n")
         wait_for(started.exists, what="the shell to run sleep")
+        # ^C goes to the terminal's foreground process group: send it once the sleep is that
+        # group (the marker alone came a moment before; two suite runs in three lost the ^C)
+        wait_for(
+            lambda: _foreground_sleep(screen.proc.pid),
+            what="sleep 100 to be the terminal's foreground group",
+        )
         screen.send("\x03")  # ends the sleep; salloc and the allocation stay
-        screen.must(rb"[#$>] ")
+        if screen.expect(rb"[#$>] ") is None:
+            raise AssertionError(f"^C did not end the sleep: {_masks(screen.proc.pid)}")
         screen.send('echo "in $SLURM_JOB_ID as $SLURM_JOB_NAME"\n')
         screen.must(f"in {jid} as shell".encode())
         assert cluster.client().job(jid)[0]["state"] == "RUNNING"

@@ -11,12 +11,12 @@ from phalanx.clock import FakeClock
 from phalanx.controller.leases import LeaseKeeper
 from phalanx.domain.detector import heard_horizon, silent_nodes
 from phalanx.store.store import Store
+from schema_copy import fresh_db
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    st = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    st.migrate()
+def store(tmp_path: Path, schema_db: Path) -> Iterator[Store]:
+    st = Store(fresh_db(schema_db, tmp_path / "db.sqlite"))
     yield st
     st.close()  # its WAL checkpoint thread, which tests/store counts
 
