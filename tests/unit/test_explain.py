@@ -149,6 +149,23 @@ def test_down_unregistered_excluded_and_avoided_nodes() -> None:
     assert e.verdict == "wait"
 
 
+def test_an_avoid_list_the_scheduler_sets_aside_is_not_reported_as_avoided() -> None:
+    """After failures on n2 and n3 and a drain of n1, only the failed nodes could hold the
+    2-node job: the pass places it as if it had no avoid list, and explain says so."""
+    nodes = [node("n1", drain="disk"), node("n2"), node("n3")]
+    j = job(12, nodes=2, avoid_nodes=["n2", "n3"])
+    snap = snapshot(nodes, [partition("batch", "n*")], pending=[j])
+    e = explain_pending(j, snap, NOW)
+    assert not any(line.startswith("avoided because") for line in e.lines), e.lines
+    assert (
+        "not avoiding n[2-3], where an earlier attempt failed: the other nodes could never "
+        "hold it (docs/retries.md)"
+    ) in e.lines
+    assert e.verdict == "start", e.lines
+    (p,) = scheduling.plan(snap, NOW).starts  # what the scheduler does agrees
+    assert sorted(p.nodes) == ["n2", "n3"]
+
+
 def test_the_snapshot_given_is_not_changed() -> None:
     j = job(5)
     snap = snapshot([node("n1")], [partition("batch", "n*")], pending=[])

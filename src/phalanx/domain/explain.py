@@ -358,6 +358,11 @@ def explain_pending(
         by_node.setdefault(a.node, []).append(a)
     req = scheduling.job_request(dict(job))
     avoid = frozenset(job.get("avoid_nodes") or ())
+    set_aside = False
+    if avoid:  # as the pass does: a list that leaves too few nodes is set aside
+        soft = scheduling.soft_avoid(dict(job), req, scheduling.avoid_cluster(views, snap.nodes))
+        set_aside = soft is not req
+        req = soft
     windows = [
         w
         for w in (maintenance.Window.from_row(r) for r in getattr(snap, "maintenance", []) or [])
@@ -405,6 +410,12 @@ def explain_pending(
             f"restart reservation: {_nodes_text(own)} held for it until {until} "
             "(it restarts there after a node failure)"
         )
+    if set_aside:
+        lines.append(
+            f"not avoiding {_nodes_text(sorted(avoid))}, where an earlier attempt failed: "
+            "the other nodes could never hold it (docs/retries.md)"
+        )
+        avoid = frozenset()
     for partition in dict.fromkeys(req.partitions):
         pn = _sort_nodes(req, partition, views, rows, by_node, avoid, keep_off, others, now)
         lines += _partition_lines(req, pn, by_id, now)
