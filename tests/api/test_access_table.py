@@ -17,7 +17,6 @@ import pytest
 from api_auth import ADMIN, ANONYMOUS, CLUSTER, KEYS, AuthedClient, as_agent, as_user
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
-from schema_copy import fresh_db
 
 from phalanx.auth import keys as keyfiles
 from phalanx.auth.tokens import mint_local, mint_token
@@ -26,6 +25,7 @@ from phalanx.controller import access
 from phalanx.controller.api import create_app
 from phalanx.controller.runtime import Controller, partition_rows
 from phalanx.store.store import Store
+from schema_copy import fresh_db
 
 ALICE = as_user("alice")
 BOB = as_user("bob")

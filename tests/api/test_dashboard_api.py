@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 from api_auth import ANONYMOUS, KEYS, AuthedClient, as_user
 from fastapi.testclient import TestClient
-from schema_copy import fresh_db
 
 from phalanx.config import load_config
 from phalanx.controller import dashboard
 from phalanx.controller.api import create_app
 from phalanx.controller.runtime import Controller, partition_rows
 from phalanx.store.store import Store
+from schema_copy import fresh_db
 
 ME = pwd.getpwuid(os.getuid()).pw_name  # a user this host knows: the tests' own
 ALICE = as_user("alice")

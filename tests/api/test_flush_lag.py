@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 from api_auth import KEYS, AuthedClient
 from fastapi.testclient import TestClient
-from schema_copy import fresh_db
 from sqlalchemy import create_engine, text
 from test_api import Agent
 
@@ -27,6 +26,7 @@ from phalanx.controller.api import create_app
 from phalanx.controller.runtime import Controller, partition_rows
 from phalanx.errors import StoreUnavailable
 from phalanx.store.store import Store
+from schema_copy import fresh_db
 from system.harness import wait_for
 
 PARTITIONS = [{"name": "batch", "default": True}]
