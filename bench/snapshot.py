@@ -19,6 +19,13 @@ Prints per-pass wall and CPU medians for each, the mirror's ratio to the whole r
 the last line
 
     snapshot: pending=N changes=C whole_s=X capped_s=Y mirror_s=Z
+
+    python bench/snapshot.py --busy --runs 5 [--store URL]
+
+measures instead a small busy cluster, as in a loop of `sbatch` with the jobs running (issue
+27): 4 nodes, 8 jobs running, 2 pending; the controller-side CPU of one `sched_snapshot`
+(median of 500 a run; the last line `busy: snapshot_ms=X`). With a PostgreSQL `--store URL`,
+give it an empty database and `--runs 1` (each run fills the store it is given).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from sqlalchemy import select
 
 from phalanx.config import load_config
 from phalanx.controller.runtime import partition_rows
+from phalanx.domain import scheduling
 from phalanx.domain.spec import JobSpec, normalize
 from phalanx.domain.states import JobState
 from phalanx.store import schema as s
@@ -140,6 +148,45 @@ def one_run(args: argparse.Namespace, url: str) -> dict[str, list[float]]:
         store.close()
 
 
+def busy_run(url: str, snapshots: int = 500) -> float:
+    """CPU seconds of one snapshot of a small busy cluster (see the module docstring)."""
+    store = Store(url, actor="bench")
+    try:
+        store.migrate()
+        cfg = load_config(
+            overrides={"cluster": {"partitions": [{"name": "batch", "default": True}]}}
+        )
+        store.sync_partitions(partition_rows(cfg))
+        for i in range(4):
+            store.register_node(
+                f"n{i}", cpus=2, mem_mb=8192, gpus=[], features=[], addr=None, boot_id=None,
+                version=None,
+            )  # fmt: skip
+        for _ in range(10):
+            store.submit([item(store)], "user0")
+        snap = store.sched_snapshot(eligible_by=time.time())
+        starts = [
+            {
+                "job_id": p.job_id,
+                "partition": p.partition,
+                "nodes": p.nodes,
+                "cpus_per_node": p.cpus_per_node,
+                "mem_per_node_mb": p.mem_per_node_mb,
+                "gpu_ids": p.gpu_ids,
+                "exclusive": False,
+                "spares": p.spares,
+            }
+            for p in scheduling.plan(snap, time.time()).starts
+        ]
+        assert len(store.start_attempts(starts, None)) == 8  # 2 CPUs a node, 1 a job
+        c = time.process_time()
+        for _ in range(snapshots):
+            store.sched_snapshot(eligible_by=time.time())
+        return (time.process_time() - c) / snapshots
+    finally:
+        store.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pending", type=int, default=100_000)
@@ -148,7 +195,17 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=9)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--store", default="sqlite", help="sqlite (a temporary file) or a URL")
+    ap.add_argument("--busy", action="store_true", help="a small busy cluster's snapshot")
     args = ap.parse_args()
+    if args.busy:
+        cpu = []
+        for _ in range(args.runs):
+            with tempfile.TemporaryDirectory(prefix="phalanx-bench-snapshot-") as d:
+                url = f"sqlite:///{Path(d) / 'store.db'}" if args.store == "sqlite" else args.store
+                cpu.append(busy_run(url))
+            log(f"run {len(cpu)}: {1000 * cpu[-1]:.2f} ms a snapshot")
+        print(f"busy: snapshot_ms={1000 * statistics.median(cpu):.2f} (median of {args.runs} runs)")
+        return
     runs: list[dict[str, list[float]]] = []
     for r in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="phalanx-bench-snapshot-") as d:

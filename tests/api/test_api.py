@@ -545,6 +545,7 @@ def test_long_poll_wakes_on_new_work(store: Any, monkeypatch: pytest.MonkeyPatch
         t.start()
         time.sleep(0.3)  # the poll is now waiting
         submit(client)
+        ctl.leases.tick()  # no loop renews it (TTL 3 s): a lapsed lease hung this test once
         assert ctl.schedule_tick().startswith("started 1 jobs")
         t.join(30)
     assert len(out["reply"]["start"]) == 1

@@ -14,12 +14,15 @@ from test_store_contract import add_node, start, store, submit1
 
 from phalanx.store import (
     attempts,
+    configs,
     exchange,
     history,
     job_control,
     leases,
+    maintenance,
     nodes,
     prebuilt,
+    reservations,
     scheduling,
     submission,
 )
@@ -80,7 +83,19 @@ def test_select_where_orders_and_picks_columns(store: Store) -> None:
 
 
 # the modules Store's own methods live in (steps and base hold their own statements)
-_STORE_MODULES = (attempts, exchange, history, job_control, leases, nodes, scheduling, submission)
+_STORE_MODULES = (
+    attempts,
+    configs,
+    exchange,
+    history,
+    job_control,
+    leases,
+    maintenance,
+    nodes,
+    reservations,
+    scheduling,
+    submission,
+)
 
 
 def _store_prebuilts() -> dict[str, prebuilt.Prebuilt]:
@@ -98,15 +113,40 @@ def test_the_driver_path_returns_what_sqlalchemy_returns(store: Store) -> None:
     same rows, keys and values as `conn.execute(...).mappings()`."""
     add_node(store, "n1", cpus=8, gpus=2)
     add_node(store, "n2", cpus=8)
-    running = start(store, submit1(store, nodes=2), ["n1", "n2"])
-    starting = start(store, submit1(store), ["n1"])
+    running = start(store, submit1(store, nodes=2, group="g1"), ["n1", "n2"])
+    starting = start(store, submit1(store, licenses="matlab:2"), ["n1"])
     store.apply_reports(
         "n1", [TaskReport(running["id"], running["token"], "running", started_at=time.time())], None
+    )
+    now = time.time()
+    store.add_window("n2", now + 600, now + 1200, "firmware", "ops")
+    store.create_reservation(
+        "r1",
+        start=now + 3600,
+        end=now + 7200,
+        nodes_expr="n2",
+        node_count=None,
+        users=["alice"],
+        accounts=[],
+        flags=[],
+        partition=None,
+        actor="ops",
     )
     params: dict[str, dict[str, Any]] = {
         "_JOB_SUMMARY_BY_ID": {"id": running["job_id"]},
         "_REPORTED_TASKS": {"node": "n1"},
         "_NODE_WORK": {"node": "n1"},
+        # a scheduling pass's snapshot (scheduling.py, maintenance.py, reservations.py,
+        # configs.py)
+        "_NODES": {},
+        "_PARTITIONS": {},
+        "_ALLOCATIONS": {},
+        "_ACTIVE_JOBS": {},
+        "_GROUPS_ACTIVE": {},
+        "_LICENSES_HELD": {},
+        "_LIVE_WINDOWS": {},
+        "_LIVE_RESERVATIONS": {"now": now},
+        "_LATEST_VERSION": {},
     }
     found = _store_prebuilts()
     assert set(params) == set(found)

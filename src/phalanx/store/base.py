@@ -15,14 +15,14 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, func, insert, select, text, update
 
 from phalanx.domain.policy import FailurePolicy
-from phalanx.domain.states import JobState, check_job_transition
+from phalanx.domain.states import AttemptState, JobState, check_job_transition
 from phalanx.errors import Fenced
 from phalanx.store import schema as s
 from phalanx.store.engine import DEFAULT_OP_TIMEOUT, Engines
 from phalanx.store.notify import SCHED_CHANNEL, WORK_CHANNEL, encode_nodes
 from phalanx.store.prebuilt import Prebuilt, update_where
 from phalanx.store.rowinsert import RowInsert
-from phalanx.store.sqlbits import Fence
+from phalanx.store.sqlbits import JOB_SUMMARY, Fence
 from phalanx.store.sqlbits import now as _now
 
 _INSERT_EVENT = insert(s.events)  # built once: every transition appends an event
@@ -43,6 +43,10 @@ _BUMP_AND_NOTIFY = select(func.pg_notify(WORK_CHANNEL, bindparam("payload"))).ad
     _BUMP_GEN.cte("bumped")
 )
 _BUMP_ONE_BY_ONE = 8  # nodes up to which _BUMP_GEN_ONE runs once a node (SQLite)
+
+
+# the attempt states a planned stop applies to (StoreBase._current_live_attempt)
+_STOPPABLE = (AttemptState.STARTING.value, AttemptState.RUNNING.value)
 
 
 @dataclass
@@ -226,6 +230,49 @@ class StoreBase:
             term=term,
             data={"from": old.value, "to": new.value, **(data or {})},
         )
+        return True
+
+    def _current_live_attempt(
+        self, conn: Connection, aid: int
+    ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """(attempt, job summary) while attempt `aid` is starting or running and is its job's
+        current one: what a planned stop decided on a read before its transaction may stop."""
+        att = conn.execute(select(s.attempts).where(s.attempts.c.id == aid)).mappings().first()
+        if att is None or att["state"] not in _STOPPABLE:
+            return None
+        job = dict(
+            conn.execute(select(*JOB_SUMMARY).where(s.jobs.c.id == att["job_id"])).mappings().one()
+        )
+        if job["attempt_id"] != aid:
+            return None
+        return dict(att), job
+
+    def _planned_stop(
+        self,
+        conn: Connection,
+        att: dict[str, Any],
+        job: dict[str, Any],
+        why: str,
+        *,
+        actor: str | None,
+        term: int | None = None,
+    ) -> bool:
+        """The writes every planned stop shares (drain --now, maintenance, a reservation's
+        end, preemption): the attempt STOPPING with `why` (its agents signal the checkpoint,
+        then stop it; `why` decides what follows, domain/policy.py), if it is still in the
+        state read (False: it moved meanwhile, nothing written); its job COMPLETING; its
+        nodes told there is new work."""
+        changed = update_where(
+            conn,
+            s.attempts,
+            {"id": att["id"], "state": att["state"]},
+            {"state": AttemptState.STOPPING.value, "stop_reason": why},
+        )
+        if changed != 1:
+            return False
+        if job["state"] in (JobState.STARTING.value, JobState.RUNNING.value):
+            self._set_job_state(conn, job, JobState.COMPLETING, why, actor=actor, term=term)
+        self._bump_gen(conn, att["nodes"])
         return True
 
     def notify_schedulers(self) -> bool:

@@ -24,6 +24,7 @@ from phalanx.domain.states import TERMINAL
 from phalanx.errors import Conflict
 from phalanx.store import schema as s
 from phalanx.store.base import StoreBase
+from phalanx.store.prebuilt import Prebuilt
 from phalanx.store.sqlbits import now as _now
 
 _META = (
@@ -47,8 +48,12 @@ def _row(r: Any, with_document: bool = True) -> dict[str, Any]:
 
 def latest_config_version(conn: Connection) -> int | None:
     """The current cluster configuration version (the highest), in `conn`'s transaction."""
-    v = conn.execute(select(func.max(s.cluster_config.c.version))).scalar()
+    v = _LATEST_VERSION.one(conn, {})["version"]
     return None if v is None else int(v)
+
+
+# read by every scheduling pass (store/scheduling.py): built once, run through the driver
+_LATEST_VERSION = Prebuilt(select(func.max(s.cluster_config.c.version).label("version")))
 
 
 def _sync_partitions(conn: Connection, parts: Sequence[dict[str, Any]]) -> None:

@@ -14,14 +14,22 @@ from sqlalchemy import Connection, insert, select, update
 
 from phalanx.domain import maintenance
 from phalanx.domain.hostlist import compress_hostlist, expand_hostlist, hostname_sort_key
-from phalanx.domain.states import AttemptState, JobState
+from phalanx.domain.states import AttemptState
 from phalanx.errors import InvalidSpec, InvalidTransition, NotFound
 from phalanx.store import schema as s
 from phalanx.store.base import StoreBase
-from phalanx.store.sqlbits import JOB_SUMMARY, Fence
+from phalanx.store.prebuilt import Prebuilt
+from phalanx.store.sqlbits import Fence, literal_in
 from phalanx.store.sqlbits import active_tasks as _active_tasks
 from phalanx.store.sqlbits import chunks as _chunks
 from phalanx.store.sqlbits import now as _now
+
+# read by every scheduling pass (store/scheduling.py): built once, run through the driver
+_LIVE_WINDOWS = Prebuilt(
+    select(s.maintenance)
+    .where(literal_in(s.maintenance.c.state, (x.value for x in maintenance.LIVE)))
+    .order_by(s.maintenance.c.start, s.maintenance.c.id)
+)
 
 
 class MaintenanceWindows(StoreBase):
@@ -29,12 +37,7 @@ class MaintenanceWindows(StoreBase):
 
     def _live_windows(self, conn: Connection) -> list[dict[str, Any]]:
         """Windows still to come or under way, earliest first."""
-        q = (
-            select(s.maintenance)
-            .where(s.maintenance.c.state.in_([str(x) for x in maintenance.LIVE]))
-            .order_by(s.maintenance.c.start, s.maintenance.c.id)
-        )
-        return [dict(r) for r in conn.execute(q).mappings()]
+        return _LIVE_WINDOWS.rows(conn, {})
 
     def add_window(
         self,
@@ -386,33 +389,13 @@ class MaintenanceWindows(StoreBase):
             self._check_fence(conn, fence)
             term = fence.term if fence else None
             for aid, wid, why in stops:
-                att = (
-                    conn.execute(select(s.attempts).where(s.attempts.c.id == aid))
-                    .mappings()
-                    .first()
-                )
-                if att is None or att["state"] not in (
-                    AttemptState.STARTING.value,
-                    AttemptState.RUNNING.value,
-                ):
+                current = self._current_live_attempt(conn, aid)
+                if current is None or not current[1]["requeue"]:
                     continue
-                job = dict(
-                    conn.execute(select(*JOB_SUMMARY).where(s.jobs.c.id == att["job_id"]))
-                    .mappings()
-                    .one()
-                )
-                if not job["requeue"] or job["attempt_id"] != aid:
-                    continue
-                res = conn.execute(
-                    update(s.attempts)
-                    .where(s.attempts.c.id == aid, s.attempts.c.state == att["state"])
-                    .values(state=AttemptState.STOPPING.value, stop_reason=why)
-                )
-                if res.rowcount != 1:
-                    continue
+                att, job = current
                 by = maintenance.drain_by(wid)
-                if job["state"] in (JobState.STARTING.value, JobState.RUNNING.value):
-                    self._set_job_state(conn, job, JobState.COMPLETING, why, actor=by, term=term)
+                if not self._planned_stop(conn, att, job, why, actor=by, term=term):
+                    continue
                 self._event(
                     conn,
                     "maint.signal",
@@ -422,6 +405,5 @@ class MaintenanceWindows(StoreBase):
                     term=term,
                     data={"window": wid, "attempt": aid},
                 )
-                self._bump_gen(conn, att["nodes"])
                 stopped.append(int(job["id"]))
         return stopped

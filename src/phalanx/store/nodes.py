@@ -20,7 +20,6 @@ from sqlalchemy import (
 from phalanx.domain.detector import heard_horizon
 from phalanx.domain.states import (
     AttemptState,
-    JobState,
     TaskState,
 )
 from phalanx.errors import InvalidSpec, InvalidTransition, NotFound
@@ -283,7 +282,7 @@ class NodeRecords(AttemptProgress):
         A hot spare on the node is no reason to stop its job: nothing runs there, and a drained
         node is never used when the job restarts."""
         rows = conn.execute(
-            select(s.attempts.c.id, s.attempts.c.nodes, s.attempts.c.job_id)
+            select(s.attempts.c.id, s.attempts.c.state, s.attempts.c.nodes, s.attempts.c.job_id)
             .join(s.tasks, s.tasks.c.attempt_id == s.attempts.c.id)
             .where(
                 s.tasks.c.node == node,
@@ -296,15 +295,8 @@ class NodeRecords(AttemptProgress):
             job = _JOB_SUMMARY_BY_ID.one(conn, {"id": r.job_id})
             if not job["requeue"] or job["attempt_id"] != r.id:
                 continue
-            conn.execute(
-                update(s.attempts)
-                .where(s.attempts.c.id == r.id)
-                .values(state=AttemptState.STOPPING.value, stop_reason=why)
-            )
-            if job["state"] in (JobState.STARTING.value, JobState.RUNNING.value):
-                self._set_job_state(conn, job, JobState.COMPLETING, why, actor=actor)
-            self._bump_gen(conn, r.nodes)
-            requeued.append(int(r.job_id))
+            if self._planned_stop(conn, dict(r._mapping), job, why, actor=actor):
+                requeued.append(int(r.job_id))
         return requeued
 
     def apply_health(self, node: str, summary: dict[str, Any]) -> str | None:

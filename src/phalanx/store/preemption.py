@@ -140,19 +140,8 @@ class Preemptions(StoreBase):
                 atts[vid] = att
             for vid, reason in victims:
                 att, job = atts[vid], found[vid]
-                res = conn.execute(
-                    update(s.attempts)
-                    .where(
-                        s.attempts.c.id == att["id"],
-                        s.attempts.c.state == AttemptState.RUNNING.value,
-                    )
-                    .values(state=AttemptState.STOPPING.value, stop_reason=reason)
-                )
-                if res.rowcount != 1:
+                if not self._planned_stop(conn, att, job, reason, actor="scheduler", term=term):
                     raise _Raced()
-                self._set_job_state(
-                    conn, job, JobState.COMPLETING, reason, actor="scheduler", term=term
-                )
                 self._event(
                     conn,
                     "job.preempted",
@@ -164,7 +153,6 @@ class Preemptions(StoreBase):
                     term=term,
                     data={"by": job_id, "attempt": int(att["id"]), "stop_reason": reason},
                 )
-                self._bump_gen(conn, att["nodes"])
             conn.execute(
                 update(s.jobs)
                 .where(s.jobs.c.id == job_id, s.jobs.c.state == JobState.PENDING.value)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, delete, insert, select, update
+from sqlalchemy import Connection, bindparam, delete, insert, select, update
 
 from phalanx.domain import reservations as rules
 from phalanx.domain.hostlist import compress_hostlist, expand_hostlist, hostname_sort_key
@@ -27,7 +27,8 @@ from phalanx.domain.states import TERMINAL, AttemptState, JobState
 from phalanx.errors import Conflict, InvalidSpec, NotFound
 from phalanx.store import schema as s
 from phalanx.store.base import StoreBase
-from phalanx.store.sqlbits import JOB_SUMMARY, Fence
+from phalanx.store.prebuilt import Prebuilt
+from phalanx.store.sqlbits import Fence
 from phalanx.store.sqlbits import active_tasks as _active_tasks
 from phalanx.store.sqlbits import now as _now
 
@@ -42,6 +43,14 @@ def _not_found(name: str) -> NotFound:
     )
 
 
+# read by every scheduling pass (store/scheduling.py): built once, run through the driver
+_LIVE_RESERVATIONS = Prebuilt(
+    select(s.reservations)
+    .where(s.reservations.c.end > bindparam("now", type_=s.reservations.c.end.type))
+    .order_by(s.reservations.c.start, s.reservations.c.name)
+)
+
+
 class Reservations(StoreBase):
     """The `reservations` table's operations (see the module docstring)."""
 
@@ -49,13 +58,7 @@ class Reservations(StoreBase):
         self, conn: Connection, now: float | None = None
     ) -> list[dict[str, Any]]:
         """Reservations that have not ended, earliest first."""
-        now = _now() if now is None else now
-        q = (
-            select(s.reservations)
-            .where(s.reservations.c.end > now)
-            .order_by(s.reservations.c.start, s.reservations.c.name)
-        )
-        return [dict(r) for r in conn.execute(q).mappings()]
+        return _LIVE_RESERVATIONS.rows(conn, {"now": _now() if now is None else now})
 
     def list_reservations(self) -> list[dict[str, Any]]:
         with self.db.begin(write=False) as conn:
@@ -541,32 +544,12 @@ class Reservations(StoreBase):
             self._check_fence(conn, fence)
             term = fence.term if fence else None
             for aid, name, why in stops:
-                att = (
-                    conn.execute(select(s.attempts).where(s.attempts.c.id == aid))
-                    .mappings()
-                    .first()
-                )
-                live = (AttemptState.STARTING.value, AttemptState.RUNNING.value)
-                if att is None or att["state"] not in live:
+                current = self._current_live_attempt(conn, aid)
+                if current is None:
                     continue
-                job = dict(
-                    conn.execute(select(*JOB_SUMMARY).where(s.jobs.c.id == att["job_id"]))
-                    .mappings()
-                    .one()
-                )
-                if job["attempt_id"] != aid:
+                att, job = current
+                if not self._planned_stop(conn, att, job, why, actor="cluster", term=term):
                     continue
-                res = conn.execute(
-                    update(s.attempts)
-                    .where(s.attempts.c.id == aid, s.attempts.c.state == att["state"])
-                    .values(state=AttemptState.STOPPING.value, stop_reason=why)
-                )
-                if res.rowcount != 1:
-                    continue
-                if job["state"] in (JobState.STARTING.value, JobState.RUNNING.value):
-                    self._set_job_state(
-                        conn, job, JobState.COMPLETING, why, actor="cluster", term=term
-                    )
                 self._event(
                     conn,
                     "resv.stop",
@@ -577,7 +560,6 @@ class Reservations(StoreBase):
                     term=term,
                     data={"reservation": name, "attempt": aid},
                 )
-                self._bump_gen(conn, att["nodes"])
                 stopped.append(int(job["id"]))
         return stopped
 

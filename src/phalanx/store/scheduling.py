@@ -43,9 +43,10 @@ from phalanx.store.configs import latest_config_version
 from phalanx.store.fairshare import FairShareUsage
 from phalanx.store.maintenance import MaintenanceWindows
 from phalanx.store.pending import Pending, PendingMirror
+from phalanx.store.prebuilt import Prebuilt
 from phalanx.store.reservations import RESERVATION_OF_JOB, Reservations
 from phalanx.store.sqlbits import JOB_SUMMARY as _JOB_SUMMARY
-from phalanx.store.sqlbits import Fence, attempt_holds
+from phalanx.store.sqlbits import Fence, attempt_holds, literal_in
 from phalanx.store.sqlbits import active_tasks as _active_tasks
 from phalanx.store.sqlbits import chunks as _chunks
 from phalanx.store.sqlbits import now as _now
@@ -157,6 +158,70 @@ _PENDING_COLUMNS = [
 ]
 
 
+_ACTIVE_STATES = (JobState.STARTING.value, JobState.RUNNING.value, JobState.COMPLETING.value)
+
+# The statements of every scheduling pass's snapshot, built once and run through the driver
+# (store/prebuilt.py): built and executed through SQLAlchemy each pass, their statement
+# objects, cache keys and execution contexts were most of a small cluster's snapshot, 2.5 ms
+# of CPU for 13 statements (a pass at most every scheduler_min_gap, on every submission).
+_NODES = Prebuilt(select(s.nodes).order_by(s.nodes.c.name))
+_PARTITIONS = Prebuilt(select(s.partitions))
+_ALLOCATIONS = Prebuilt(
+    _active_tasks(
+        s.tasks.c.node,
+        s.tasks.c.cpus,
+        s.tasks.c.mem_mb,
+        s.tasks.c.gpu_ids,
+        s.tasks.c.exclusive,
+        s.attempts.c.job_id,
+        s.attempts.c.expected_end,
+    )
+)
+# every job in an active state, once: its name (singleton dependencies), array (%N
+# throttles) and what limits count (fairshare.py `_limit_rows`)
+_ACTIVE_JOBS = Prebuilt(
+    select(
+        s.jobs.c.id,
+        s.jobs.c.name,
+        s.jobs.c.user,
+        s.jobs.c.array_job_id,
+        s.jobs.c.account,
+        s.jobs.c.qos,
+        s.jobs.c.nodes,
+        s.jobs.c.gpus_per_node,
+    ).where(literal_in(s.jobs.c.state, _ACTIVE_STATES))
+)
+_HOLDING_JOBS = s.attempts.join(s.jobs, s.jobs.c.id == s.attempts.c.job_id)
+_GROUP_TEXT = s.jobs.c.spec["group"].as_string()
+_GROUPS_ACTIVE = Prebuilt(
+    select(s.attempts.c.job_id, _GROUP_TEXT.label("group"))
+    .select_from(_HOLDING_JOBS)
+    .where(attempt_holds(), _GROUP_TEXT.is_not(None))
+)
+_LICENSES_HELD = Prebuilt(
+    select(_LICENSES_TEXT.label("licenses"))
+    .select_from(_HOLDING_JOBS)
+    .where(attempt_holds(), _LICENSES_TEXT.is_not(None))
+)
+
+
+def _active_summary(
+    rows: list[dict[str, Any]],
+) -> tuple[set[tuple[str, str]], dict[int, int], list[dict[str, Any]]]:
+    """From the active jobs' rows: their (name, user) pairs, the count of each array's
+    active tasks, and the rows limits count (id, user, account, qos, nodes, gpus_per_node)."""
+    names = {(r["name"], r["user"]) for r in rows}
+    arrays: dict[int, int] = {}
+    for r in rows:
+        if r["array_job_id"] is not None:
+            arrays[int(r["array_job_id"])] = arrays.get(int(r["array_job_id"]), 0) + 1
+    limits = [{k: r[k] for k in _LIMIT_KEYS} for r in rows]
+    return names, arrays, limits
+
+
+_LIMIT_KEYS = ("id", "user", "account", "qos", "nodes", "gpus_per_node")
+
+
 def _pending_mirror(dialect: str) -> PendingMirror:
     """A mirror of `_PENDING_COLUMNS`, read as this database reads them fastest. PostgreSQL
     parses a `json` column's whole text for each `->>`: eight keys of a 1 KB spec cost 40 us
@@ -235,24 +300,9 @@ class SchedulingReads(MaintenanceWindows, Reservations, FairShareUsage):
                     array_active={},
                     quiet=True,
                 )
-            nodes = [
-                dict(r) for r in conn.execute(select(s.nodes).order_by(s.nodes.c.name)).mappings()
-            ]
-            parts = {r["name"]: dict(r) for r in conn.execute(select(s.partitions)).mappings()}
-            allocs = [
-                dict(r)
-                for r in conn.execute(
-                    _active_tasks(
-                        s.tasks.c.node,
-                        s.tasks.c.cpus,
-                        s.tasks.c.mem_mb,
-                        s.tasks.c.gpu_ids,
-                        s.tasks.c.exclusive,
-                        s.attempts.c.job_id,
-                        s.attempts.c.expected_end,
-                    )
-                ).mappings()
-            ]
+            nodes = _NODES.rows(conn, {})
+            parts = {r["name"]: r for r in _PARTITIONS.rows(conn, {})}
+            allocs = _ALLOCATIONS.rows(conn, {})
             # only the mirror's marked rows have dependencies
             dep_ids = {
                 int(j) for p in got.marked for d in p["dependency"] for j in d.get("jobs", [])
@@ -267,27 +317,7 @@ class SchedulingReads(MaintenanceWindows, Reservations, FairShareUsage):
                 ):
                     dep_states[int(r.id)] = JobState(r.state)
                     dep_started[int(r.id)] = r.start_time is not None
-            active_states = [
-                JobState.STARTING.value,
-                JobState.RUNNING.value,
-                JobState.COMPLETING.value,
-            ]
-            active_names = {
-                (r.name, r.user)
-                for r in conn.execute(
-                    select(s.jobs.c.name, s.jobs.c.user)
-                    .where(s.jobs.c.state.in_(active_states))
-                    .distinct()
-                )
-            }
-            array_active = {
-                int(r.array_job_id): int(r.n)
-                for r in conn.execute(
-                    select(s.jobs.c.array_job_id, func.count().label("n"))
-                    .where(s.jobs.c.state.in_(active_states), s.jobs.c.array_job_id.is_not(None))
-                    .group_by(s.jobs.c.array_job_id)
-                )
-            }
+            active_names, array_active, active_jobs = _active_summary(_ACTIVE_JOBS.rows(conn, {}))
             return SchedSnapshot(
                 nodes=nodes,
                 partitions=parts,
@@ -301,7 +331,7 @@ class SchedulingReads(MaintenanceWindows, Reservations, FairShareUsage):
                 not_yet=not_yet,
                 maintenance=self._live_windows(conn),
                 resv=self._live_reservations(conn),
-                active_jobs=self._limit_rows(conn, active_states),
+                active_jobs=active_jobs,
                 licenses_held=self._licenses_held(conn),
                 config_version=latest_config_version(conn),
                 groups_active=self._groups_active(conn),
@@ -310,15 +340,8 @@ class SchedulingReads(MaintenanceWindows, Reservations, FairShareUsage):
     @staticmethod
     def _groups_active(conn: Connection) -> dict[int, str]:
         """The --group of every job with an attempt that still holds its nodes."""
-        group = s.jobs.c.spec["group"].as_string()
         return {
-            int(r[0]): str(r[1])
-            for r in conn.execute(
-                select(s.attempts.c.job_id, group)
-                .select_from(s.attempts.join(s.jobs, s.jobs.c.id == s.attempts.c.job_id))
-                .where(attempt_holds(), group.is_not(None))
-            )
-            if r[1]
+            int(r["job_id"]): str(r["group"]) for r in _GROUPS_ACTIVE.rows(conn, {}) if r["group"]
         }
 
     def licenses_in_use(self) -> dict[str, int]:
@@ -330,15 +353,7 @@ class SchedulingReads(MaintenanceWindows, Reservations, FairShareUsage):
     def _licenses_held(conn: Connection) -> list[str]:
         """The --licenses text of every attempt that still holds its resources: a licence is
         given back when the attempt ENDS, not when the job leaves RUNNING."""
-        return [
-            str(r[0])
-            for r in conn.execute(
-                select(_LICENSES_TEXT)
-                .select_from(s.attempts.join(s.jobs, s.jobs.c.id == s.attempts.c.job_id))
-                .where(attempt_holds(), _LICENSES_TEXT.is_not(None))
-            )
-            if r[0]
-        ]
+        return [str(r["licenses"]) for r in _LICENSES_HELD.rows(conn, {}) if r["licenses"]]
 
     def start_attempts(
         self,
