@@ -165,19 +165,7 @@ def busy_run(url: str, snapshots: int = 500) -> float:
         for _ in range(10):
             store.submit([item(store)], "user0")
         snap = store.sched_snapshot(eligible_by=time.time())
-        starts = [
-            {
-                "job_id": p.job_id,
-                "partition": p.partition,
-                "nodes": p.nodes,
-                "cpus_per_node": p.cpus_per_node,
-                "mem_per_node_mb": p.mem_per_node_mb,
-                "gpu_ids": p.gpu_ids,
-                "exclusive": False,
-                "spares": p.spares,
-            }
-            for p in scheduling.plan(snap, time.time()).starts
-        ]
+        starts = [p.start_item() for p in scheduling.plan(snap, time.time()).starts]
         assert len(store.start_attempts(starts, None)) == 8  # 2 CPUs a node, 1 a job
         c = time.process_time()
         for _ in range(snapshots):

@@ -28,19 +28,7 @@ def schedule(store: Store) -> list[int]:
     """One scheduling pass as the controller runs it (spares included)."""
     plan = scheduling.plan(store.sched_snapshot(), time.time())
     return store.start_attempts(
-        [
-            {
-                "job_id": p.job_id,
-                "partition": p.partition,
-                "nodes": p.nodes,
-                "cpus_per_node": p.cpus_per_node,
-                "mem_per_node_mb": p.mem_per_node_mb,
-                "gpu_ids": p.gpu_ids,
-                "exclusive": False,
-                "spares": p.spares,
-            }
-            for p in plan.starts
-        ],
+        [p.start_item() for p in plan.starts],
         None,
     )
 

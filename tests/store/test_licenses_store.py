@@ -21,19 +21,7 @@ TOTALS = {"fluent": 1}
 def starts(store: Store, snap: Any) -> list[dict[str, Any]]:
     plan = scheduling.plan(snap, time.time(), license_totals=TOTALS)
     lic = {int(j["id"]): j.get("licenses") for j in snap.pending}
-    return [
-        {
-            "job_id": p.job_id,
-            "partition": p.partition,
-            "nodes": p.nodes,
-            "cpus_per_node": p.cpus_per_node,
-            "mem_per_node_mb": p.mem_per_node_mb,
-            "gpu_ids": p.gpu_ids,
-            "exclusive": False,
-            "licenses": lic[p.job_id],
-        }
-        for p in plan.starts
-    ]
+    return [p.start_item(licenses=lic[p.job_id]) for p in plan.starts]
 
 
 def test_licence_held_until_the_attempt_ends_and_rechecked_at_start(store: Store) -> None:

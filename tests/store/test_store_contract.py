@@ -99,18 +99,7 @@ def schedule(store: Store, fence: Fence | None = None) -> list[int]:
     for jid, why in plan.never:
         store.end_pending(jid, JobState.CANCELLED, why, fence)
     return store.start_attempts(
-        [
-            {
-                "job_id": p.job_id,
-                "partition": p.partition,
-                "nodes": p.nodes,
-                "cpus_per_node": p.cpus_per_node,
-                "mem_per_node_mb": p.mem_per_node_mb,
-                "gpu_ids": p.gpu_ids,
-                "exclusive": False,
-            }
-            for p in plan.starts
-        ],
+        [p.start_item() for p in plan.starts],
         fence,
     )
 

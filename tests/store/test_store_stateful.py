@@ -173,18 +173,7 @@ class StoreMachine(RuleBasedStateMachine):
             self.store.end_pending(jid, JobState.CANCELLED, why, self.fence)
         exclusive = {int(j["id"]): bool(j["exclusive"]) for j in snap.pending}
         self.store.start_attempts(
-            [
-                {
-                    "job_id": p.job_id,
-                    "partition": p.partition,
-                    "nodes": p.nodes,
-                    "cpus_per_node": p.cpus_per_node,
-                    "mem_per_node_mb": p.mem_per_node_mb,
-                    "gpu_ids": p.gpu_ids,
-                    "exclusive": exclusive[p.job_id],
-                }
-                for p in plan.starts
-            ],
+            [p.start_item(exclusive=exclusive[p.job_id]) for p in plan.starts],
             self.fence,
         )
 

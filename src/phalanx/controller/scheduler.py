@@ -153,17 +153,7 @@ class Scheduler:
             by_lease: dict[str, list[dict[str, Any]]] = {}
             for p in plan.starts:
                 by_lease.setdefault(owner[p.job_id], []).append(
-                    {
-                        "job_id": p.job_id,
-                        "partition": p.partition,
-                        "nodes": p.nodes,
-                        "cpus_per_node": p.cpus_per_node,
-                        "mem_per_node_mb": p.mem_per_node_mb,
-                        "gpu_ids": p.gpu_ids,
-                        "exclusive": exclusive[p.job_id],
-                        "spares": p.spares,
-                        "licenses": licensed.get(p.job_id),
-                    }
+                    p.start_item(exclusive=exclusive[p.job_id], licenses=licensed.get(p.job_id))
                 )
             for part, starts in sorted(by_lease.items()):
                 # the lease deadline may pass mid-cycle: re-check before each write

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["Allocation", "JobRequest", "NodeView", "Placement"]
 
@@ -100,3 +101,18 @@ class Placement:
     def rank_nodes(self) -> tuple[str, ...]:
         """The nodes that run the job, in rank order (spares excluded)."""
         return self.nodes[: len(self.nodes) - self.spares]
+
+    def start_item(self, *, exclusive: bool = False, licenses: str | None = None) -> dict[str, Any]:
+        """This placement as one item of `Store.start_attempts`, with the job's --exclusive
+        and --licenses text (which the plan does not carry)."""
+        return {
+            "job_id": self.job_id,
+            "partition": self.partition,
+            "nodes": self.nodes,
+            "cpus_per_node": self.cpus_per_node,
+            "mem_per_node_mb": self.mem_per_node_mb,
+            "gpu_ids": self.gpu_ids,
+            "exclusive": exclusive,
+            "spares": self.spares,
+            "licenses": licenses,
+        }
