@@ -106,14 +106,18 @@ def timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
     return time.perf_counter() - w, time.process_time() - c, out
 
 
-def one_run(args: argparse.Namespace, url: str) -> dict[str, list[float]]:
+def new_store(url: str) -> Store:
+    """The store at `url`, migrated, with one partition `batch` (the default)."""
     store = Store(url, actor="bench")
+    store.migrate()
+    cfg = load_config(overrides={"cluster": {"partitions": [{"name": "batch", "default": True}]}})
+    store.sync_partitions(partition_rows(cfg))
+    return store
+
+
+def one_run(args: argparse.Namespace, url: str) -> dict[str, list[float]]:
+    store = new_store(url)
     try:
-        store.migrate()
-        cfg = load_config(
-            overrides={"cluster": {"partitions": [{"name": "batch", "default": True}]}}
-        )
-        store.sync_partitions(partition_rows(cfg))
         t0 = time.perf_counter()
         fill(store, args.pending, args.nodes)
         log(f"filled {args.pending} pending jobs in {time.perf_counter() - t0:.1f}s")
@@ -150,13 +154,8 @@ def one_run(args: argparse.Namespace, url: str) -> dict[str, list[float]]:
 
 def busy_run(url: str, snapshots: int = 500) -> float:
     """CPU seconds of one snapshot of a small busy cluster (see the module docstring)."""
-    store = Store(url, actor="bench")
+    store = new_store(url)
     try:
-        store.migrate()
-        cfg = load_config(
-            overrides={"cluster": {"partitions": [{"name": "batch", "default": True}]}}
-        )
-        store.sync_partitions(partition_rows(cfg))
         for i in range(4):
             store.register_node(
                 f"n{i}", cpus=2, mem_mb=8192, gpus=[], features=[], addr=None, boot_id=None,

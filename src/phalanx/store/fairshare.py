@@ -155,22 +155,6 @@ class FairShareUsage(StoreBase):
                 )
             }
 
-    def _limit_rows(self, conn: Connection, states: Sequence[str]) -> list[dict[str, Any]]:
-        """What limits count of each job in `states`: user, account, qos, nodes, GPUs."""
-        return [
-            dict(r)
-            for r in conn.execute(
-                select(
-                    s.jobs.c.id,
-                    s.jobs.c.user,
-                    s.jobs.c.account,
-                    s.jobs.c.qos,
-                    s.jobs.c.nodes,
-                    s.jobs.c.gpus_per_node,
-                ).where(s.jobs.c.state.in_(list(states)))
-            ).mappings()
-        ]
-
     def submitted_counts(self, users: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """Jobs pending, held or running, per (user, account, qos), for submit limits."""
         q = select(

@@ -33,6 +33,7 @@ from phalanx.domain import licenses
 from phalanx.domain.placement import NodeUsage
 from phalanx.domain.scheduling import BEGIN
 from phalanx.domain.states import (
+    ACTIVE,
     AttemptState,
     JobState,
     TaskState,
@@ -158,8 +159,6 @@ _PENDING_COLUMNS = [
 ]
 
 
-_ACTIVE_STATES = (JobState.STARTING.value, JobState.RUNNING.value, JobState.COMPLETING.value)
-
 # The statements of every scheduling pass's snapshot, built once and run through the driver
 # (store/prebuilt.py): built and executed through SQLAlchemy each pass, their statement
 # objects, cache keys and execution contexts were most of a small cluster's snapshot, 2.5 ms
@@ -178,7 +177,7 @@ _ALLOCATIONS = Prebuilt(
     )
 )
 # every job in an active state, once: its name (singleton dependencies), array (%N
-# throttles) and what limits count (fairshare.py `_limit_rows`)
+# throttles) and what limits count (`_LIMIT_KEYS`)
 _ACTIVE_JOBS = Prebuilt(
     select(
         s.jobs.c.id,
@@ -189,7 +188,7 @@ _ACTIVE_JOBS = Prebuilt(
         s.jobs.c.qos,
         s.jobs.c.nodes,
         s.jobs.c.gpus_per_node,
-    ).where(literal_in(s.jobs.c.state, _ACTIVE_STATES))
+    ).where(literal_in(s.jobs.c.state, (state.value for state in ACTIVE)))
 )
 _HOLDING_JOBS = s.attempts.join(s.jobs, s.jobs.c.id == s.attempts.c.job_id)
 _GROUP_TEXT = s.jobs.c.spec["group"].as_string()
@@ -205,6 +204,10 @@ _LICENSES_HELD = Prebuilt(
 )
 
 
+# what limits count of each active job (domain/priority.py): user, account, qos, nodes, GPUs
+_LIMIT_KEYS = ("id", "user", "account", "qos", "nodes", "gpus_per_node")
+
+
 def _active_summary(
     rows: list[dict[str, Any]],
 ) -> tuple[set[tuple[str, str]], dict[int, int], list[dict[str, Any]]]:
@@ -217,9 +220,6 @@ def _active_summary(
             arrays[int(r["array_job_id"])] = arrays.get(int(r["array_job_id"]), 0) + 1
     limits = [{k: r[k] for k in _LIMIT_KEYS} for r in rows]
     return names, arrays, limits
-
-
-_LIMIT_KEYS = ("id", "user", "account", "qos", "nodes", "gpus_per_node")
 
 
 def _pending_mirror(dialect: str) -> PendingMirror:
