@@ -8,6 +8,7 @@ SQLite; divergence between the two is a bug we want to catch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import statistics
@@ -188,14 +189,21 @@ def pg_url(pg_server: PgServer) -> Iterator[str]:
 
     A database per test gives isolation as strong as a new server at a fraction of the cost.
     """
+    with _test_database(pg_server) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _test_database(server: PgServer, template: str | None = None) -> Iterator[str]:
+    """A new database for one test (empty, or a copy of `template`), dropped after it."""
     name = f"t_{uuid.uuid4().hex}"
-    url = pg_server.create_database(name)
+    url = server.create_database(name, template=template)
     try:
         yield url
     finally:
-        if pg_server.is_paused:  # a test that paused the server and failed before resuming
-            pg_server.resume()
-        pg_server.drop_database(name)
+        if server.is_paused:  # a test that paused the server and failed before resuming
+            server.resume()
+        server.drop_database(name)
 
 
 @pytest.fixture(scope="session")
@@ -217,14 +225,8 @@ def pg_schema(pg_server: PgServer) -> str:
 def migrated_pg_url(pg_server: PgServer, pg_schema: str) -> Iterator[str]:
     """Like `pg_url`, a new PostgreSQL database for the test alone, but already at the latest
     schema (a copy of `pg_schema`)."""
-    name = f"t_{uuid.uuid4().hex}"
-    url = pg_server.create_database(name, template=pg_schema)
-    try:
+    with _test_database(pg_server, pg_schema) as url:
         yield url
-    finally:
-        if pg_server.is_paused:
-            pg_server.resume()
-        pg_server.drop_database(name)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
